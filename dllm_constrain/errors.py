@@ -1,0 +1,74 @@
+"""Typed errors. Every way a request can be refused has its own class, so callers can catch precisely."""
+from __future__ import annotations
+
+
+class DllmConstrainError(Exception):
+    """Base class for every error this package raises on purpose."""
+
+
+class InvalidRequestError(DllmConstrainError, ValueError):
+    """A generation request is malformed (empty prompt, max_new_tokens <= 0, bad option value, ...)."""
+
+
+class PromptTooLongError(InvalidRequestError):
+    """The prompt plus the canvas does not fit in the model's context window."""
+
+
+class CheckpointError(DllmConstrainError):
+    """A checkpoint folder cannot be loaded: missing files, unknown config fields, wrong tensor names or shapes."""
+
+
+class UnsupportedModelError(CheckpointError):
+    """The checkpoint's model family is not one the engine implements."""
+
+
+class ConstraintError(DllmConstrainError):
+    """Base class for errors raised while compiling or applying a constraint."""
+
+
+class InvalidSchemaError(ConstraintError, ValueError):
+    """The JSON Schema itself is malformed (not an object, bad keyword value, unresolvable $ref, ...)."""
+
+
+class UnsupportedSchemaError(ConstraintError):
+    """The schema uses a keyword or keyword value the compiler cannot honour; the message names it."""
+
+    def __init__(self, keyword: str, path: str = "#", detail: str = "") -> None:
+        self.keyword = keyword
+        self.path = path
+        msg = f"unsupported JSON Schema keyword {keyword!r} at {path}"
+        if detail:
+            msg += f": {detail}"
+        super().__init__(msg)
+
+
+class UnsatisfiableSchemaError(ConstraintError):
+    """No JSON value satisfies the schema (e.g. minimum > maximum)."""
+
+
+class InvalidRegexError(ConstraintError, ValueError):
+    """The regular expression does not parse, or uses a feature the compiler cannot honour."""
+
+
+class InvalidGrammarError(ConstraintError, ValueError):
+    """A Lark grammar does not parse, or uses a feature the compiler cannot honour."""
+
+
+class ConstraintTooLongError(ConstraintError):
+    """The shortest output the constraint admits does not fit in the canvas (max_new_tokens)."""
+
+    def __init__(self, min_tokens: int, max_new_tokens: int) -> None:
+        self.min_tokens = min_tokens
+        self.max_new_tokens = max_new_tokens
+        super().__init__(
+            f"the shortest output the constraint admits needs at least {min_tokens} tokens, "
+            f"but max_new_tokens is {max_new_tokens}"
+        )
+
+
+class CompilationTimeoutError(ConstraintError):
+    """Compiling a constraint exceeded its time limit."""
+
+
+class GenerationTimeoutError(DllmConstrainError):
+    """Constrained generation exceeded its time or step bound."""

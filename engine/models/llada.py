@@ -1,0 +1,200 @@
+"""LLaDA (GSAI-ML/LLaDA-8B-*): a LLaMA-style bidirectional transformer, loaded from its HF checkpoint layout.
+
+Tensor names follow the released checkpoints (`model.transformer.wte`, `...blocks.{i}.q_proj`, ...,
+`model.transformer.ln_f`, `model.transformer.ff_out`), so LLaDA-8B and our bundled model load the same way.
+Math: pre-norm blocks, x += attn_out(Attn(RoPE(q), RoPE(k), v)); x += ff_out(silu(ff_proj(h)) * up_proj(h)).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from dllm_constrain.errors import CheckpointError
+from dllm_constrain.engine.models.base import SpecialTokens, default_position_ids
+from dllm_constrain.engine.models.layers import (
+    RMSNorm,
+    apply_rope,
+    attention_bias,
+    bidirectional_attention,
+    rope_cos_sin,
+    swiglu,
+)
+
+# Fields of the released LLaDA config.json that we read, or accept when they hold the value we implement.
+_ACCEPTED_AS = {
+    "activation_type": {"silu", "swiglu"},
+    "alibi": {False},
+    "block_type": {"llama", "sequential"},
+    "layer_norm_type": {"rms"},
+    "rope": {True},
+    "attention_layer_norm": {False},
+    "scale_logits": {False},
+    "multi_query_attention": {None, False},
+    "include_bias": {False},
+    "bias_for_layer_norm": {None, False},
+    "layer_norm_with_affine": {True},
+}
+# Fields with no effect on inference (training, init, dropout, hub metadata).
+_IGNORED = {
+    "architectures", "auto_map", "model_type", "transformers_version", "torch_dtype", "dtype", "use_cache",
+    "init_device", "init_fn", "init_std", "init_cutoff_factor", "attention_dropout", "residual_dropout",
+    "embedding_dropout", "flash_attention", "weight_tying", "clip_qkv", "alibi_bias_max", "mlp_ratio",
+    "rope_full_precision", "precision", "input_emb_norm", "attention_type", "_name_or_path",
+    "tie_word_embeddings", "bos_token_id",
+}
+
+
+@dataclass
+class LLaDAConfig:
+    d_model: int
+    n_layers: int
+    n_heads: int
+    mlp_hidden_size: int
+    vocab_size: int
+    mask_token_id: int
+    eos_token_id: int
+    n_kv_heads: int | None = None
+    embedding_size: int | None = None
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    max_sequence_length: int = 4096
+    include_qkv_bias: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def padded_vocab(self) -> int:
+        return self.embedding_size or self.vocab_size
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "LLaDAConfig":
+        """Parse config.json, refusing fields we do not know and feature values we do not implement."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        kwargs: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        unknown = []
+        for key, value in raw.items():
+            if key in names:
+                kwargs[key] = value
+            elif key in _ACCEPTED_AS:
+                if value not in _ACCEPTED_AS[key]:
+                    raise CheckpointError(f"LLaDA config field {key}={value!r} is not supported "
+                                          f"(supported: {sorted(map(str, _ACCEPTED_AS[key]))})")
+                extra[key] = value
+            elif key in _IGNORED:
+                extra[key] = value
+            else:
+                unknown.append(key)
+        if unknown:
+            raise CheckpointError(f"unknown LLaDA config field(s): {', '.join(sorted(unknown))}")
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                   and f.name not in kwargs]
+        if missing:
+            raise CheckpointError(f"LLaDA config.json is missing required field(s): {', '.join(missing)}")
+        if raw.get("weight_tying"):
+            raise CheckpointError("LLaDA config field weight_tying=True is not supported (LLaDA has an untied head)")
+        cfg = cls(**kwargs, extra=extra)
+        if cfg.d_model % cfg.n_heads or cfg.n_heads % cfg.kv_heads:
+            raise CheckpointError(f"LLaDA config: d_model={cfg.d_model}, n_heads={cfg.n_heads}, "
+                                  f"n_kv_heads={cfg.kv_heads} do not divide evenly")
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        """A config.json in the released LLaDA layout."""
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k != "extra"}
+        out.update({"model_type": "llada", "architectures": ["LLaDAModelLM"], "activation_type": "silu",
+                    "block_type": "llama", "layer_norm_type": "rms", "rope": True, "alibi": False,
+                    "weight_tying": False, "include_bias": False})
+        return out
+
+
+class LLaDABlock(nn.Module):
+    def __init__(self, cfg: LLaDAConfig) -> None:
+        super().__init__()
+        d, hd = cfg.d_model, cfg.head_dim
+        self.n_heads, self.n_kv, self.head_dim = cfg.n_heads, cfg.kv_heads, hd
+        self.attn_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.ff_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.q_proj = nn.Linear(d, cfg.n_heads * hd, bias=cfg.include_qkv_bias)
+        self.k_proj = nn.Linear(d, cfg.kv_heads * hd, bias=cfg.include_qkv_bias)
+        self.v_proj = nn.Linear(d, cfg.kv_heads * hd, bias=cfg.include_qkv_bias)
+        self.attn_out = nn.Linear(cfg.n_heads * hd, d, bias=False)
+        self.ff_proj = nn.Linear(d, cfg.mlp_hidden_size, bias=False)
+        self.up_proj = nn.Linear(d, cfg.mlp_hidden_size, bias=False)
+        self.ff_out = nn.Linear(cfg.mlp_hidden_size, d, bias=False)
+
+    def qkv(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Projected, rotated q [B,Hq,L,D] and k/v [B,Hkv,L,D] for the normed input h."""
+        b, n, _ = h.shape
+        q = self.q_proj(h).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        q, k, v = self.qkv(self.attn_norm(x), cos, sin)
+        att = bidirectional_attention(q, k, v, bias)
+        b, _, n, _ = att.shape
+        x = x + self.attn_out(att.transpose(1, 2).reshape(b, n, -1))
+        h = self.ff_norm(x)
+        return x + self.ff_out(swiglu(self.ff_proj(h), self.up_proj(h)))
+
+
+class LLaDAModel(nn.Module):
+    """LLaDA with the released parameter names; implements the engine's DiffusionLM contract."""
+
+    family = "llada"
+
+    def __init__(self, cfg: LLaDAConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        transformer = nn.ModuleDict({
+            "wte": nn.Embedding(cfg.padded_vocab, cfg.d_model),
+            "blocks": nn.ModuleList([LLaDABlock(cfg) for _ in range(cfg.n_layers)]),
+            "ln_f": RMSNorm(cfg.d_model, cfg.rms_norm_eps),
+            "ff_out": nn.Linear(cfg.d_model, cfg.padded_vocab, bias=False),
+        })
+        self.model = nn.Module()
+        self.model.transformer = transformer
+        pad = cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id
+        self.special = SpecialTokens(mask_id=cfg.mask_token_id, eos_id=cfg.eos_token_id, pad_id=pad,
+                                     bos_id=cfg.bos_token_id)
+        self.vocab_size = cfg.padded_vocab
+        self.max_sequence_length = cfg.max_sequence_length
+
+    @property
+    def transformer(self) -> nn.ModuleDict:
+        return self.model.transformer
+
+    def hidden_states(self, input_ids, position_ids=None, key_padding_mask=None):
+        if key_padding_mask is None:
+            key_padding_mask = torch.ones_like(input_ids, dtype=torch.bool)
+        if position_ids is None:
+            position_ids = default_position_ids(key_padding_mask)
+        x = self.transformer["wte"](input_ids)
+        cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, x.dtype)
+        bias = attention_bias(key_padding_mask, x.dtype)
+        for block in self.transformer["blocks"]:
+            x = block(x, cos, sin, bias)
+        return self.transformer["ln_f"](x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.transformer["ff_out"](hidden)
+
+    def forward(self, input_ids, position_ids=None, key_padding_mask=None) -> torch.Tensor:
+        """Full [B, L, V] logits: for training and tests; the engine uses hidden_states + logits on rows."""
+        return self.logits(self.hidden_states(input_ids, position_ids, key_padding_mask))
