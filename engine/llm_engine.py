@@ -1,0 +1,352 @@
+"""The denoising loop: a batch of requests, one model forward per step, a policy deciding what to commit.
+
+One step (`LLMEngine.step`):
+  1. forward-free work per request: commit tokens a constraint forces (only one allowed token), close
+     finished blocks, stop requests whose answer has ended (a committed EOS with everything left of it
+     committed: the rest is filled with EOS and no more forwards are spent on it);
+  2. one forward for all running requests (left-padded, key-padding mask, position ids that count only
+     real tokens, so each row computes what it computes alone);
+  3. per request: project logits only for the open positions of its active block, in row chunks (never a
+     [batch, canvas, vocab] tensor); apply the allowed-token mask (the constraint's, plus never the mask
+     token) BEFORE any statistic, so policies rank by constrained probabilities; the policy picks rows;
+     the constraint verifies them jointly (`select_commits`); rejected ones stay open (counted as remasks).
+     If the constraint then reports the canvas uncompletable (possible only with approximate masks), the
+     step's commits are undone and banned at their positions (counted as backtracks).
+Termination: every step commits at least one position (or bans one (position, token) pair), and a step
+bound raises GenerationTimeoutError rather than looping forever.
+
+Optional model hooks (all duck-typed, for families with extra per-request state such as DiffusionGemma's
+self-conditioning signal or uniform-state noise canvas):
+  - `model.init_request_state(state)`: called once per request before the first step (may write
+    `state.model_state` and fill the open canvas positions with noise using `state.generator`);
+  - `model.uses_request_state = True`: `hidden_states` is then called with `request_states=[...]`;
+  - `model.renoise_tokens(state, positions) -> list[int]`: the ids re-noised positions get (default mask_id).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dllm_constrain.engine.models.base import DiffusionLM, default_position_ids
+from dllm_constrain.engine.policies import CommitPolicy, make_policy
+from dllm_constrain.engine.sampling import RowStats, reduce_logits
+from dllm_constrain.engine.state import Request, RequestState
+from dllm_constrain.errors import (
+    ConstraintError,
+    GenerationTimeoutError,
+    InvalidRequestError,
+    PromptTooLongError,
+)
+
+
+@dataclass
+class GenerationResult:
+    """What one request produced, with the counters every result carries."""
+
+    text: str  # decoded answer, stopping at the first EOS
+    token_ids: list[int]  # answer ids before the first EOS
+    nfe: int  # model forward passes spent on this request
+    tokens_per_forward: float  # answer tokens (incl. the first EOS) / nfe
+    forced_tokens: int  # tokens committed because the constraint allowed exactly one
+    remasks: int  # proposals rejected by joint verification and left open
+    wall_time: float  # seconds from the start of generate() to this request's end
+    finish_reason: str  # "eos": the answer ended with EOS; "length": the canvas filled up without one
+    canvas_ids: list[int] = field(default_factory=list)  # the whole final canvas (EOS-padded tail)
+    steps: int = 0  # loop iterations, forward-free forced steps included
+    forwards_saved: int = 0  # scheduled steps skipped because forced tokens completed blocks
+    renoised: int = 0  # positions re-noised by the entropy-bound policy
+    backtracks: int = 0  # steps undone because the canvas became uncompletable
+
+
+@dataclass
+class CanvasSnapshot:
+    """One request's canvas at a step, for progress displays (open positions hold mask_id)."""
+
+    index: int
+    canvas: list[int]
+    committed: list[bool]
+    done: bool
+
+
+@dataclass
+class StepEvent:
+    """Passed to the progress callback after every step."""
+
+    step: int
+    snapshots: list[CanvasSnapshot]
+    mask_id: int
+
+
+ProgressCallback = Callable[[StepEvent], None]
+
+
+def _token_ids(encoded: Any) -> list[int]:
+    """Tokenizer outputs come as lists or as `tokenizers.Encoding` objects."""
+    return list(getattr(encoded, "ids", encoded))
+
+
+class LLMEngine:
+    """Runs batches of requests through the denoising loop of a `DiffusionLM`."""
+
+    def __init__(self, model: DiffusionLM, tokenizer: Any = None, *, max_logit_rows: int = 32) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_logit_rows = max(1, max_logit_rows)
+        self.special = model.special
+        self.vocab_size = int(model.vocab_size)
+        self.base_allowed = self._base_allowed()
+
+    # ------------------------------------------------------------------ set-up
+    def _base_allowed(self) -> torch.Tensor:
+        """Tokens any canvas position may take: never MASK, nor BOS/PAD (when distinct from EOS), nor the
+        padded embedding rows past the tokenizer's vocabulary."""
+        allowed = torch.ones(self.vocab_size, dtype=torch.bool)
+        sp = self.special
+        for tok in (sp.mask_id, sp.bos_id, sp.pad_id):
+            if tok is not None and tok != sp.eos_id and 0 <= tok < self.vocab_size:
+                allowed[tok] = False
+        tok_vocab = None
+        if self.tokenizer is not None:
+            tok_vocab = getattr(self.tokenizer, "vocab_size", None)
+            if callable(getattr(self.tokenizer, "get_vocab_size", None)):
+                tok_vocab = self.tokenizer.get_vocab_size()
+        if isinstance(tok_vocab, int) and 0 < tok_vocab < self.vocab_size:
+            allowed[tok_vocab:] = False
+        return allowed
+
+    def _new_state(self, index: int, request: Request) -> RequestState:
+        params = request.params
+        params.validate()
+        if not request.prompt_ids:
+            raise InvalidRequestError("the prompt is empty (no token ids)")
+        total = len(request.prompt_ids) + params.max_new_tokens
+        if total > self.model.max_sequence_length:
+            raise PromptTooLongError(
+                f"prompt ({len(request.prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) = {total} "
+                f"exceeds the model's context of {self.model.max_sequence_length} tokens")
+        generator = torch.Generator()
+        if params.seed is not None:
+            generator.manual_seed(params.seed)
+        else:
+            generator.seed()
+        n = params.max_new_tokens
+        state = RequestState(
+            index=index,
+            prompt_ids=list(request.prompt_ids),
+            params=params,
+            canvas=torch.full((n,), self.special.mask_id, dtype=torch.long),
+            committed=torch.zeros(n, dtype=torch.bool),
+            generator=generator,
+            constraint=request.constraint,
+        )
+        hook = getattr(self.model, "init_request_state", None)
+        if callable(hook):
+            hook(state)
+        return state
+
+    # ------------------------------------------------------------------ public loop
+    @torch.inference_mode()
+    def generate(self, requests: Sequence[Request], progress: ProgressCallback | None = None) -> list[GenerationResult]:
+        """Denoise all requests as one batch; results come back in request order."""
+        t0 = time.perf_counter()
+        states = [self._new_state(i, r) for i, r in enumerate(requests)]
+        for s in states:
+            s.start_time = t0
+        policies = [make_policy(s.params) for s in states]
+        while not all(s.done for s in states):
+            self.step(states, policies)
+            if progress is not None:
+                progress(self._event(states))
+        return [self._result(s) for s in states]
+
+    def step(self, states: list[RequestState], policies: list[CommitPolicy]) -> None:
+        """One iteration: forced commits, then one forward for every request still running."""
+        for s in states:
+            if s.done:
+                continue
+            self._check_step_bound(s)
+            s.step += 1
+            self._settle(s)
+            if not s.done and s.constraint is not None:
+                self._commit_forced(s)
+        running = [(s, p) for s, p in zip(states, policies) if not s.done]
+        if not running:
+            return
+        hidden, offsets = self._forward([s for s, _ in running])
+        for row, (s, policy) in enumerate(running):
+            s.nfe += 1
+            self._denoise(s, policy, hidden[row], offsets[row])
+            s.block_step += 1
+            self._settle(s)
+
+    # ------------------------------------------------------------------ pieces of a step
+    def _check_step_bound(self, s: RequestState) -> None:
+        bound = 4 * s.canvas_len + 64
+        if s.step >= bound:
+            raise GenerationTimeoutError(
+                f"request {s.index} did not finish within {bound} steps (canvas of {s.canvas_len} tokens)")
+
+    def _forward(self, states: list[RequestState]) -> tuple[torch.Tensor, list[int]]:
+        """hidden states [B, L, D] of the left-padded batch, and each row's offset of canvas position 0."""
+        lengths = [len(s.prompt_ids) + s.canvas_len for s in states]
+        width = max(lengths)
+        ids = torch.full((len(states), width), self.special.pad_id, dtype=torch.long)
+        kpm = torch.zeros((len(states), width), dtype=torch.bool)
+        offsets = []
+        for b, (s, n) in enumerate(zip(states, lengths)):
+            pad = width - n
+            ids[b, pad:pad + len(s.prompt_ids)] = torch.tensor(s.prompt_ids, dtype=torch.long)
+            ids[b, pad + len(s.prompt_ids):] = s.canvas
+            kpm[b, pad:] = True
+            offsets.append(pad + len(s.prompt_ids))
+        kwargs: dict[str, Any] = {}
+        if getattr(self.model, "uses_request_state", False):
+            kwargs["request_states"] = states
+        hidden = self.model.hidden_states(ids, position_ids=default_position_ids(kpm), key_padding_mask=kpm, **kwargs)
+        return hidden, offsets
+
+    def _allowed(self, s: RequestState, view: list[int], positions: list[int]) -> torch.Tensor:
+        """Bool [len(positions), vocab]: the base mask, the constraint's mask, minus banned pairs."""
+        allowed = self.base_allowed.expand(len(positions), -1).clone()
+        if s.constraint is not None:
+            mask = torch.as_tensor(s.constraint.allowed_tokens(view, positions), dtype=torch.bool)
+            v = min(mask.shape[-1], self.vocab_size)
+            allowed[:, :v] &= mask[:, :v]
+            allowed[:, v:] = False
+        for j, pos in enumerate(positions):
+            for bpos, btok in s.banned:
+                if bpos == pos and 0 <= btok < self.vocab_size:
+                    allowed[j, btok] = False
+        return allowed
+
+    def _row_stats(self, s: RequestState, rows: torch.Tensor, allowed: torch.Tensor) -> RowStats:
+        """Project logits for `rows` hidden states chunk by chunk and reduce each chunk to RowStats."""
+        parts = []
+        for start in range(0, rows.shape[0], self.max_logit_rows):
+            chunk = slice(start, start + self.max_logit_rows)
+            logits = self.model.logits(rows[chunk])
+            parts.append(reduce_logits(logits, allowed[chunk], s.params.temperature, s.generator))
+        return RowStats.cat(parts)
+
+    def _denoise(self, s: RequestState, policy: CommitPolicy, hidden: torch.Tensor, offset: int) -> None:
+        positions = s.open_in_block()
+        if not positions:
+            return
+        view = s.canvas_view(self.special.mask_id)
+        allowed = self._allowed(s, view, positions)
+        stats = self._row_stats(s, hidden[[offset + p for p in positions]], allowed)
+        selection = policy.select(stats, s)
+        proposals = [(positions[r], int(stats.token[r]), float(score))
+                     for r, score in zip(selection.commit, selection.scores)]
+        if not proposals:
+            raise ConstraintError(
+                f"request {s.index}: no open position of block {s.block} has an allowed token; "
+                "the canvas is not completable")
+        accepted: list[tuple[int, int]] = [(p, t) for p, t, _ in proposals]
+        if s.constraint is not None:
+            accepted = [(int(p), int(t)) for p, t in s.constraint.select_commits(view, proposals)]
+            if not accepted:  # each proposal was allowed alone, so the best one alone is safe
+                accepted = [proposals[0][:2]]
+            s.remasks += len(proposals) - len(accepted)
+        s.commit([p for p, _ in accepted], [t for _, t in accepted])
+        if s.constraint is not None and not s.constraint.is_completable(s.canvas_view(self.special.mask_id)):
+            self._undo(s, accepted)
+            return
+        renoise = [positions[r] for r in selection.renoise]
+        s.renoised += len(renoise)
+        rejected = {p for p, _, _ in proposals} - {p for p, _ in accepted}
+        self._renoise(s, renoise + sorted(rejected))
+
+    def _undo(self, s: RequestState, commits: list[tuple[int, int]]) -> None:
+        """Reopen this step's commits and ban them at their positions (approximate masks let them in)."""
+        for pos, tok in commits:
+            s.committed[pos] = False
+            s.banned.add((pos, tok))
+        self._renoise(s, [p for p, _ in commits])
+        s.backtracks += 1
+
+    def _renoise(self, s: RequestState, positions: list[int]) -> None:
+        """Open positions get the mask token, or what a uniform-state model's hook says."""
+        if not positions:
+            return
+        hook = getattr(self.model, "renoise_tokens", None)
+        tokens = hook(s, positions) if callable(hook) else [self.special.mask_id] * len(positions)
+        for pos, tok in zip(positions, tokens):
+            if not bool(s.committed[pos]):
+                s.canvas[pos] = tok
+
+    def _commit_forced(self, s: RequestState) -> None:
+        """Commit every open position the constraint allows exactly one token at: no confidence needed."""
+        forced = s.constraint.forced_tokens(s.canvas_view(self.special.mask_id))
+        forced = {int(p): int(t) for p, t in forced.items() if not bool(s.committed[int(p)])}
+        if not forced:
+            return
+        steps_left = s.budget[s.block] - s.block_step
+        s.commit(list(forced), list(forced.values()))
+        s.forced_tokens += len(forced)
+        if not s.open_in_block():
+            # the active block closed without a forward: the rest of its step budget is saved
+            s.forwards_saved += max(1, steps_left) if s.params.policy in ("quota", "entropy", "margin") else 1
+        self._settle(s)
+
+    def _settle(self, s: RequestState) -> None:
+        """Stop if the answer has ended (fill the tail with EOS); otherwise move past completed blocks."""
+        eos = self.special.eos_id
+        while not s.done:
+            eos_at = ((s.canvas == eos) & s.committed).nonzero().flatten()
+            if eos_at.numel() and bool(s.committed[: int(eos_at[0])].all()):
+                first = int(eos_at[0])
+                s.canvas[first:] = eos
+                s.committed[first:] = True
+                s.finish("eos")
+                return
+            if bool(s.committed.all()):
+                s.finish("length")
+                return
+            if s.open_in_block():
+                return
+            s.block += 1
+            s.block_step = 0
+
+    # ------------------------------------------------------------------ outputs
+    def _event(self, states: list[RequestState]) -> StepEvent:
+        snaps = [CanvasSnapshot(s.index, s.canvas_view(self.special.mask_id), s.committed.tolist(), s.done)
+                 for s in states]
+        return StepEvent(step=max(s.step for s in states), snapshots=snaps, mask_id=self.special.mask_id)
+
+    def decode(self, ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(ids)
+
+    def _result(self, s: RequestState) -> GenerationResult:
+        canvas = s.canvas.tolist()
+        eos = self.special.eos_id
+        end = canvas.index(eos) if eos in canvas else len(canvas)
+        answer = canvas[:end]
+        produced = end + (1 if end < len(canvas) else 0)
+        wall = (s.end_time or time.perf_counter()) - s.start_time
+        return GenerationResult(
+            text=self.decode(answer),
+            token_ids=answer,
+            nfe=s.nfe,
+            tokens_per_forward=produced / s.nfe if s.nfe else float(produced),
+            forced_tokens=s.forced_tokens,
+            remasks=s.remasks,
+            wall_time=wall,
+            finish_reason=s.finish_reason or "length",
+            canvas_ids=canvas,
+            steps=s.step,
+            forwards_saved=s.forwards_saved,
+            renoised=s.renoised,
+            backtracks=s.backtracks,
+        )
+
+
+def encode_prompt(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of `text` from either our Tokenizer wrapper or a raw `tokenizers.Tokenizer`."""
+    return _token_ids(tokenizer.encode(text))

@@ -1,0 +1,148 @@
+"""What one request is: its inputs (`Request`, `SamplingParams`) and its evolving canvas (`RequestState`).
+
+The canvas is the answer region only (length max_new_tokens). `committed[i]` says whether position i is
+final; an open position holds `mask_id` (or, for uniform-state models, a noise token the model overwrites).
+Blocks: the canvas is cut into blocks of `block_length` (the last one may be shorter); only the active
+block's open positions may be committed (semi-autoregressive decoding). The step budget is split over the
+blocks as evenly as possible (`steps_per_block`).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dllm_constrain.constraints.protocol import CanvasConstraint
+from dllm_constrain.errors import InvalidRequestError
+
+POLICY_NAMES = ("quota", "threshold", "entropy", "margin", "entropy_bound")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to denoise one request. `steps=None` means one step per canvas position (LLaDA's default).
+
+    `threshold` is the Fast-dLLM confidence threshold (policy "threshold"); `entropy_bound` is the
+    DiffusionGemma acceptance bound gamma (policy "entropy_bound"). Quota policies ("quota", "entropy",
+    "margin") spend exactly the step budget per block unless a block completes early; adaptive policies
+    ("threshold", "entropy_bound") commit at least one position per forward and ignore the budget.
+    """
+
+    max_new_tokens: int = 128
+    steps: int | None = None
+    block_length: int = 32
+    temperature: float = 0.0
+    seed: int | None = None
+    policy: str = "quota"
+    threshold: float = 0.9
+    entropy_bound: float = 0.1
+
+    def validate(self) -> None:
+        """Raise InvalidRequestError naming the first bad field."""
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
+            raise InvalidRequestError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
+            raise InvalidRequestError(f"steps must be an integer >= 1 (or None), got {self.steps!r}")
+        if not isinstance(self.block_length, int) or self.block_length < 1:
+            raise InvalidRequestError(f"block_length must be an integer >= 1, got {self.block_length!r}")
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) \
+                or self.temperature < 0:
+            raise InvalidRequestError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if self.policy not in POLICY_NAMES:
+            raise InvalidRequestError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICY_NAMES)}")
+        if not 0.0 <= self.threshold <= 1.0:
+            raise InvalidRequestError(f"threshold must be in [0, 1], got {self.threshold!r}")
+        if not self.entropy_bound > 0:
+            raise InvalidRequestError(f"entropy_bound must be > 0, got {self.entropy_bound!r}")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise InvalidRequestError(f"seed must be an integer or None, got {self.seed!r}")
+
+    @property
+    def num_blocks(self) -> int:
+        return math.ceil(self.max_new_tokens / min(self.block_length, self.max_new_tokens))
+
+    def block_bounds(self, block: int) -> tuple[int, int]:
+        """[start, end) canvas positions of block `block`."""
+        size = min(self.block_length, self.max_new_tokens)
+        return block * size, min((block + 1) * size, self.max_new_tokens)
+
+    def steps_per_block(self) -> list[int]:
+        """The step budget split evenly over blocks (earlier blocks take the remainder), at least 1 each."""
+        total = self.steps if self.steps is not None else self.max_new_tokens
+        n = self.num_blocks
+        base, rem = divmod(total, n)
+        return [max(1, base + (1 if b < rem else 0)) for b in range(n)]
+
+
+@dataclass
+class Request:
+    """One generation request: prompt token ids, how to sample, and an optional canvas constraint."""
+
+    prompt_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    constraint: CanvasConstraint | None = None
+
+
+@dataclass
+class RequestState:
+    """The mutable state of one request inside the engine loop."""
+
+    index: int  # position of the request in the caller's list
+    prompt_ids: list[int]
+    params: SamplingParams
+    canvas: torch.Tensor  # int64 [max_new_tokens]; mask_id (or noise) where open
+    committed: torch.Tensor  # bool [max_new_tokens]
+    generator: torch.Generator | None
+    constraint: CanvasConstraint | None = None
+    block: int = 0  # active block index
+    block_step: int = 0  # forwards spent on the active block
+    step: int = 0  # loop iterations (forwards + forward-free forced-token steps)
+    nfe: int = 0  # forward passes this request took part in
+    forced_tokens: int = 0  # tokens committed because the constraint allowed only one
+    forwards_saved: int = 0  # scheduled steps skipped because forced tokens completed a block
+    remasks: int = 0  # proposed commits rejected by joint verification (left open)
+    renoised: int = 0  # positions re-noised by the entropy-bound policy
+    backtracks: int = 0  # steps undone because the canvas became uncompletable
+    banned: set[tuple[int, int]] = field(default_factory=set)  # (position, token) pairs known to dead-end
+    model_state: dict[str, Any] = field(default_factory=dict)  # family-specific (e.g. self-conditioning)
+    done: bool = False
+    finish_reason: str | None = None  # "eos" | "length"
+    start_time: float = field(default_factory=time.perf_counter)
+    end_time: float | None = None
+
+    @property
+    def canvas_len(self) -> int:
+        return int(self.canvas.shape[0])
+
+    @property
+    def budget(self) -> list[int]:
+        return self.params.steps_per_block()
+
+    def block_bounds(self) -> tuple[int, int]:
+        return self.params.block_bounds(self.block)
+
+    def open_in_block(self) -> list[int]:
+        """Open canvas positions of the active block, left to right."""
+        start, end = self.block_bounds()
+        return [start + i for i in (~self.committed[start:end]).nonzero().flatten().tolist()]
+
+    def steps_left_in_block(self) -> int:
+        """Remaining step budget of the active block, never below 1 (a remask can outlast the budget)."""
+        return max(1, self.budget[self.block] - self.block_step)
+
+    def canvas_view(self, mask_id: int) -> list[int]:
+        """The canvas as constraints see it: committed ids, mask_id at every open position."""
+        return torch.where(self.committed, self.canvas, torch.full_like(self.canvas, mask_id)).tolist()
+
+    def commit(self, positions: list[int], tokens: list[int]) -> None:
+        for pos, tok in zip(positions, tokens):
+            self.canvas[pos] = tok
+            self.committed[pos] = True
+
+    def finish(self, reason: str) -> None:
+        self.done = True
+        self.finish_reason = reason
+        self.end_time = time.perf_counter()
