@@ -1,0 +1,510 @@
+"""Fused grammar-mask application and per-row reductions of logits: token, probability, entropy, margin.
+
+For one row of logits l over a vocabulary of V tokens and an allowed set A (all tokens when no mask):
+
+  x_j     = l_j if j in A else -inf                     (masking happens before any softmax)
+  p       = softmax(x)                                   (temperature-free, as in LLaDA's confidence)
+  token   = argmax_j x_j                                 if T == 0 (greedy)
+          = argmax_j (x_j / T + g_j), float64            if T > 0, g_j = -log(-log U_j), U_j ~ U[0, 1)
+            (Gumbel-max: a sample of softmax(x / T); ties go to the lowest index, as torch.argmax)
+  prob    = p_token
+  entropy = -sum_j p_j log p_j = log S - (sum_j (x_j - m) e^{x_j - m}) / S,   m = max_j x_j, S = sum_j e^{x_j - m}
+  margin  = p_(1) - p_(2) = (1 - e^{x_(2) - m}) / S      (x_(2) the second largest masked logit; p_(1) if |A| = 1)
+
+A row with no allowed token gets token -1, prob 0, entropy +inf, margin 0 (the engine never commits it). These are
+the semantics of `dllm_constrain.engine.sampling.reduce_logits`; `masked_row_stats(logits, allowed, T, generator)`
+is a drop-in for it (same arguments, same noise stream from the generator, same outputs up to float rounding of
+the statistics; tokens are bit-identical because scores are compared exactly as torch compares them).
+
+The Triton kernels stream each row's vocabulary in tiles, keeping an online (max, sum-exp, sum (x - m) exp) state,
+the running best score and the top-2 logits, so each logit is read once (`masked_row_stats`) or never written at
+all (`masked_row_stats_from_hidden`: logits tiles are computed in registers from hidden [rows, D] and the LM head
+weight [V, D]). The vocabulary can be split across programs (`num_splits`); the per-split states are merged by
+the exact same rescaling (`_combine_partials`).
+
+Masks use xgrammar's packed layout: int32 [rows, ceil(V / 32)], bit j of word w allows token 32 w + j
+(`pack_bool_mask` / `unpack_bitmask` convert). Boolean [rows, V] masks are accepted and packed on the fly.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from dllm_constrain.kernels._backend import interpreting, load_kernels, record, resolve_backend
+
+_KERNEL_MODULE = "dllm_constrain.kernels._triton_masked_row_stats"
+NEG_INF = float("-inf")
+
+
+@dataclass
+class RowStats:
+    """Per-row reductions of one logits chunk; every field has shape [rows] (same fields as engine.sampling)."""
+
+    token: torch.Tensor  # int64, -1 for a row with no allowed token
+    prob: torch.Tensor  # float32, probability of `token` under the masked softmax
+    entropy: torch.Tensor  # float32, nats
+    margin: torch.Tensor  # float32, top1 - top2 probability
+
+    def __len__(self) -> int:
+        return int(self.token.shape[0])
+
+    def take(self, index: torch.Tensor | list[int]) -> "RowStats":
+        """The rows at `index`, in that order."""
+        idx = torch.as_tensor(index, dtype=torch.long, device=self.token.device)
+        return RowStats(self.token[idx], self.prob[idx], self.entropy[idx], self.margin[idx])
+
+    @staticmethod
+    def cat(parts: list["RowStats"]) -> "RowStats":
+        """Concatenate chunk results back into one set of rows."""
+        if not parts:
+            empty = torch.empty(0)
+            return RowStats(torch.empty(0, dtype=torch.long), empty, empty, empty)
+        return RowStats(
+            torch.cat([p.token for p in parts]),
+            torch.cat([p.prob for p in parts]),
+            torch.cat([p.entropy for p in parts]),
+            torch.cat([p.margin for p in parts]),
+        )
+
+
+# ----------------------------------------------------------------------------------------------- masks and noise
+
+
+def packed_width(vocab: int) -> int:
+    """Words per row of a packed bitmask: ceil(vocab / 32)."""
+    return (vocab + 31) // 32
+
+
+def pack_bool_mask(allowed: torch.Tensor) -> torch.Tensor:
+    """bool [..., V] (True = allowed) -> int32 [..., ceil(V/32)] with bit j of word w = allowed[..., 32 w + j].
+
+    Bits past V are 0. Word values are the two's-complement int32 of sum_j 2^j allowed[32 w + j] (bit 31 sets the
+    sign), exactly xgrammar's token bitmask.
+    """
+    if allowed.dtype != torch.bool:
+        raise TypeError(f"pack_bool_mask expects a bool tensor, got {allowed.dtype}")
+    vocab = allowed.shape[-1]
+    words = packed_width(vocab)
+    pad = words * 32 - vocab
+    bits = F.pad(allowed, (0, pad)) if pad else allowed
+    bits = bits.reshape(*allowed.shape[:-1], words, 32).to(torch.int64)
+    weights = torch.ones(32, dtype=torch.int64, device=allowed.device).bitwise_left_shift_(
+        torch.arange(32, dtype=torch.int64, device=allowed.device)
+    )
+    packed = (bits * weights).sum(-1)  # in [0, 2^32)
+    packed = torch.where(packed >= 2**31, packed - 2**32, packed)
+    return packed.to(torch.int32)
+
+
+def unpack_bitmask(packed: torch.Tensor, vocab: int) -> torch.Tensor:
+    """int32 [..., W] packed bitmask -> bool [..., vocab] (True = allowed); the inverse of `pack_bool_mask`.
+
+    Works on the bytes of the words (little-endian: byte k of word w holds tokens 32 w + 8 k + 0..7), so the only
+    temporary is one byte per token.
+    """
+    if packed.dtype != torch.int32:
+        raise TypeError(f"packed bitmask must be int32, got {packed.dtype}")
+    if packed.shape[-1] * 32 < vocab:
+        raise ValueError(f"packed bitmask covers {packed.shape[-1] * 32} tokens, vocab is {vocab}")
+    lead = packed.shape[:-1]
+    as_bytes = packed.contiguous().view(torch.uint8)  # [..., 4 W], little-endian
+    shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
+    bits = (as_bytes[..., :, None] >> shifts).bitwise_and_(1)  # [..., 4 W, 8] uint8
+    return bits.reshape(*lead, -1)[..., :vocab].bool()
+
+
+def _as_packed(allowed: torch.Tensor | None, rows: int, vocab: int, device: torch.device) -> torch.Tensor | None:
+    """Accept None, bool [rows, vocab] or int32 [rows, >= ceil(vocab/32)]; return the packed int32 mask."""
+    if allowed is None:
+        return None
+    if allowed.dtype == torch.bool:
+        if tuple(allowed.shape) != (rows, vocab):
+            raise ValueError(f"bool mask must be [{rows}, {vocab}], got {tuple(allowed.shape)}")
+        return pack_bool_mask(allowed.to(device))
+    if allowed.dtype != torch.int32:
+        raise TypeError(f"allowed mask must be bool [rows, vocab] or packed int32, got {allowed.dtype}")
+    if allowed.dim() != 2 or allowed.shape[0] != rows or allowed.shape[1] < packed_width(vocab):
+        raise ValueError(
+            f"packed mask must be int32 [{rows}, >= {packed_width(vocab)}], got {tuple(allowed.shape)}"
+        )
+    return allowed.to(device)
+
+
+def _disallowed(allowed: torch.Tensor | None, vocab: int) -> torch.Tensor | None:
+    """bool [rows, vocab], True where the token is NOT allowed (what masked_fill wants)."""
+    if allowed is None:
+        return None
+    if allowed.dtype == torch.bool:
+        return ~allowed
+    return unpack_bitmask(torch.bitwise_not(allowed), vocab)
+
+
+def gumbel_noise(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """Standard Gumbel noise g = -log(-log U), U ~ U[0, 1) drawn in float64 from `generator` (engine.sampling's)."""
+    u = torch.rand(shape, generator=generator, dtype=torch.float64, device=device)
+    return -torch.log(-torch.log(u))
+
+
+def _check_args(logits_shape: tuple[int, ...], temperature: float, noise: torch.Tensor | None) -> None:
+    if len(logits_shape) != 2:
+        raise ValueError(f"expected a [rows, vocab] chunk, got shape {tuple(logits_shape)}")
+    if not (temperature >= 0.0) or math.isinf(temperature):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+    if noise is not None and tuple(noise.shape) != tuple(logits_shape):
+        raise ValueError(f"noise must have the logits shape {tuple(logits_shape)}, got {tuple(noise.shape)}")
+
+
+def _noise_for(shape, temperature, generator, noise, device) -> torch.Tensor | None:
+    if temperature == 0.0:
+        return None
+    if noise is None:
+        noise = gumbel_noise(tuple(shape), generator, device)
+    return noise.to(device)
+
+
+def _empty_stats(device: torch.device) -> RowStats:
+    e = torch.empty(0, dtype=torch.float32, device=device)
+    return RowStats(torch.empty(0, dtype=torch.long, device=device), e, e.clone(), e.clone())
+
+
+# ------------------------------------------------------------------------------------------------ torch reference
+
+
+def _torch_stats(x: torch.Tensor, disallowed: torch.Tensor | None, temperature: float,
+                 noise: torch.Tensor | None) -> RowStats:
+    """The reductions on a float32 [rows, V] tensor `x` that this function may overwrite (it owns it).
+
+    Peak workspace besides x: greedy 1 byte (mask) + 4 bytes (exp) per element; sampling adds 16 bytes per element
+    (the float64 scores and noise), freed before the softmax statistics.
+    """
+    if disallowed is not None:
+        x.masked_fill_(disallowed, NEG_INF)
+    if temperature == 0.0:
+        token = x.argmax(-1)
+    else:
+        score = x.to(torch.float64)
+        score.div_(temperature).add_(noise)
+        token = score.argmax(-1)
+        del score
+    m = x.amax(-1, keepdim=True)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # only -inf happens: a row with nothing allowed
+    z = x.sub_(m)
+    e = torch.exp(z)
+    s = e.sum(-1)
+    prob = e.gather(-1, token.clamp_min(0)[:, None]).squeeze(-1) / s
+    if e.shape[-1] > 1:
+        top = e.topk(2, dim=-1).values
+        margin = (top[:, 0] - top[:, 1]) / s
+    else:
+        margin = e[:, 0] / s
+    t = (e * z.clamp_min_(torch.finfo(torch.float32).min)).sum(-1)  # e = 0 where z = -inf: contributes -0
+    entropy = torch.log(s) - t / s
+    empty = s == 0
+    if bool(empty.any()):
+        token = token.masked_fill(empty, -1)
+        prob = prob.masked_fill(empty, 0.0)
+        entropy = entropy.masked_fill(empty, float("inf"))
+        margin = margin.masked_fill(empty, 0.0)
+    return RowStats(token=token, prob=prob, entropy=entropy, margin=margin)
+
+
+def reference_masked_row_stats(
+    logits: torch.Tensor,
+    allowed: torch.Tensor | None = None,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+    *,
+    noise: torch.Tensor | None = None,
+) -> RowStats:
+    """Plain-torch statistics of a [rows, vocab] logits chunk (float32 math; see the module docstring).
+
+    `allowed`: None, bool [rows, vocab] or packed int32 [rows, >= ceil(vocab/32)]. At T > 0 the Gumbel noise is
+    `noise` (float64 [rows, vocab], standard Gumbel) if given, else drawn from `generator` like engine.sampling.
+    """
+    _check_args(tuple(logits.shape), temperature, noise)
+    rows, vocab = logits.shape
+    if rows == 0:
+        return _empty_stats(logits.device)
+    _as_packed(allowed, rows, vocab, logits.device) if allowed is not None else None  # validates shape/dtype
+    noise = _noise_for(logits.shape, temperature, generator, noise, logits.device)
+    x = logits.to(torch.float32, copy=True)
+    return _torch_stats(x, _disallowed(allowed, vocab), temperature, noise)
+
+
+def reference_masked_row_stats_from_hidden(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    allowed: torch.Tensor | None = None,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+    *,
+    noise: torch.Tensor | None = None,
+) -> RowStats:
+    """The same statistics of logits = hidden @ weight^T computed in float32 (hidden [rows, D], weight [V, D])."""
+    rows, vocab = hidden.shape[0], weight.shape[0]
+    _check_args((rows, vocab), temperature, noise)
+    if rows == 0:
+        return _empty_stats(hidden.device)
+    noise = _noise_for((rows, vocab), temperature, generator, noise, hidden.device)
+    w = weight if weight.dtype == torch.float32 else weight.float()
+    x = F.linear(hidden.to(torch.float32), w)
+    if allowed is not None:
+        _as_packed(allowed, rows, vocab, hidden.device)  # validates shape/dtype
+    return _torch_stats(x, _disallowed(allowed, vocab), temperature, noise)
+
+
+# -------------------------------------------------------------------------------------------------- Triton path
+
+
+def _combine_partials(m, s, t, top2, best, idx, bx) -> RowStats:
+    """Merge per-split states [rows, P] into final statistics (the online-softmax rescaling, done once more).
+
+    M = max_p m_p, S = sum_p e^{m_p - M} s_p, Tt = sum_p e^{m_p - M} (t_p + (m_p - M) s_p); the second-largest logit
+    is the largest of the splits' second-largest and of the non-winning splits' maxima; the token is the best
+    score over splits, the first split winning ties (splits are in column order).
+    """
+    M = m.amax(1, keepdim=True)
+    M = torch.where(torch.isinf(M), torch.zeros_like(M), M)
+    w = torch.exp(m - M)
+    shift = torch.where(s > 0, m - M, torch.zeros_like(s)) * s  # (-inf) * 0 would be NaN
+    S = (w * s).sum(1)
+    T = (w * (t + shift)).sum(1)
+    win = m.argmax(1, keepdim=True)
+    second = torch.maximum(top2.amax(1), m.scatter(1, win, NEG_INF).amax(1))
+    j = best.argmax(1, keepdim=True)
+    token = idx.gather(1, j).squeeze(1).long()
+    xt = bx.gather(1, j).squeeze(1)
+    M = M.squeeze(1)
+    prob = torch.exp(xt - M) / S
+    entropy = torch.log(S) - T / S
+    margin = (1.0 - torch.exp(second - M)) / S
+    empty = S == 0
+    token = token.masked_fill(empty, -1)
+    prob = prob.masked_fill(empty, 0.0)
+    entropy = entropy.masked_fill(empty, float("inf"))
+    margin = margin.masked_fill(empty, 0.0)
+    return RowStats(token=token, prob=prob, entropy=entropy, margin=margin)
+
+
+def _split_plan(rows: int, vocab: int, block_r: int, block_v: int, num_splits: int | None,
+                device: torch.device) -> tuple[int, int]:
+    """(tiles_per_split, n_splits) so that programs cover the vocabulary with no empty split."""
+    n_tiles = max(1, (vocab + block_v - 1) // block_v)
+    if num_splits is None:
+        if device.type == "cuda":
+            sms = torch.cuda.get_device_properties(device).multi_processor_count
+            row_blocks = (rows + block_r - 1) // block_r
+            num_splits = max(1, (4 * sms + row_blocks - 1) // row_blocks)
+        else:
+            num_splits = 1
+    num_splits = max(1, min(int(num_splits), n_tiles))
+    tiles_per_split = (n_tiles + num_splits - 1) // num_splits
+    return tiles_per_split, (n_tiles + tiles_per_split - 1) // tiles_per_split
+
+
+def _partials(rows: int, n_splits: int, sampling: bool, device: torch.device):
+    f32 = dict(dtype=torch.float32, device=device)
+    return (
+        torch.empty(rows, n_splits, **f32),  # m
+        torch.empty(rows, n_splits, **f32),  # s
+        torch.empty(rows, n_splits, **f32),  # t
+        torch.empty(rows, n_splits, **f32),  # top2
+        torch.empty(rows, n_splits, dtype=torch.float64 if sampling else torch.float32, device=device),  # best
+        torch.empty(rows, n_splits, dtype=torch.int32, device=device),  # idx
+        torch.empty(rows, n_splits, **f32),  # x at best
+    )
+
+
+def _triton_row_stats(logits, packed, temperature, noise, num_splits, block_v) -> RowStats:
+    mod = load_kernels(_KERNEL_MODULE)
+    rows, vocab = logits.shape
+    device = logits.device
+    block_r = 1
+    if block_v is None:
+        block_v = 64 if interpreting() else 2048
+    tiles_per_split, n_splits = _split_plan(rows, vocab, block_r, block_v, num_splits, device)
+    sampling = temperature > 0.0
+    out = _partials(rows, n_splits, sampling, device)
+    dummy = out[1]
+    temp = torch.tensor([temperature], dtype=torch.float64, device=device)
+    if sampling:
+        noise = noise.to(torch.float64)
+    grid = ((rows + block_r - 1) // block_r, n_splits)
+    mod.masked_row_stats_kernel[grid](
+        logits, packed if packed is not None else dummy, noise if sampling else dummy, temp,
+        *out,
+        rows, vocab, tiles_per_split, n_splits,
+        logits.stride(0), logits.stride(1),
+        packed.stride(0) if packed is not None else 0,
+        noise.stride(0) if sampling else 0, noise.stride(1) if sampling else 0,
+        HAS_MASK=packed is not None, HAS_NOISE=sampling,
+        BLOCK_R=block_r, BLOCK_V=block_v,
+        num_warps=4 if block_v <= 1024 else 8,
+    )
+    return _combine_partials(*out)
+
+
+def _triton_row_stats_from_hidden(hidden, weight, packed, temperature, noise, num_splits, block_v,
+                                  block_d) -> RowStats:
+    mod = load_kernels(_KERNEL_MODULE)
+    rows, dim = hidden.shape
+    vocab = weight.shape[0]
+    device = hidden.device
+    if hidden.dtype != weight.dtype:
+        hidden = hidden.to(weight.dtype)
+    block_r = 16 if rows <= 16 else (32 if rows <= 32 else 64)
+    if block_v is None:
+        block_v = 32 if interpreting() else 128
+    if block_d is None:
+        block_d = 16 if interpreting() else 64
+    tiles_per_split, n_splits = _split_plan(rows, vocab, block_r, block_v, num_splits, device)
+    sampling = temperature > 0.0
+    out = _partials(rows, n_splits, sampling, device)
+    dummy = out[1]
+    temp = torch.tensor([temperature], dtype=torch.float64, device=device)
+    if sampling:
+        noise = noise.to(torch.float64)
+    grid = ((rows + block_r - 1) // block_r, n_splits)
+    mod.masked_row_stats_hidden_kernel[grid](
+        hidden, weight, packed if packed is not None else dummy, noise if sampling else dummy, temp,
+        *out,
+        rows, vocab, dim, tiles_per_split, n_splits,
+        hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1),
+        packed.stride(0) if packed is not None else 0,
+        noise.stride(0) if sampling else 0, noise.stride(1) if sampling else 0,
+        HAS_MASK=packed is not None, HAS_NOISE=sampling, IEEE=weight.dtype == torch.float32,
+        BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_D=block_d,
+        num_warps=4 if block_r <= 32 else 8,
+    )
+    return _combine_partials(*out)
+
+
+# ------------------------------------------------------------------------------------------------- dispatchers
+
+
+def masked_row_stats(
+    logits: torch.Tensor,
+    allowed: torch.Tensor | None = None,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+    *,
+    noise: torch.Tensor | None = None,
+    backend: str = "auto",
+    num_splits: int | None = None,
+    block_v: int | None = None,
+) -> RowStats:
+    """Token, probability, entropy and top-2 margin of each row of a [rows, vocab] logits chunk (float32/bf16/fp16).
+
+    Drop-in for engine.sampling.reduce_logits(logits_chunk, allowed_mask, temperature, generator). `allowed` is None,
+    bool [rows, vocab] or xgrammar-packed int32 [rows, >= ceil(vocab/32)]. At T > 0 the standard Gumbel noise is
+    `noise` (float64 [rows, vocab]) or is drawn from `generator` exactly as engine.sampling draws it.
+    backend: "auto" (Triton on CUDA, torch elsewhere), "triton" (forced; on CPU needs TRITON_INTERPRET=1), "torch".
+    num_splits: vocabulary splits per row for the Triton kernel (default: enough programs to fill the GPU).
+    """
+    _check_args(tuple(logits.shape), temperature, noise)
+    chosen = resolve_backend(backend, logits.device)
+    rows, vocab = logits.shape
+    record("masked_row_stats", chosen)
+    if rows == 0:
+        return _empty_stats(logits.device)
+    if chosen == "torch":
+        return reference_masked_row_stats(logits, allowed, temperature, generator, noise=noise)
+    packed = _as_packed(allowed, rows, vocab, logits.device)
+    noise = _noise_for(logits.shape, temperature, generator, noise, logits.device)
+    return _triton_row_stats(logits, packed, temperature, noise, num_splits, block_v)
+
+
+def masked_row_stats_from_hidden(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    allowed: torch.Tensor | None = None,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+    *,
+    noise: torch.Tensor | None = None,
+    backend: str = "auto",
+    num_splits: int | None = None,
+    block_v: int | None = None,
+    block_d: int | None = None,
+) -> RowStats:
+    """The statistics of logits = hidden @ weight^T (hidden [rows, D], LM head weight [V, D]), fused.
+
+    On the Triton path each [rows, BLOCK_V] logits tile lives only in registers (float32 accumulation), so the
+    logits are never written to memory; the torch path computes float32 logits then reduces them. Logits are float32
+    products of the inputs in both paths (for bf16 weights that is more precise than rounding logits to bf16).
+    """
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"expected hidden [rows, D] and weight [V, D], got {tuple(hidden.shape)} "
+                         f"and {tuple(weight.shape)}")
+    rows, vocab = hidden.shape[0], weight.shape[0]
+    _check_args((rows, vocab), temperature, noise)
+    chosen = resolve_backend(backend, hidden.device)
+    record("masked_row_stats_from_hidden", chosen)
+    if rows == 0:
+        return _empty_stats(hidden.device)
+    if chosen == "torch":
+        return reference_masked_row_stats_from_hidden(hidden, weight, allowed, temperature, generator, noise=noise)
+    packed = _as_packed(allowed, rows, vocab, hidden.device)
+    noise = _noise_for((rows, vocab), temperature, generator, noise, hidden.device)
+    return _triton_row_stats_from_hidden(hidden, weight, packed, temperature, noise, num_splits, block_v, block_d)
+
+
+# ------------------------------------------------------------------------------------------ budgeted row chunks
+
+
+def workspace_bytes_per_row(vocab: int, *, sampling: bool, fused: bool) -> int:
+    """Transient bytes one row costs in the logits path (what a chunk budget must cover).
+
+    torch path: float32 logits (4 B/token) + exp workspace (4) + mask bytes (2), plus at T > 0 the float64 noise and
+    scores (16, freed before the softmax). Fused Triton path: the logits never exist; only the noise (8 B/token at
+    T > 0) and the per-split partial states remain.
+    """
+    if fused:
+        return vocab * (8 if sampling else 0) + 4096
+    return vocab * (4 + 4 + 2 + (16 if sampling else 0))
+
+
+def rows_per_chunk(vocab: int, budget_bytes: int, *, sampling: bool = False, fused: bool = False) -> int:
+    """The largest row count whose workspace fits in `budget_bytes` (at least 1: one row is the floor)."""
+    return max(1, int(budget_bytes) // workspace_bytes_per_row(vocab, sampling=sampling, fused=fused))
+
+
+def budgeted_row_stats_from_hidden(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    allowed: torch.Tensor | None = None,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+    *,
+    budget_bytes: int,
+    noise_fn: Callable[[int, int], torch.Tensor] | None = None,
+    backend: str = "auto",
+) -> RowStats:
+    """`masked_row_stats_from_hidden` over row chunks whose transient workspace stays under `budget_bytes`.
+
+    Each chunk's statistics are computed and its logits freed before the next chunk, so the peak is flat in the
+    number of rows. Noise at T > 0: `noise_fn(start, stop)` gives the chunk's float64 Gumbel noise, else it is drawn
+    from `generator` chunk after chunk (on CPU torch's generator yields the same stream as one [rows, V] draw, so
+    the result equals the unchunked call; on CUDA pass a noise_fn that is a function of the row index).
+    """
+    rows, vocab = hidden.shape[0], weight.shape[0]
+    chosen = resolve_backend(backend, hidden.device)
+    sampling = temperature > 0.0
+    step = rows_per_chunk(vocab, budget_bytes, sampling=sampling, fused=chosen == "triton")
+    parts = []
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        noise = noise_fn(start, stop) if (sampling and noise_fn is not None) else None
+        parts.append(
+            masked_row_stats_from_hidden(
+                hidden[start:stop], weight, None if allowed is None else allowed[start:stop], temperature,
+                generator, noise=noise, backend=chosen,
+            )
+        )
+    if not parts:
+        return _empty_stats(hidden.device)
+    return RowStats.cat(parts)
