@@ -70,11 +70,16 @@ class SamplingParams:
         return block * size, min((block + 1) * size, self.max_new_tokens)
 
     def steps_per_block(self) -> list[int]:
-        """The step budget split evenly over blocks (earlier blocks take the remainder), at least 1 each."""
+        """The step budget split over blocks in proportion to their sizes (largest remainders first, then
+        earlier blocks), at least 1 each; equal blocks get equal shares, as in LLaDA."""
         total = self.steps if self.steps is not None else self.max_new_tokens
-        n = self.num_blocks
-        base, rem = divmod(total, n)
-        return [max(1, base + (1 if b < rem else 0)) for b in range(n)]
+        sizes = [end - start for start, end in map(self.block_bounds, range(self.num_blocks))]
+        exact = [total * size / self.max_new_tokens for size in sizes]
+        shares = [int(x) for x in exact]
+        by_remainder = sorted(range(len(sizes)), key=lambda b: (-(exact[b] - shares[b]), b))
+        for b in by_remainder[: total - sum(shares)]:
+            shares[b] += 1
+        return [max(1, s) for s in shares]
 
 
 @dataclass
