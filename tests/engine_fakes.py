@@ -52,7 +52,8 @@ class DigitsConstraint:
     """Exact constraint for `d+` (d in `digits`) on a fixed canvas: digits, then EOS to the end.
 
     A canvas is completable iff some end e in 1..L has every position < e digit-or-open and every
-    position >= e EOS-or-open. Counts its calls so tests can see it was consulted.
+    position >= e EOS-or-open (`_fits`; masks, joint verification and forced tokens all use it, so a
+    subclass can make `is_completable` stricter to play an approximate constraint). Counts its calls.
     """
 
     def __init__(self, digits: Sequence[int] = DIGITS, vocab_size: int = VOCAB) -> None:
@@ -61,6 +62,9 @@ class DigitsConstraint:
         self.calls: dict[str, int] = {"allowed_tokens": 0, "select_commits": 0, "forced_tokens": 0}
 
     def is_completable(self, canvas: Sequence[int]) -> bool:
+        return self._fits(canvas)
+
+    def _fits(self, canvas: Sequence[int]) -> bool:
         n = len(canvas)
         for end in range(1, n + 1):
             head_ok = all(t == MASK or t in self.digits for t in canvas[:end])
@@ -74,7 +78,7 @@ class DigitsConstraint:
         for tok in self.digits[:1] + [EOS]:
             trial = list(canvas)
             trial[pos] = tok
-            if self.is_completable(trial):
+            if self._fits(trial):
                 out.extend(self.digits if tok != EOS else [EOS])
         return out
 
@@ -91,7 +95,7 @@ class DigitsConstraint:
         for pos, tok, _score in sorted(proposals, key=lambda p: -p[2]):
             before = trial[pos]
             trial[pos] = tok
-            if self.is_completable(trial):
+            if self._fits(trial):
                 kept.append((pos, tok))
             else:
                 trial[pos] = before
