@@ -37,6 +37,7 @@ _ACCEPTED_AS = {
     "include_bias": {False},
     "bias_for_layer_norm": {None, False},
     "layer_norm_with_affine": {True},
+    "block_group_size": {1},
 }
 # Fields with no effect on inference (training, init, dropout, hub metadata).
 _IGNORED = {
@@ -44,7 +45,7 @@ _IGNORED = {
     "init_device", "init_fn", "init_std", "init_cutoff_factor", "attention_dropout", "residual_dropout",
     "embedding_dropout", "flash_attention", "weight_tying", "clip_qkv", "alibi_bias_max", "mlp_ratio",
     "rope_full_precision", "precision", "input_emb_norm", "attention_type", "_name_or_path",
-    "tie_word_embeddings", "bos_token_id",
+    "tie_word_embeddings", "bos_token_id", "attention_layer_norm_with_affine",
 }
 
 
