@@ -138,13 +138,15 @@ def masked_row_stats_hidden_kernel(
     out_m, out_s, out_t, out_top2, out_best, out_idx, out_bx,
     n_rows, vocab, dim, tiles_per_split, n_splits,
     stride_hr, stride_hd, stride_wv, stride_wd, stride_mr, stride_nr, stride_nv,
-    HAS_MASK: tl.constexpr, HAS_NOISE: tl.constexpr, IEEE: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_NOISE: tl.constexpr, DOT_FP32: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """Same partial statistics, with each logits tile computed in registers as hidden[rows] @ weight[cols]^T.
 
-    hidden [n_rows, dim] and weight [vocab, dim] share a dtype; the dot accumulates in float32 (IEEE float32
-    products for float32 inputs, no TF32), so no logit is ever written to memory.
+    hidden [n_rows, dim] and weight [vocab, dim] share a dtype; the dot accumulates in float32, so no logit is ever
+    written to memory. DOT_FP32 (float32 inputs, or 16-bit inputs under the interpreter, whose tl.dot multiplies the
+    raw bf16 bit patterns as integers in Triton 3.9) upcasts the operands and asks for IEEE float32 products (no
+    TF32); bf16 x bf16 products are exact in float32, so the upcast computes what the tensor cores compute.
     """
     pid_r = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -181,8 +183,8 @@ def masked_row_stats_hidden_kernel(
                         mask=row_ok[:, None] & d_ok[None, :], other=0.0)
             w = tl.load(weight_ptr + cols64[:, None] * stride_wv + d[None, :] * stride_wd,
                         mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-            if IEEE:
-                acc = tl.dot(h, tl.trans(w), acc, input_precision="ieee")
+            if DOT_FP32:
+                acc = tl.dot(h.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
             else:
                 acc = tl.dot(h, tl.trans(w), acc)
         valid = row_ok[:, None] & col_ok[None, :]

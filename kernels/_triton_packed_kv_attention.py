@@ -7,6 +7,9 @@ fresh keys of the block itself. Flash-attention online softmax over key tiles, i
   s = (q . k) * scale;  m' = max(m, max_tile s);  l <- l e^{m - m'} + sum_tile e^{s - m'};
   acc <- acc e^{m - m'} + sum_tile e^{s - m'} v;  out = acc / l
 The fresh keys always exist (Lq >= 1), so l > 0 at the end and no -inf guard is needed once they are read.
+DOT_FP32 (float32 inputs, or any input under the interpreter, whose Triton 3.9 tl.dot multiplies bf16 bit patterns
+as integers) upcasts the dot operands and keeps p in float32 with IEEE products; otherwise 16-bit inputs use the
+tensor cores with p rounded to the value dtype, as flash attention does.
 """
 from __future__ import annotations
 
@@ -19,11 +22,11 @@ INTERPRETED = interpreting()
 
 
 @triton.jit
-def _attend_tile(q, k_ptrs, v_ptrs, key_ok, d_ok, m_i, l_i, acc, scale, IEEE: tl.constexpr):
+def _attend_tile(q, k_ptrs, v_ptrs, key_ok, d_ok, m_i, l_i, acc, scale, DOT_FP32: tl.constexpr):
     k = tl.load(k_ptrs, mask=key_ok[:, None] & d_ok[None, :], other=0.0)
     v = tl.load(v_ptrs, mask=key_ok[:, None] & d_ok[None, :], other=0.0)
-    if IEEE:
-        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    if DOT_FP32:
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
     else:
         s = tl.dot(q, tl.trans(k))
     s = tl.where(key_ok[None, :], s * scale, float("-inf"))
@@ -31,8 +34,8 @@ def _attend_tile(q, k_ptrs, v_ptrs, key_ok, d_ok, m_i, l_i, acc, scale, IEEE: tl
     alpha = tl.exp(m_i - m_new)
     p = tl.exp(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    if IEEE:
-        pv = tl.dot(p, v, input_precision="ieee")
+    if DOT_FP32:
+        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
     else:
         pv = tl.dot(p.to(v.dtype), v)
     acc = acc * alpha[:, None] + pv
@@ -50,7 +53,7 @@ def packed_kv_attention_kernel(
     skf_b, skf_h, skf_n, skf_d,
     svf_b, svf_h, svf_n, svf_d,
     so_b, so_h, so_m, so_d,
-    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """grid = (cdiv(Lq, BLOCK_M), B * Hq); q [B, Hq, Lq, D], packed k/v [B, Hkv, K, D], fresh k/v [B, Hkv, Lq, D]."""
     pid_m = tl.program_id(0)
@@ -80,7 +83,7 @@ def packed_kv_attention_kernel(
         m_i, l_i, acc = _attend_tile(
             q, kp_base + n[:, None] * skp_n + offs_d[None, :] * skp_d,
             vp_base + n[:, None] * svp_n + offs_d[None, :] * svp_d,
-            n < n_cached, d_ok, m_i, l_i, acc, scale, IEEE)
+            n < n_cached, d_ok, m_i, l_i, acc, scale, DOT_FP32)
 
     kf_base = kf_ptr + b * skf_b + hk * skf_h
     vf_base = vf_ptr + b * svf_b + hk * svf_h
@@ -89,7 +92,7 @@ def packed_kv_attention_kernel(
         m_i, l_i, acc = _attend_tile(
             q, kf_base + n[:, None] * skf_n + offs_d[None, :] * skf_d,
             vf_base + n[:, None] * svf_n + offs_d[None, :] * svf_d,
-            n < lq, d_ok, m_i, l_i, acc, scale, IEEE)
+            n < lq, d_ok, m_i, l_i, acc, scale, DOT_FP32)
 
     out = acc / l_i[:, None]
     tl.store(o_ptr + b * so_b + h * so_h + offs_m[:, None] * so_m + offs_d[None, :] * so_d,

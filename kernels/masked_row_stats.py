@@ -376,7 +376,8 @@ def _triton_row_stats_from_hidden(hidden, weight, packed, temperature, noise, nu
         hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1),
         packed.stride(0) if packed is not None else 0,
         noise.stride(0) if sampling else 0, noise.stride(1) if sampling else 0,
-        HAS_MASK=packed is not None, HAS_NOISE=sampling, IEEE=weight.dtype == torch.float32,
+        HAS_MASK=packed is not None, HAS_NOISE=sampling,
+        DOT_FP32=weight.dtype == torch.float32 or interpreting(),
         BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_D=block_d,
         num_warps=4 if block_r <= 32 else 8,
     )

@@ -155,7 +155,7 @@ def _triton_packed_kv_attention(q, packed, k_fresh, v_fresh, scale, block_m, blo
     if block_n is None:
         block_n = 16 if interpreting() else 64
     lengths = packed.lengths.to(device=q.device, dtype=torch.int32)
-    ieee = q.dtype == torch.float32
+    dot_fp32 = q.dtype == torch.float32 or interpreting()
     kp, vp = packed.keys.to(q.dtype), packed.values.to(q.dtype)
     kf, vf = k_fresh.to(q.dtype), v_fresh.to(q.dtype)
     grid = ((Lq + block_m - 1) // block_m, B * Hq)
@@ -163,7 +163,7 @@ def _triton_packed_kv_attention(q, packed, k_fresh, v_fresh, scale, block_m, blo
         q, kp, vp, lengths, kf, vf, out,
         Hq, Hq // Hkv, Lq, D, float(scale),
         *q.stride(), *kp.stride(), *vp.stride(), *lengths.stride(), *kf.stride(), *vf.stride(), *out.stride(),
-        IEEE=ieee, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        DOT_FP32=dot_fp32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         num_warps=4,
     )
     return out
