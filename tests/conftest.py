@@ -44,3 +44,13 @@ def tiny_tokenizer() -> Tokenizer:
 @pytest.fixture(scope="session")
 def tiny_llada():
     return build_tiny_llada()
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, tiny_llada, tiny_tokenizer):
+    """The tiny LLaDA saved as a checkpoint folder (config.json, model.safetensors, tokenizer.json)."""
+    from dllm_constrain.engine.loader import save_checkpoint
+
+    folder = tmp_path_factory.mktemp("tiny_llada")
+    save_checkpoint(tiny_llada, tiny_tokenizer, folder)
+    return folder

@@ -1,0 +1,262 @@
+"""The public API: `generate()` for one-liners, `LLM` for users who want result objects and counters.
+
+    import dllm_constrain as dc
+    dc.generate("Name Ada, age 36", schema={"type": "object", ...})      # -> str (bundled model)
+    llm = dc.LLM("path/to/checkpoint")                                    # load once
+    [res] = llm.generate(["..."], max_new_tokens=64, policy="threshold")  # -> list[GenerationResult]
+
+A list of prompts runs as one batch. `model=None` means the bundled checkpoint (dllm_constrain/bundled);
+`model` may also be a checkpoint folder path or an `LLM`. Loaded checkpoints are kept in one explicit,
+small cache of `LLM` objects keyed by resolved path (`clear_model_cache()` empties it); compiled
+constraints are cached inside each `LLM`, per constraint, for its tokenizer.
+"""
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import tokenizers
+
+from dllm_constrain.engine.llm_engine import GenerationResult, LLMEngine, ProgressCallback
+from dllm_constrain.engine.state import Request, SamplingParams
+from dllm_constrain.errors import (
+    CheckpointError,
+    ConstraintTooLongError,
+    InvalidRequestError,
+    InvalidSchemaError,
+)
+from dllm_constrain.prompting import format_prompt
+
+__all__ = ["LLM", "GenerationResult", "generate", "bundled_model_path", "clear_model_cache"]
+
+GRAMMAR_ISSUE = "Context-free grammars (Lark) at commit steps"
+CONSTRAINT_ISSUE = "The constraint layer: JSON Schema and regex compiled to per-position token masks at commit steps"
+PROMPT_FORMATS = ("auto", "request", "raw")
+_CACHE_SIZE = 4
+_LLM_CACHE: "OrderedDict[str, LLM]" = OrderedDict()
+
+
+def bundled_model_path() -> Path:
+    """The checkpoint folder shipped inside the package."""
+    return Path(str(resources.files("dllm_constrain") / "bundled"))
+
+
+def clear_model_cache() -> None:
+    """Forget every LLM that `generate(model=None | path)` loaded."""
+    _LLM_CACHE.clear()
+
+
+def _schema_to_dict(schema: Any) -> dict[str, Any] | bool:
+    """A JSON Schema as a dict, from a dict, a JSON string or a Pydantic model class."""
+    if isinstance(schema, (dict, bool)):
+        return schema
+    if isinstance(schema, str):
+        try:
+            return json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise InvalidSchemaError(f"schema is not valid JSON: {exc}") from exc
+    to_schema = getattr(schema, "model_json_schema", None)
+    if callable(to_schema):
+        return to_schema()
+    raise InvalidSchemaError(f"schema must be a dict, a JSON string or a Pydantic model class, got {type(schema).__name__}")
+
+
+class LLM:
+    """A loaded checkpoint with its engine. `LLM()` loads the bundled model; `LLM(path)` any checkpoint folder.
+
+    prompt_format: "request" wraps prompts in the bundled model's training format (`format_prompt`), "raw"
+    feeds them as given; "auto" picks "request" for checkpoints whose tokenizer has this project's
+    specials (`<|bos|>` and `<|mask|>`, i.e. trained by `python -m dllm_constrain.train`), else "raw".
+    """
+
+    def __init__(self, model_path: str | Path | None = None, *, prompt_format: str = "auto",
+                 max_logit_rows: int = 32) -> None:
+        from dllm_constrain.engine.loader import load_checkpoint
+
+        path = Path(model_path) if model_path is not None else bundled_model_path()
+        if model_path is None and not (path / "config.json").is_file():
+            raise CheckpointError(f"the bundled model is missing from {path} (config.json not found); "
+                                  "train it with `python -m dllm_constrain.train` or pass model=<checkpoint folder>")
+        loaded = load_checkpoint(path)
+        self._setup(loaded.model, loaded.tokenizer, path, prompt_format, max_logit_rows)
+
+    @classmethod
+    def from_model(cls, model: Any, tokenizer: Any, *, prompt_format: str = "auto",
+                   max_logit_rows: int = 32) -> "LLM":
+        """Wrap an already built DiffusionLM and tokenizer (our Tokenizer or a `tokenizers.Tokenizer`)."""
+        self = cls.__new__(cls)
+        self._setup(model, tokenizer, None, prompt_format, max_logit_rows)
+        return self
+
+    def _setup(self, model: Any, tokenizer: Any, path: Path | None, prompt_format: str, max_logit_rows: int) -> None:
+        if prompt_format not in PROMPT_FORMATS:
+            raise InvalidRequestError(f"prompt_format must be one of {PROMPT_FORMATS}, got {prompt_format!r}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.path = path
+        self.engine = LLMEngine(model, tokenizer, max_logit_rows=max_logit_rows)
+        if prompt_format == "auto":
+            ours = all(self._token_id(t) is not None for t in ("<|bos|>", "<|mask|>"))
+            prompt_format = "request" if ours else "raw"
+        self.prompt_format = prompt_format
+        self._compiler: Any = None
+        self._compiled: dict[tuple[Any, ...], Any] = {}
+
+    # ------------------------------------------------------------------ tokenizer helpers
+    def _token_id(self, token: str) -> int | None:
+        return self.tokenizer.token_to_id(token)
+
+    def encode(self, text: str) -> list[int]:
+        """Prompt ids, with the tokenizer's own special-token post-processing (e.g. a leading BOS)."""
+        if isinstance(self.tokenizer, tokenizers.Tokenizer):
+            return self.tokenizer.encode(text, add_special_tokens=True).ids
+        return list(self.tokenizer.encode(text, add_special=True))
+
+    def format(self, prompt: str, schema: Any = None) -> str:
+        """The text the model sees for `prompt` (and `schema`, whose compact JSON the bundled model reads)."""
+        if self.prompt_format == "raw":
+            return prompt
+        schema_json = None
+        if schema is not None:
+            schema_json = json.dumps(_schema_to_dict(schema), separators=(",", ":"), ensure_ascii=False)
+        return format_prompt(prompt, schema_json)
+
+    # ------------------------------------------------------------------ constraints
+    def _constraint_compiler(self) -> Any:
+        if self._compiler is None:
+            try:
+                from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo  # type: ignore[attr-defined]
+            except ImportError as exc:
+                raise NotImplementedError(
+                    f"schema= and regex= constraints are implemented in the issue '{CONSTRAINT_ISSUE}'") from exc
+            info = TokenizerInfo.from_tokenizer(self.tokenizer, vocab_size=self.engine.vocab_size,
+                                                eos_id=self.model.special.eos_id, mask_id=self.model.special.mask_id)
+            self._compiler = ConstraintCompiler(info)
+        return self._compiler
+
+    def compile(self, *, schema: Any = None, regex: str | None = None, whitespace: Any = None) -> Any:
+        """The compiled constraint for a schema or a regex, compiled once per LLM (hence per tokenizer)."""
+        if regex is not None:
+            key: tuple[Any, ...] = ("regex", regex)
+        else:
+            as_dict = _schema_to_dict(schema)
+            key = ("schema", json.dumps(as_dict, sort_keys=True), repr(whitespace))
+        if key not in self._compiled:
+            compiler = self._constraint_compiler()
+            if regex is not None:
+                self._compiled[key] = compiler.compile_regex(regex)
+            else:
+                kwargs = {} if whitespace is None else {"whitespace": whitespace}
+                self._compiled[key] = compiler.compile_json_schema(schema, **kwargs)
+        return self._compiled[key]
+
+    # ------------------------------------------------------------------ generation
+    def generate(
+        self,
+        prompts: str | Sequence[str],
+        *,
+        schema: Any = None,
+        regex: str | None = None,
+        grammar: str | None = None,
+        max_new_tokens: int = 128,
+        steps: int | None = None,
+        block_length: int = 32,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        policy: str = "quota",
+        threshold: float = 0.9,
+        entropy_bound: float = 0.1,
+        whitespace: Any = None,
+        progress: ProgressCallback | None = None,
+    ) -> list[GenerationResult]:
+        """Generate for each prompt (one batch); returns one GenerationResult per prompt, in order.
+
+        Raises InvalidRequestError (or its subclass PromptTooLongError) for bad input, a ConstraintError
+        subclass for a constraint that cannot be compiled or cannot fit the canvas, all before any forward.
+        """
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if not prompts:
+            raise InvalidRequestError("no prompts given")
+        for i, p in enumerate(prompts):
+            if not isinstance(p, str):
+                raise InvalidRequestError(f"prompt {i} is a {type(p).__name__}, not a string")
+            if not p.strip():
+                raise InvalidRequestError(f"prompt {i} is empty")
+        if sum(x is not None for x in (schema, regex, grammar)) > 1:
+            raise InvalidRequestError("pass at most one of schema=, regex= and grammar=")
+        if grammar is not None:
+            raise NotImplementedError(f"Lark grammar constraints (grammar=) are implemented in the issue '{GRAMMAR_ISSUE}'")
+        params = SamplingParams(max_new_tokens=max_new_tokens, steps=steps, block_length=block_length,
+                                temperature=temperature, seed=seed, policy=policy, threshold=threshold,
+                                entropy_bound=entropy_bound)
+        params.validate()
+        compiled = None
+        if schema is not None or regex is not None:
+            compiled = self.compile(schema=schema, regex=regex, whitespace=whitespace)
+            min_tokens = int(compiled.min_tokens())
+            if min_tokens > max_new_tokens:
+                raise ConstraintTooLongError(min_tokens, max_new_tokens)
+        requests = []
+        for p in prompts:
+            ids = self.encode(self.format(p, schema))
+            constraint = compiled.new_canvas_state(max_new_tokens) if compiled is not None else None
+            requests.append(Request(ids, params, constraint))
+        return self.engine.generate(requests, progress=progress)
+
+
+def _resolve_llm(model: "LLM | str | Path | None") -> LLM:
+    """An LLM for `model`, loading (and caching, least recently used out) checkpoint folders once."""
+    if isinstance(model, LLM):
+        return model
+    if model is not None and not isinstance(model, (str, Path)):
+        raise InvalidRequestError(f"model must be None, a checkpoint folder path or an LLM, got {type(model).__name__}")
+    key = str(Path(model).resolve()) if model is not None else str(bundled_model_path().resolve())
+    if key in _LLM_CACHE:
+        _LLM_CACHE.move_to_end(key)
+        return _LLM_CACHE[key]
+    llm = LLM(model)
+    _LLM_CACHE[key] = llm
+    while len(_LLM_CACHE) > _CACHE_SIZE:
+        _LLM_CACHE.popitem(last=False)
+    return llm
+
+
+def generate(
+    prompt: str | Sequence[str],
+    *,
+    schema: Any = None,
+    regex: str | None = None,
+    grammar: str | None = None,
+    model: "LLM | str | Path | None" = None,
+    max_new_tokens: int = 128,
+    steps: int | None = None,
+    block_length: int = 32,
+    temperature: float = 0.0,
+    seed: int | None = None,
+    policy: str = "quota",
+    threshold: float = 0.9,
+    entropy_bound: float = 0.1,
+    whitespace: Any = None,
+    return_result: bool = False,
+    progress: Callable[..., None] | None = None,
+) -> Any:
+    """Generate text for a prompt (-> str) or a list of prompts (-> list[str], one batch).
+
+    return_result=True returns GenerationResult objects instead of strings. See `LLM.generate` for the
+    options; `policy` is one of "quota", "threshold", "entropy", "margin", "entropy_bound".
+    """
+    llm = _resolve_llm(model)
+    results = llm.generate(
+        prompt, schema=schema, regex=regex, grammar=grammar, max_new_tokens=max_new_tokens, steps=steps,
+        block_length=block_length, temperature=temperature, seed=seed, policy=policy, threshold=threshold,
+        entropy_bound=entropy_bound, whitespace=whitespace, progress=progress,
+    )
+    out: list[Any] = results if return_result else [r.text for r in results]
+    return out[0] if isinstance(prompt, str) else out
+

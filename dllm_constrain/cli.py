@@ -1,0 +1,134 @@
+"""Command line: `python -m dllm_constrain "prompt" [--schema FILE_or_JSON] [--regex R] [--model PATH] ...`.
+
+Prints the answer on stdout. When stderr is a terminal (and --no-progress is not given) the denoising is
+shown live on stderr: committed text, with open canvas positions drawn as ░, redrawn after every step.
+Errors print one line `error: ...` on stderr and exit with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from dllm_constrain.engine.llm_engine import StepEvent
+from dllm_constrain.engine.state import POLICY_NAMES
+from dllm_constrain.errors import DllmConstrainError
+
+OPEN = "░"
+
+
+def _schema_arg(value: str) -> Any:
+    """--schema takes a file path or inline JSON."""
+    path = Path(value)
+    if path.is_file():
+        return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"--schema is neither a file nor valid JSON: {exc}") from exc
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dllm_constrain",
+                                description="Generate (structured) text with a diffusion language model.")
+    p.add_argument("prompt", help="the request text")
+    p.add_argument("--schema", type=_schema_arg, help="JSON Schema: a file path or inline JSON")
+    p.add_argument("--regex", help="a regular expression the answer must match")
+    p.add_argument("--model", help="checkpoint folder (default: the bundled model)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="canvas length (default 128)")
+    p.add_argument("--steps", type=int, default=None, help="denoising steps (default: one per token)")
+    p.add_argument("--block-length", type=int, default=32, help="semi-autoregressive block length (default 32)")
+    p.add_argument("--policy", choices=POLICY_NAMES, default="quota", help="commit policy (default quota)")
+    p.add_argument("--threshold", type=float, default=0.9, help="confidence threshold for --policy threshold")
+    p.add_argument("--entropy-bound", type=float, default=0.1, help="gamma for --policy entropy_bound")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
+    p.add_argument("--seed", type=int, default=None, help="random seed")
+    p.add_argument("--no-progress", action="store_true", help="do not draw the denoising on stderr")
+    p.add_argument("--stats", action="store_true", help="print NFE, tokens per forward and wall time on stderr")
+    return p
+
+
+class CanvasDisplay:
+    """Redraws the first request's canvas on one terminal line per step."""
+
+    def __init__(self, decode: Any, stream: TextIO) -> None:
+        self.decode = decode
+        self.stream = stream
+        self.eos_id: int | None = None
+
+    def render(self, canvas: list[int], committed: list[bool], mask_id: int) -> str:
+        """Committed runs decoded together (so multi-byte characters survive), open positions as ░,
+        nothing after the first committed EOS that closes the answer."""
+        parts: list[str] = []
+        run: list[int] = []
+        for i, (tok, done) in enumerate(zip(canvas, committed)):
+            if done and tok == self.eos_id:
+                if run:
+                    parts.append(self.decode(run))
+                    run = []
+                if all(committed[:i]):
+                    break
+                continue
+            if done:
+                run.append(tok)
+            else:
+                if run:
+                    parts.append(self.decode(run))
+                    run = []
+                parts.append(OPEN)
+        if run:
+            parts.append(self.decode(run))
+        return "".join(parts).replace("\n", "↵")
+
+    def __call__(self, event: StepEvent) -> None:
+        snap = event.snapshots[0]
+        text = self.render(snap.canvas, snap.committed, event.mask_id)
+        width = shutil.get_terminal_size((100, 20)).columns - 12
+        if len(text) > width:
+            text = "…" + text[-(width - 1):]
+        self.stream.write(f"\r\x1b[2Kstep {event.step:>4} {text}")
+        self.stream.flush()
+
+    def close(self) -> None:
+        self.stream.write("\r\x1b[2K")
+        self.stream.flush()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from dllm_constrain.api import LLM, _resolve_llm
+
+    display: CanvasDisplay | None = None
+    try:
+        llm: LLM = _resolve_llm(args.model)
+        show = not args.no_progress and sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
+        if show:
+            display = CanvasDisplay(llm.engine.decode, sys.stderr)
+            display.eos_id = llm.model.special.eos_id
+        (result,) = llm.generate(
+            [args.prompt], schema=args.schema, regex=args.regex, max_new_tokens=args.max_new_tokens,
+            steps=args.steps, block_length=args.block_length, temperature=args.temperature, seed=args.seed,
+            policy=args.policy, threshold=args.threshold, entropy_bound=args.entropy_bound, progress=display,
+        )
+    except (DllmConstrainError, NotImplementedError) as exc:
+        if display is not None:
+            display.close()
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if display is not None:
+        display.close()
+    print(result.text)
+    if args.stats:
+        print(f"nfe={result.nfe} tokens_per_forward={result.tokens_per_forward:.2f} "
+              f"forced_tokens={result.forced_tokens} remasks={result.remasks} "
+              f"wall_time={result.wall_time:.3f}s finish_reason={result.finish_reason}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

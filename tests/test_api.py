@@ -1,0 +1,178 @@
+"""The public API: generate() and LLM, their inputs, outputs, errors and caches."""
+from __future__ import annotations
+
+import pytest
+from engine_fakes import DigitsConstraint
+
+import dllm_constrain as dc
+from dllm_constrain.api import _resolve_llm, bundled_model_path
+from dllm_constrain.errors import (
+    CheckpointError,
+    ConstraintTooLongError,
+    InvalidRequestError,
+    PromptTooLongError,
+)
+
+SMALL = dict(max_new_tokens=8, block_length=4)
+
+
+@pytest.fixture()
+def llm(tiny_llada, tiny_tokenizer) -> dc.LLM:
+    return dc.LLM.from_model(tiny_llada, tiny_tokenizer)
+
+
+def test_a_single_prompt_returns_text(llm) -> None:
+    assert isinstance(dc.generate("hello", model=llm, **SMALL), str)
+
+
+def test_a_prompt_list_returns_one_text_per_prompt_computed_as_one_batch(llm) -> None:
+    """Batched answers equal the answers of the prompts run alone."""
+    prompts = ["first prompt", "second, longer prompt"]
+    batched = dc.generate(prompts, model=llm, **SMALL)
+    assert batched == [dc.generate(p, model=llm, **SMALL) for p in prompts]
+
+
+def test_return_result_gives_result_objects_with_counters(llm) -> None:
+    res = dc.generate("hello", model=llm, return_result=True, **SMALL)
+    assert isinstance(res, dc.GenerationResult)
+    assert res.nfe >= 1 and res.wall_time > 0 and res.tokens_per_forward > 0
+    assert res.finish_reason in ("eos", "length")
+    assert (res.forced_tokens, res.remasks) == (0, 0)
+
+
+def test_llm_generate_returns_one_result_per_prompt(llm) -> None:
+    results = llm.generate(["a", "b", "c"], policy="threshold", **SMALL)
+    assert [type(r) for r in results] == [dc.GenerationResult] * 3
+
+
+@pytest.mark.parametrize("policy", dc.POLICY_NAMES)
+def test_every_policy_is_reachable_from_the_api(llm, policy: str) -> None:
+    assert isinstance(dc.generate("x", model=llm, policy=policy, temperature=0.5, seed=0, **SMALL), str)
+
+
+def test_a_seed_makes_sampling_reproducible(llm) -> None:
+    kw = dict(model=llm, temperature=1.0, seed=42, **SMALL)
+    assert dc.generate("abc", **kw) == dc.generate("abc", **kw)
+
+
+def test_our_checkpoints_get_the_training_prompt_format(llm) -> None:
+    """The tiny tokenizer has <|bos|> and <|mask|>, so prompts are wrapped as the bundled model was trained."""
+    assert llm.prompt_format == "request"
+    assert llm.format("Ada, 36", {"type": "object"}) == 'Schema: {"type":"object"}\nRequest: Ada, 36\nAnswer: '
+    assert llm.format("Ada, 36") == "Request: Ada, 36\nAnswer: "
+
+
+def test_a_checkpoint_folder_is_loaded_once_and_reused(tiny_checkpoint) -> None:
+    dc.clear_model_cache()
+    first = _resolve_llm(str(tiny_checkpoint))
+    assert _resolve_llm(tiny_checkpoint) is first
+    assert isinstance(dc.generate("hi", model=str(tiny_checkpoint), **SMALL), str)
+    dc.clear_model_cache()
+
+
+def test_a_missing_checkpoint_folder_is_a_checkpoint_error(tmp_path) -> None:
+    with pytest.raises(CheckpointError):
+        dc.generate("hi", model=tmp_path / "nope")
+
+
+@pytest.mark.skipif((bundled_model_path() / "config.json").is_file(), reason="the bundled model is present")
+def test_a_missing_bundled_model_says_how_to_get_it() -> None:
+    with pytest.raises(CheckpointError, match="bundled"):
+        dc.LLM()
+
+
+@pytest.mark.parametrize(
+    ("prompt", "kwargs", "match"),
+    [
+        ("", {}, "empty"),
+        ("   ", {}, "empty"),
+        ([], {}, "no prompts"),
+        ([1], {}, "not a string"),
+        ("x", dict(max_new_tokens=0), "max_new_tokens"),
+        ("x", dict(steps=0), "steps"),
+        ("x", dict(temperature=-1.0), "temperature"),
+        ("x", dict(policy="greedy"), "policy"),
+        ("x", dict(block_length=0), "block_length"),
+        ("x", dict(schema={"type": "string"}, regex="a+"), "at most one"),
+    ],
+)
+def test_bad_input_raises_an_invalid_request_error_naming_the_problem(llm, prompt, kwargs, match) -> None:
+    with pytest.raises(InvalidRequestError, match=match):
+        dc.generate(prompt, model=llm, **kwargs)
+
+
+def test_a_prompt_longer_than_the_context_is_refused(llm) -> None:
+    with pytest.raises(PromptTooLongError, match="context"):
+        dc.generate("x" * 300, model=llm, max_new_tokens=8)
+
+
+def test_a_model_argument_of_the_wrong_type_is_refused() -> None:
+    with pytest.raises(InvalidRequestError, match="model"):
+        dc.generate("x", model=42)
+
+
+def test_grammar_constraints_name_the_issue_that_implements_them(llm) -> None:
+    with pytest.raises(NotImplementedError, match="Context-free grammars"):
+        dc.generate("x", model=llm, grammar='start: "a"')
+
+
+class FakeCompiled:
+    """Stands in for helper B's CompiledConstraint: a digits-only language with a minimum length."""
+
+    def __init__(self, min_len: int) -> None:
+        self.min_len = min_len
+
+    def min_tokens(self) -> int:
+        return self.min_len
+
+    def new_canvas_state(self, canvas_len: int) -> DigitsConstraint:
+        return DigitsConstraint(digits=DIGIT_IDS, vocab_size=260)
+
+
+DIGIT_IDS = list(range(19, 29))  # '0'..'9' in the tiny byte-level tokenizer
+
+
+class FakeCompiler:
+    def __init__(self, min_len: int = 1) -> None:
+        self.min_len = min_len
+        self.compiled: list[str] = []
+
+    def compile_regex(self, pattern: str) -> FakeCompiled:
+        self.compiled.append(pattern)
+        return FakeCompiled(self.min_len)
+
+    def compile_json_schema(self, schema, **kwargs) -> FakeCompiled:
+        self.compiled.append(repr(schema))
+        return FakeCompiled(self.min_len)
+
+
+def test_a_regex_constraint_is_compiled_once_and_attached_to_every_request(llm, tiny_tokenizer) -> None:
+    assert [tiny_tokenizer.token_to_id(str(d)) for d in range(10)] == DIGIT_IDS
+    llm._compiler = FakeCompiler()
+    texts = dc.generate(["n?", "number please"], model=llm, regex="[0-9]+", **SMALL)
+    texts += [dc.generate("again", model=llm, regex="[0-9]+", **SMALL)]
+    assert all(t.isdigit() for t in texts), texts
+    assert llm._compiler.compiled == ["[0-9]+"]
+
+
+def test_a_constraint_longer_than_the_canvas_is_refused_before_any_forward(llm) -> None:
+    llm._compiler = FakeCompiler(min_len=50)
+    calls = []
+    llm.engine.model = _CountingModel(llm.model, calls)
+    with pytest.raises(ConstraintTooLongError, match="50"):
+        dc.generate("x", model=llm, regex="[0-9]{50}", max_new_tokens=8)
+    assert calls == []
+
+
+class _CountingModel:
+    """Proxy that records forwards, to prove an error came before any."""
+
+    def __init__(self, inner, calls: list) -> None:
+        self._inner, self._calls = inner, calls
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def hidden_states(self, *args, **kwargs):
+        self._calls.append(1)
+        return self._inner.hidden_states(*args, **kwargs)

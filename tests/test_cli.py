@@ -1,0 +1,70 @@
+"""The command line: prints the answer, shows the denoising on a terminal, reports errors cleanly."""
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import pytest
+
+import dllm_constrain as dc
+from dllm_constrain.cli import OPEN, CanvasDisplay, main
+from dllm_constrain.engine.llm_engine import CanvasSnapshot, StepEvent
+
+
+def test_main_prints_the_same_answer_as_the_api(tiny_checkpoint, capsys) -> None:
+    args = ["hello", "--model", str(tiny_checkpoint), "--max-new-tokens", "8", "--block-length", "4",
+            "--no-progress"]
+    assert main(args) == 0
+    expected = dc.generate("hello", model=str(tiny_checkpoint), max_new_tokens=8, block_length=4)
+    assert capsys.readouterr().out == expected + "\n"
+
+
+def test_every_option_is_passed_through(tiny_checkpoint, capsys) -> None:
+    args = ["hi", "--model", str(tiny_checkpoint), "--max-new-tokens", "8", "--steps", "4", "--block-length", "4",
+            "--policy", "threshold", "--threshold", "0.5", "--temperature", "0.7", "--seed", "3", "--stats"]
+    assert main(args) == 0
+    expected = dc.generate("hi", model=str(tiny_checkpoint), max_new_tokens=8, steps=4, block_length=4,
+                           policy="threshold", threshold=0.5, temperature=0.7, seed=3)
+    captured = capsys.readouterr()
+    assert captured.out == expected + "\n"
+    assert "nfe=" in captured.err and "tokens_per_forward=" in captured.err
+
+
+def test_bad_input_exits_with_status_2_and_a_one_line_error(tiny_checkpoint, capsys) -> None:
+    assert main(["hi", "--model", str(tiny_checkpoint), "--max-new-tokens", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "max_new_tokens" in err
+
+
+def test_a_schema_that_is_neither_a_file_nor_json_is_a_usage_error(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["hi", "--schema", "{not json"])
+    assert exc.value.code == 2
+
+
+def test_the_display_draws_open_positions_as_blocks_and_stops_at_the_answer_end() -> None:
+    display = CanvasDisplay(lambda ids: "".join(chr(ord("a") + i) for i in ids), io.StringIO())
+    display.eos_id = 99
+    canvas = [0, 3, 1, 99, 99, 2]
+    assert display.render(canvas, [True, False, True, False, False, False], 3) == f"a{OPEN}b{OPEN * 3}"
+    assert display.render(canvas, [True, True, True, True, True, True], 3) == "adb"
+
+
+def test_the_display_redraws_one_line_per_step() -> None:
+    stream = io.StringIO()
+    display = CanvasDisplay(lambda ids: "x" * len(ids), stream)
+    event = StepEvent(step=1, snapshots=[CanvasSnapshot(0, [5, 3], [True, False], False)], mask_id=3)
+    display(event)
+    assert stream.getvalue().startswith("\r\x1b[2K") and stream.getvalue().endswith(f"x{OPEN}")
+
+
+def test_python_dash_m_runs_the_cli(tiny_checkpoint) -> None:
+    """The module entry point works as a subprocess (progress off: stderr is not a terminal)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "dllm_constrain", "hi", "--model", str(tiny_checkpoint), "--max-new-tokens", "4",
+         "--block-length", "4"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
