@@ -95,7 +95,12 @@ def select_salient_keys(
     sal.masked_fill_(~real[:, None, :], float("-inf"))
 
     keep = keep_count(real.sum(-1), keep_ratio)  # [B]
-    cap = max(1, int(keep.max().item()) if B else 1)
+    cap = int(keep.max().item()) if B else 0
+    if cap == 0:  # no real cached key anywhere: one zero slot per head (length 0), so the kernel has real tensors
+        zeros = k_full.new_zeros(B, Hkv, 1, D)
+        return PackedKV(keys=zeros, values=v_full.new_zeros(B, Hkv, 1, D),
+                        lengths=torch.zeros(B, Hkv, dtype=torch.int32, device=device),
+                        indices=torch.full((B, Hkv, 1), -1, dtype=torch.long, device=device))
     order = torch.sort(sal, dim=-1, descending=True, stable=True).indices[..., :cap]  # [B, Hkv, cap]
     slot = torch.arange(cap, device=device)
     used = slot[None, None, :] < keep[:, None, None]  # [B, 1, cap] -> broadcast over heads
