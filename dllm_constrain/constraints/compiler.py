@@ -1,0 +1,266 @@
+"""ConstraintCompiler -> CompiledConstraint -> CanvasState (one per request).
+
+Compilation is cached per (constraint, options, tokenizer): a module-level LRU keyed by the tokenizer's
+fingerprint, so two compilers over the same tokenizer share results, and compiling the same constraint
+twice costs a dictionary lookup. Errors are cached too (re-raised as-is).
+"""
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ConstraintTooLongError, InvalidRegexError, UnsatisfiableSchemaError
+from . import regex_ast as A
+from .canvas import CanvasState, SetAlgebra
+from .deadline import Deadline
+from .dfa import DEAD, START, LazyDFA
+from .nfa import INF, build_nfa
+from .regex_parser import parse_regex
+from .token_automaton import TokenAutomaton
+from .tokenizer_info import TokenizerInfo
+
+DEFAULT_TIMEOUT_S = 10.0
+
+
+class CompiledConstraint:
+    """A regular constraint compiled against one tokenizer. Thread-safe to share between requests."""
+
+    def __init__(self, kind: str, source: Any, node: A.Node, tok: TokenizerInfo, deadline: Deadline,
+                 max_dfa_states: int = 500_000):
+        self.kind = kind
+        self.source = source
+        self.tokenizer_info = tok
+        self.node = node
+        self.nfa = build_nfa(node, deadline)
+        self.dfa = LazyDFA(self.nfa, deadline, max_states=max_dfa_states)
+        self.dfa.expand(START)
+        self.dfa.deadline = None  # lazy expansion after compilation is bounded by max_states only
+        self.ta = TokenAutomaton(self.dfa, tok)
+        self.algebra = SetAlgebra(self.ta)
+        self._min_tokens: int | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        src = self.source if isinstance(self.source, str) else json.dumps(self.source)[:60]
+        return f"CompiledConstraint({self.kind}, {src[:60]!r}, nfa={self.nfa.n_states}, dfa={self.dfa.n_states})"
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer_info.vocab_size
+
+    @property
+    def eos_id(self) -> int:
+        return self.tokenizer_info.eos_id
+
+    @property
+    def mask_id(self) -> int | None:
+        return self.tokenizer_info.mask_id
+
+    @property
+    def empty_language(self) -> bool:
+        return self.dfa.empty_language
+
+    # ------------------------------------------------------------------ lengths
+    def min_bytes(self) -> int:
+        """Length in bytes of the shortest accepted text."""
+        return int(self.dfa.dist[START])
+
+    def min_tokens(self) -> int:
+        """Fewest tokens spelling an accepted text (EOS not counted: a canvas of exactly this many
+        positions fits it; longer canvases pad with EOS)."""
+        if self._min_tokens is not None:
+            return self._min_tokens
+        with self._lock:
+            if self._min_tokens is None:
+                self._min_tokens = self._compute_min_tokens()
+        return self._min_tokens
+
+    def _compute_min_tokens(self) -> int:
+        dfa, ta = self.dfa, self.ta
+        if self.empty_language:
+            return INF
+        if dfa.accepting[START]:
+            return 0
+        frontier = {START}
+        seen = {START}
+        k = 0
+        bound = int(dfa.dist[START]) if ta.single_byte_complete else INF
+        while frontier and k < bound:
+            k += 1
+            nxt = set()
+            for s in frontier:
+                for u in ta.succ(s):
+                    if u not in seen:
+                        if dfa.accepting[u]:
+                            return k
+                        seen.add(u)
+                        nxt.add(u)
+            frontier = nxt
+        return bound if bound < INF else INF
+
+    def fits(self, canvas_len: int) -> bool:
+        return self.algebra.can_finish(START, int(canvas_len))
+
+    # ------------------------------------------------------------------ requests
+    def new_canvas_state(self, canvas_len: int) -> CanvasState:
+        """Per-request CanvasConstraint for a canvas of `canvas_len` positions.
+        Raises ConstraintTooLongError when even the shortest accepted text does not fit."""
+        canvas_len = int(canvas_len)
+        if canvas_len <= 0:
+            raise ValueError("canvas_len must be positive")
+        if not self.fits(canvas_len):
+            raise ConstraintTooLongError(self.min_tokens(), canvas_len)
+        return CanvasState(self.algebra, canvas_len, self.mask_id, self.vocab_size)
+
+    def matcher(self) -> "LeftToRightMatcher":
+        """Autoregressive (left-to-right, unbounded length) matcher, for benchmarks and debugging."""
+        return LeftToRightMatcher(self)
+
+    def accepts_text(self, text: str | bytes) -> bool:
+        data = text.encode("utf-8") if isinstance(text, str) else text
+        return self.dfa.matches(data)
+
+    def accepts_tokens(self, ids) -> bool:
+        s = START
+        for t in ids:
+            if t == self.eos_id:
+                break
+            s = self.ta.delta(s, int(t))
+            if s == DEAD:
+                return False
+        return bool(self.dfa.accepting[s])
+
+
+class LeftToRightMatcher:
+    def __init__(self, cc: CompiledConstraint):
+        self.cc = cc
+        self.state = START
+        self.ended = False
+        self._mask: np.ndarray | None = None
+
+    def fill_mask(self) -> np.ndarray:
+        cc = self.cc
+        row = np.zeros(cc.vocab_size, dtype=bool)
+        if not self.ended and self.state != DEAD:
+            tt = cc.ta.trans(self.state)
+            cc.ta.row([(self.state, u) for u in tt.targets], bool(cc.dfa.accepting[self.state]),
+                      row[: cc.ta.vocab_size])
+        self._mask = row
+        return row
+
+    def is_allowed(self, tid: int) -> bool:
+        return bool(self._mask[tid])
+
+    def advance(self, tid: int) -> bool:
+        if self.ended or self.state == DEAD:
+            return False
+        if tid == self.cc.eos_id:
+            if self.cc.dfa.accepting[self.state]:
+                self.ended = True
+                return True
+            return False
+        nxt = self.cc.ta.delta(self.state, int(tid))
+        if nxt == DEAD:
+            return False
+        self.state = nxt
+        return True
+
+    def is_accepting(self) -> bool:
+        return self.ended or bool(self.cc.dfa.accepting[self.state])
+
+
+# ---------------------------------------------------------------------------------- compiler
+_CACHE: OrderedDict = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+_CACHE_MAX = 512
+
+
+def clear_cache() -> None:
+    with _CACHE_LOCK:
+        _CACHE.clear()
+
+
+class ConstraintCompiler:
+    """Compiles regexes and JSON Schemas against one tokenizer (xgrammar's GrammarCompiler role)."""
+
+    def __init__(self, tokenizer_info: TokenizerInfo, timeout_s: float | None = DEFAULT_TIMEOUT_S,
+                 cache: bool = True):
+        if not isinstance(tokenizer_info, TokenizerInfo):
+            tokenizer_info = TokenizerInfo.from_tokenizer(tokenizer_info)
+        self.tokenizer_info = tokenizer_info
+        self.timeout_s = timeout_s
+        self.cache = cache
+
+    def _cached(self, key: tuple, build):
+        full_key = (self.tokenizer_info.fingerprint,) + key
+        if self.cache:
+            with _CACHE_LOCK:
+                hit = _CACHE.get(full_key)
+                if hit is not None:
+                    _CACHE.move_to_end(full_key)
+            if hit is not None:
+                if isinstance(hit, BaseException):
+                    raise hit
+                return hit
+        try:
+            res = build()
+        except (InvalidRegexError, UnsatisfiableSchemaError) as e:
+            res = e
+        except Exception as e:
+            from ..errors import ConstraintError
+
+            if isinstance(e, ConstraintError) and not type(e).__name__ == "CompilationTimeoutError":
+                res = e
+            else:
+                raise
+        if self.cache:
+            with _CACHE_LOCK:
+                _CACHE[full_key] = res
+                if len(_CACHE) > _CACHE_MAX:
+                    _CACHE.popitem(last=False)
+        if isinstance(res, BaseException):
+            raise res
+        return res
+
+    def compile_regex(self, pattern: str) -> CompiledConstraint:
+        """Full-match regex (Python `re` syntax, regular subset)."""
+        if not isinstance(pattern, str):
+            raise InvalidRegexError(f"regex must be a string, got {type(pattern).__name__}")
+
+        def build():
+            deadline = Deadline(self.timeout_s)
+            node = parse_regex(pattern).node
+            cc = CompiledConstraint("regex", pattern, node, self.tokenizer_info, deadline)
+            if cc.empty_language:
+                raise InvalidRegexError(f"regex {pattern!r} matches no string")
+            return cc
+
+        return self._cached(("regex", pattern), build)
+
+    def compile_json_schema(self, schema, whitespace: str = "compact", **options) -> CompiledConstraint:
+        """JSON Schema (dict, JSON string, pydantic model class, outlines type) -> CompiledConstraint.
+        Options: see `json_schema.SchemaOptions`."""
+        from .json_schema import SchemaOptions, normalize_schema_input, schema_to_regex_ast
+
+        sch = normalize_schema_input(schema)
+        opts = SchemaOptions(whitespace=whitespace, **options)
+        key_src = json.dumps(sch, sort_keys=False, separators=(",", ":"), ensure_ascii=False, default=str)
+
+        def build():
+            deadline = Deadline(self.timeout_s)
+            node = schema_to_regex_ast(sch, opts, deadline)
+            cc = CompiledConstraint("json_schema", sch, node, self.tokenizer_info, deadline)
+            if cc.empty_language:
+                raise UnsatisfiableSchemaError("no JSON value satisfies the schema (within the supported bounds)")
+            return cc
+
+        return self._cached(("json_schema", key_src, opts.key()), build)
+
+    def compile_ast(self, node: A.Node, name: str = "ast") -> CompiledConstraint:
+        """Compile a regex AST directly (no caching)."""
+        return CompiledConstraint("ast", name, node, self.tokenizer_info, Deadline(self.timeout_s))

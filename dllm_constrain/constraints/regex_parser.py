@@ -1,0 +1,395 @@
+"""Parser for the regular-expression dialect of Python's `re` (the engine jsonschema uses to check
+`pattern`), restricted to the regular subset: literals, classes, `.`, `\\d \\w \\s` (and negations),
+quantifiers (`* + ? {m} {m,} {,n} {m,n}`, lazy variants), alternation, groups, anchors at the ends.
+
+Refused with `InvalidRegexError`: backreferences, lookaround, word boundaries, inline flags, atomic
+groups/possessive quantifiers, conditionals, anchors in the middle.
+
+Semantics of the shorthand classes (soundness): outside a negated class, `\\d \\w \\s` use their ASCII
+sets (a subset of Python's Unicode sets, so everything we produce matches); `\\D \\W \\S` and negated
+classes use exact Unicode complements computed from `str.isdecimal / isalnum / isspace` (what `re` uses),
+so they never admit a character Python would not match.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+from ..errors import InvalidRegexError
+from . import regex_ast as A
+from .regex_ast import Ranges, norm_ranges, ranges_complement, ranges_union
+
+MAX_REPEAT = 100_000
+
+
+# ------------------------------------------------------------------------------- unicode classes
+@functools.lru_cache(maxsize=None)
+def _unicode_class(kind: str) -> Ranges:
+    test = {"d": str.isdecimal, "w": lambda c: c.isalnum() or c == "_", "s": str.isspace}[kind]
+    out = []
+    start = None
+    for cp in range(A.MAX_CP + 1):
+        if 0xD800 <= cp <= 0xDFFF:
+            ok = False
+        else:
+            ok = test(chr(cp))
+        if ok and start is None:
+            start = cp
+        elif not ok and start is not None:
+            out.append((start, cp - 1))
+            start = None
+    if start is not None:
+        out.append((start, A.MAX_CP))
+    return norm_ranges(out)
+
+
+_ASCII = {
+    "d": ((0x30, 0x39),),
+    "w": norm_ranges([(0x30, 0x39), (0x41, 0x5A), (0x61, 0x7A), (0x5F, 0x5F)]),
+    "s": norm_ranges([(0x09, 0x0D), (0x20, 0x20)]),
+}
+
+
+def shorthand(kind: str, *, over: bool) -> Ranges:
+    """Char set of \\d \\w \\s (lower-case) or \\D \\W \\S (upper-case).
+
+    over=False: a subset of what Python matches (use where the set is taken positively);
+    over=True: a superset (use inside a negated class, so the complement stays a subset)."""
+    low = kind.lower()
+    if kind.islower():
+        return _unicode_class(low) if over else _ASCII[low]
+    # negated shorthand
+    if over:
+        return ranges_complement(_ASCII[low])
+    return ranges_complement(_unicode_class(low))
+
+
+# ------------------------------------------------------------------------------- parser
+@dataclass
+class ParsedRegex:
+    node: A.Node  # full-match language (anchors at the ends removed)
+    # for search semantics (JSON Schema `pattern`): per top-level alternative, (node, anchored_start, anchored_end)
+    alternatives: list[tuple[A.Node, bool, bool]]
+
+
+class _Anchor:
+    def __init__(self, kind: str):
+        self.kind = kind  # "^" or "$"
+
+
+_SIMPLE_ESCAPES = {"a": 7, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11}
+
+
+class _Parser:
+    def __init__(self, pattern: str):
+        self.p = pattern
+        self.i = 0
+
+    def error(self, msg: str) -> InvalidRegexError:
+        return InvalidRegexError(f"{msg} at position {self.i} in regex {self.p!r}")
+
+    def peek(self) -> str | None:
+        return self.p[self.i] if self.i < len(self.p) else None
+
+    def eat(self) -> str:
+        c = self.p[self.i]
+        self.i += 1
+        return c
+
+    # alternatives: list of sequences of items (nodes or anchors)
+    def parse_alternation(self) -> list[list]:
+        alts = [self.parse_concat()]
+        while self.peek() == "|":
+            self.i += 1
+            alts.append(self.parse_concat())
+        return alts
+
+    def parse_concat(self) -> list:
+        items: list = []
+        while True:
+            c = self.peek()
+            if c is None or c == "|" or c == ")":
+                return items
+            atom = self.parse_atom()
+            if atom is None:
+                continue
+            if isinstance(atom, _Anchor):
+                if self.peek() is not None and self.peek() in "*+?" or self._at_quantifier_brace():
+                    raise self.error("quantified anchor is not supported")
+                items.append(atom)
+                continue
+            atom = self.parse_quantifiers(atom)
+            items.append(atom)
+
+    def _at_quantifier_brace(self) -> bool:
+        if self.peek() != "{":
+            return False
+        return re.match(r"\{(\d*)(,(\d*))?\}", self.p[self.i:]) is not None and self.p[self.i + 1:self.i + 2] != "}"
+
+    def parse_quantifiers(self, atom: A.Node) -> A.Node:
+        quantified = False
+        while True:
+            c = self.peek()
+            lo: int
+            hi: int | None
+            if c == "*":
+                lo, hi = 0, None
+                self.i += 1
+            elif c == "+":
+                lo, hi = 1, None
+                self.i += 1
+            elif c == "?":
+                lo, hi = 0, 1
+                self.i += 1
+            elif c == "{":
+                m = re.match(r"\{(\d*)(,(\d*))?\}", self.p[self.i:])
+                if not m or (m.group(1) == "" and m.group(2) is None):
+                    return atom  # literal '{' handled by the atom parser next time
+                lo = int(m.group(1)) if m.group(1) else 0
+                if m.group(2) is None:
+                    hi = lo
+                else:
+                    hi = int(m.group(3)) if m.group(3) else None
+                if hi is not None and hi < lo:
+                    raise self.error("min repeat greater than max repeat")
+                if lo > MAX_REPEAT or (hi is not None and hi > MAX_REPEAT):
+                    raise self.error("repeat count too large")
+                self.i += m.end()
+            else:
+                return atom
+            if quantified:
+                raise self.error("multiple repeat")
+            quantified = True
+            # lazy / possessive suffix
+            if self.peek() == "?":
+                self.i += 1
+            elif self.peek() == "+":
+                raise self.error("possessive quantifiers are not supported")
+            atom = A.rep(atom, lo, hi)
+            if self.peek() is not None and self.peek() in "*+?{":
+                if self.peek() == "{" and not self._at_quantifier_brace():
+                    return atom
+                raise self.error("multiple repeat")
+
+    def parse_atom(self):
+        c = self.eat()
+        if c == "(":
+            return self.parse_group()
+        if c == "[":
+            return A.chars(self.parse_class())
+        if c == ".":
+            return A.chars(ranges_complement(((10, 10),)))
+        if c == "^":
+            return _Anchor("^")
+        if c == "$":
+            return _Anchor("$")
+        if c == "\\":
+            return self.parse_escape()
+        if c in "*+?":
+            raise self.error("nothing to repeat")
+        if c == "{" and self._at_quantifier_brace_prev():
+            raise self.error("nothing to repeat")
+        return A.lit(c)
+
+    def _at_quantifier_brace_prev(self) -> bool:
+        self.i -= 1
+        r = self._at_quantifier_brace()
+        self.i += 1
+        return r
+
+    def parse_group(self):
+        if self.peek() == "?":
+            self.i += 1
+            c = self.peek()
+            if c == ":":
+                self.i += 1
+            elif c == "P" and self.p[self.i + 1:self.i + 2] == "<":
+                j = self.p.find(">", self.i)
+                if j < 0:
+                    raise self.error("unterminated group name")
+                self.i = j + 1
+            elif c == "#":
+                j = self.p.find(")", self.i)
+                if j < 0:
+                    raise self.error("unterminated comment")
+                self.i = j + 1
+                return None
+            elif c == "<" and self.p[self.i + 1:self.i + 2] not in ("=", "!"):
+                j = self.p.find(">", self.i)
+                if j < 0:
+                    raise self.error("unterminated group name")
+                self.i = j + 1
+            else:
+                raise self.error(f"unsupported group construct '(?{c}'")
+        alts = self.parse_alternation()
+        if self.peek() != ")":
+            raise self.error("missing )")
+        self.i += 1
+        return _alts_to_node(alts, self)
+
+    def parse_escape(self) -> A.Node:
+        if self.i >= len(self.p):
+            raise self.error("trailing backslash")
+        c = self.eat()
+        if c in "dDwWsS":
+            return A.chars(shorthand(c, over=False))
+        if c in "AZ":
+            return _Anchor("^" if c == "A" else "$")
+        if c in "bB":
+            raise self.error("word boundaries are not supported")
+        cp = self._escape_codepoint(c, in_class=False)
+        return A.lit(chr(cp))
+
+    def _escape_codepoint(self, c: str, in_class: bool) -> int:
+        if c in _SIMPLE_ESCAPES:
+            return _SIMPLE_ESCAPES[c]
+        if c == "b" and in_class:
+            return 8
+        if c == "x":
+            h = self.p[self.i:self.i + 2]
+            if len(h) != 2 or not all(ch in "0123456789abcdefABCDEF" for ch in h):
+                raise self.error("bad \\x escape")
+            self.i += 2
+            return int(h, 16)
+        if c in "uU":
+            n = 4 if c == "u" else 8
+            h = self.p[self.i:self.i + n]
+            if len(h) != n or not all(ch in "0123456789abcdefABCDEF" for ch in h):
+                raise self.error(f"bad \\{c} escape")
+            self.i += n
+            v = int(h, 16)
+            if v > A.MAX_CP or 0xD800 <= v <= 0xDFFF:
+                raise self.error("escape outside the encodable code points")
+            return v
+        if c == "0":
+            # octal \0, \0o, \0oo
+            digits = ""
+            while len(digits) < 2 and self.peek() is not None and self.peek() in "01234567":
+                digits += self.eat()
+            return int("0" + digits, 8)
+        if c.isdigit():
+            if in_class and c in "01234567":
+                digits = c
+                while len(digits) < 3 and self.peek() is not None and self.peek() in "01234567":
+                    digits += self.eat()
+                return int(digits, 8)
+            raise self.error("backreferences are not supported")
+        if c == "N":
+            raise self.error("\\N{...} escapes are not supported")
+        if c.isascii() and c.isalnum():
+            raise self.error(f"bad escape \\{c}")
+        return ord(c)
+
+    def parse_class(self) -> Ranges:
+        negated = False
+        if self.peek() == "^":
+            negated = True
+            self.i += 1
+        over = negated  # inside a negated class we need supersets
+        parts: list[tuple[int, int]] = []
+        first = True
+        while True:
+            if self.i >= len(self.p):
+                raise self.error("unterminated character set")
+            c = self.eat()
+            if c == "]" and not first:
+                break
+            first = False
+            lo: int | None
+            if c == "\\":
+                if self.i >= len(self.p):
+                    raise self.error("trailing backslash")
+                e = self.eat()
+                if e in "dDwWsS":
+                    parts.extend(shorthand(e, over=over))
+                    continue
+                lo = self._escape_codepoint(e, in_class=True)
+            elif c == "[" and self.peek() == ":":
+                raise self.error("POSIX classes are not supported")
+            else:
+                lo = ord(c)
+            # range?
+            if self.peek() == "-" and self.p[self.i + 1:self.i + 2] not in ("]", ""):
+                self.i += 1
+                c2 = self.eat()
+                if c2 == "\\":
+                    e = self.eat()
+                    if e in "dDwWsS":
+                        raise self.error("bad character range")
+                    hi = self._escape_codepoint(e, in_class=True)
+                else:
+                    hi = ord(c2)
+                if hi < lo:
+                    raise self.error("bad character range")
+                parts.append((lo, hi))
+            else:
+                parts.append((lo, lo))
+        rs = norm_ranges(parts)
+        return ranges_complement(rs) if negated else rs
+
+
+def _items_to_node(items: list, parser: _Parser, allow_anchors: bool = False) -> A.Node:
+    nodes = []
+    for k, it in enumerate(items):
+        if isinstance(it, _Anchor):
+            raise parser.error("anchors are supported only at the start or end of the pattern")
+        nodes.append(it)
+    return A.seq(*nodes)
+
+
+def _alts_to_node(alts: list[list], parser: _Parser) -> A.Node:
+    return A.alt(*[_items_to_node(a, parser) for a in alts])
+
+
+def _strip_anchors(items: list) -> tuple[list, bool, bool]:
+    start = end = False
+    items = list(items)
+    while items and isinstance(items[0], _Anchor) and items[0].kind == "^":
+        items.pop(0)
+        start = True
+    while items and isinstance(items[-1], _Anchor) and items[-1].kind == "$":
+        items.pop()
+        end = True
+    return items, start, end
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_regex(pattern: str) -> ParsedRegex:
+    """Parse a Python-`re` pattern. Raises InvalidRegexError."""
+    if not isinstance(pattern, str):
+        raise InvalidRegexError(f"regex must be a string, got {type(pattern).__name__}")
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        raise InvalidRegexError(f"invalid regex {pattern!r}: {e}") from None
+    except (OverflowError, RecursionError) as e:
+        raise InvalidRegexError(f"invalid regex {pattern!r}: {e}") from None
+    p = _Parser(pattern)
+    try:
+        alts = p.parse_alternation()
+    except RecursionError:
+        raise InvalidRegexError(f"regex {pattern!r} is nested too deeply") from None
+    if p.i != len(pattern):
+        raise p.error("unbalanced parenthesis")
+    parsed_alts = []
+    for items in alts:
+        items, s, e = _strip_anchors(items)
+        parsed_alts.append((_items_to_node(items, p), s, e))
+    full = A.alt(*[n for n, _, _ in parsed_alts])
+    return ParsedRegex(full, parsed_alts)
+
+
+def search_language(parsed: ParsedRegex) -> A.Node:
+    """The language of strings s with re.search(pattern, s) (JSON Schema `pattern` semantics).
+
+    Unanchored sides get an arbitrary-string prefix/suffix. A `$` anchor is taken as the very end
+    (Python also allows one trailing newline there; excluding it only narrows the language)."""
+    anything = A.star(A.chars(A.ANY_CHAR))
+    out = []
+    for node, s, e in parsed.alternatives:
+        out.append(A.seq(A.EMPTY if s else anything, node, A.EMPTY if e else anything))
+    return A.alt(*out)
+
+
+__all__ = ["parse_regex", "search_language", "ParsedRegex", "shorthand", "ranges_union"]
