@@ -15,8 +15,15 @@ One step (`LLMEngine.step`):
 Termination: every step commits at least one position (or bans one (position, token) pair), and a step
 bound raises GenerationTimeoutError rather than looping forever.
 
-Optional model hooks (all duck-typed, for families with extra per-request state such as DiffusionGemma's
-self-conditioning signal or uniform-state noise canvas):
+Block-diffusion models (DiffusionGemma: `encode_prompt`, `init_canvas`, `denoise_step`, `advance`,
+`extend_prompt`, `noise`) run the same per-request logic in lockstep blocks (`_generate_blocks`): the prompt
+is encoded once into a KV cache; each block of `block_length` positions is denoised by the canvas decoder
+alone, open positions holding fresh uniform noise drawn from each request's own generator every step (the
+re-noising of the entropy-bound sampler), the previous step's logits (divided by the temperature when it is
+> 0) fed back as the self-conditioning signal; a finished block is appended to the cache. Committed
+positions stay committed (the real sampler re-decides them; constraints need a monotone canvas).
+
+Optional model hooks (all duck-typed, for families with extra per-request state):
   - `model.init_request_state(state)`: called once per request before the first step (may write
     `state.model_state` and fill the open canvas positions with noise using `state.generator`);
   - `model.uses_request_state = True`: `hidden_states` is then called with `request_states=[...]`;
@@ -82,11 +89,6 @@ class StepEvent:
 
 
 ProgressCallback = Callable[[StepEvent], None]
-
-
-def _token_ids(encoded: Any) -> list[int]:
-    """Tokenizer outputs come as lists or as `tokenizers.Encoding` objects."""
-    return list(getattr(encoded, "ids", encoded))
 
 
 class LLMEngine:
@@ -157,22 +159,28 @@ class LLMEngine:
         for s in states:
             s.start_time = t0
         policies = [make_policy(s.params) for s in states]
-        while not all(s.done for s in states):
-            self.step(states, policies)
-            if progress is not None:
-                progress(self._event(states))
+        if is_block_diffusion(self.model):
+            self._generate_blocks(states, policies, progress)
+        else:
+            while not all(s.done for s in states):
+                self.step(states, policies)
+                if progress is not None:
+                    progress(self._event(states))
         return [self._result(s) for s in states]
+
+    def _prepare_step(self, s: RequestState) -> None:
+        """The forward-free part of a step: bound check, block/EOS bookkeeping, forced tokens."""
+        self._check_step_bound(s)
+        s.step += 1
+        self._settle(s)
+        if not s.done and s.constraint is not None:
+            self._commit_forced(s)
 
     def step(self, states: list[RequestState], policies: list[CommitPolicy]) -> None:
         """One iteration: forced commits, then one forward for every request still running."""
         for s in states:
-            if s.done:
-                continue
-            self._check_step_bound(s)
-            s.step += 1
-            self._settle(s)
-            if not s.done and s.constraint is not None:
-                self._commit_forced(s)
+            if not s.done:
+                self._prepare_step(s)
         running = [(s, p) for s, p in zip(states, policies) if not s.done]
         if not running:
             return
@@ -182,6 +190,57 @@ class LLMEngine:
             self._denoise(s, policy, hidden[row], offsets[row])
             s.block_step += 1
             self._settle(s)
+
+    def _generate_blocks(self, states: list[RequestState], policies: list[CommitPolicy],
+                         progress: ProgressCallback | None) -> None:
+        """Lockstep block diffusion for models with a prompt cache and a canvas decoder (DiffusionGemma)."""
+        model = self.model
+        first = states[0].params
+        for s in states:
+            if (s.params.max_new_tokens, s.params.block_length) != (first.max_new_tokens, first.block_length):
+                raise InvalidRequestError("a block-diffusion batch needs one max_new_tokens and block_length "
+                                          "for all its requests")
+        width = max(len(s.prompt_ids) for s in states)
+        ids = torch.full((len(states), width), self.special.pad_id, dtype=torch.long)
+        kpm = torch.zeros((len(states), width), dtype=torch.bool)
+        for b, s in enumerate(states):
+            ids[b, width - len(s.prompt_ids):] = torch.tensor(s.prompt_ids, dtype=torch.long)
+            kpm[b, width - len(s.prompt_ids):] = True
+        prompt = model.encode_prompt(ids, kpm)
+        for block in range(first.num_blocks):
+            start, end = first.block_bounds(block)
+            canvas = model.init_canvas(prompt, end - start)
+            sc_logits = None
+            while True:
+                for s in states:
+                    if not s.done and s.block == block:
+                        self._prepare_step(s)
+                active = [b for b, s in enumerate(states) if not s.done and s.block == block]
+                if not active:
+                    break
+                rows = [self._noised_block(s, start, end) for s in states]
+                tokens = torch.stack(rows).to(canvas.canvas.device)
+                model.advance(canvas, tokens, torch.ones_like(tokens, dtype=torch.bool),
+                              self_conditioning_logits=sc_logits)
+                out = model.denoise_step(canvas)
+                for b in active:
+                    s = states[b]
+                    s.nfe += 1
+                    self._denoise(s, policies[b], out.hidden[b], -start)
+                    s.block_step += 1
+                    self._settle(s)
+                temperature = first.temperature
+                sc_logits = (out.logits / temperature if temperature > 0 else out.logits).to(out.hidden.dtype)
+                if progress is not None:
+                    progress(self._event(states))
+            if all(s.done for s in states):
+                return
+            model.extend_prompt(prompt, torch.stack([s.canvas[start:end] for s in states]).to(ids.device))
+
+    def _noised_block(self, s: RequestState, start: int, end: int) -> torch.Tensor:
+        """The decoder input for one request's block: committed ids, fresh noise from its generator elsewhere."""
+        noise = self.model.noise((end - start,), s.generator, torch.device("cpu"))
+        return torch.where(s.committed[start:end], s.canvas[start:end], noise)
 
     # ------------------------------------------------------------------ pieces of a step
     def _check_step_bound(self, s: RequestState) -> None:
@@ -347,6 +406,8 @@ class LLMEngine:
         )
 
 
-def encode_prompt(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of `text` from either our Tokenizer wrapper or a raw `tokenizers.Tokenizer`."""
-    return _token_ids(tokenizer.encode(text))
+def is_block_diffusion(model: Any) -> bool:
+    """Models with a prompt cache and a separate canvas decoder (DiffusionGemma) run `_generate_blocks`."""
+    return all(callable(getattr(model, name, None))
+               for name in ("encode_prompt", "init_canvas", "denoise_step", "advance", "extend_prompt", "noise"))
+

@@ -56,9 +56,11 @@ class DigitsConstraint:
     subclass can make `is_completable` stricter to play an approximate constraint). Counts its calls.
     """
 
-    def __init__(self, digits: Sequence[int] = DIGITS, vocab_size: int = VOCAB) -> None:
+    def __init__(self, digits: Sequence[int] = DIGITS, vocab_size: int = VOCAB, eos_id: int = EOS,
+                 mask_id: int = MASK) -> None:
         self.digits = list(digits)
         self.vocab_size = vocab_size
+        self.eos, self.mask = eos_id, mask_id
         self.calls: dict[str, int] = {"allowed_tokens": 0, "select_commits": 0, "forced_tokens": 0}
 
     def is_completable(self, canvas: Sequence[int]) -> bool:
@@ -67,19 +69,19 @@ class DigitsConstraint:
     def _fits(self, canvas: Sequence[int]) -> bool:
         n = len(canvas)
         for end in range(1, n + 1):
-            head_ok = all(t == MASK or t in self.digits for t in canvas[:end])
-            tail_ok = all(t == MASK or t == EOS for t in canvas[end:])
+            head_ok = all(t == self.mask or t in self.digits for t in canvas[:end])
+            tail_ok = all(t == self.mask or t == self.eos for t in canvas[end:])
             if head_ok and tail_ok:
                 return True
         return False
 
     def _allowed_at(self, canvas: list[int], pos: int) -> list[int]:
         out = []
-        for tok in self.digits[:1] + [EOS]:
+        for tok in self.digits[:1] + [self.eos]:
             trial = list(canvas)
             trial[pos] = tok
             if self._fits(trial):
-                out.extend(self.digits if tok != EOS else [EOS])
+                out.extend(self.digits if tok != self.eos else [self.eos])
         return out
 
     def allowed_tokens(self, canvas: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
@@ -105,7 +107,7 @@ class DigitsConstraint:
         self.calls["forced_tokens"] += 1
         out = {}
         for pos, tok in enumerate(canvas):
-            if tok == MASK:
+            if tok == self.mask:
                 allowed = self._allowed_at(list(canvas), pos)
                 if len(allowed) == 1:
                     out[pos] = allowed[0]
