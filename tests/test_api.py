@@ -176,3 +176,39 @@ class _CountingModel:
     def hidden_states(self, *args, **kwargs):
         self._calls.append(1)
         return self._inner.hidden_states(*args, **kwargs)
+
+
+# ---------------------------------------------------------------- the real constraint compiler (issue 3)
+@pytest.mark.parametrize("policy", dc.POLICY_NAMES)
+def test_regex_output_matches_the_regex_with_every_policy(llm, policy: str) -> None:
+    import re
+
+    texts = dc.generate(["a number", "another"], model=llm, regex=r"-?[0-9]{2,4}", max_new_tokens=12,
+                        block_length=4, policy=policy, temperature=0.9, seed=0)
+    assert all(re.fullmatch(r"-?[0-9]{2,4}", t) for t in texts), texts
+
+
+def test_a_regex_too_long_for_the_canvas_is_refused_with_its_minimum_length(llm) -> None:
+    with pytest.raises(ConstraintTooLongError, match="at least 20 tokens"):
+        dc.generate("x", model=llm, regex="[0-9]{20}", max_new_tokens=8)
+
+
+def test_an_invalid_regex_is_an_invalid_regex_error(llm) -> None:
+    from dllm_constrain.errors import InvalidRegexError
+
+    with pytest.raises(InvalidRegexError):
+        dc.generate("x", model=llm, regex="(unclosed", max_new_tokens=8)
+
+
+def test_schema_output_is_schema_valid(llm) -> None:
+    pytest.importorskip("dllm_constrain.constraints.json_schema")
+    import json
+
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}},
+              "required": ["n", "ok"], "additionalProperties": False}
+    for seed in range(3):
+        text = dc.generate("json please", model=llm, schema=schema, max_new_tokens=32, block_length=8,
+                           temperature=1.0, seed=seed)
+        jsonschema.validate(json.loads(text), schema)
