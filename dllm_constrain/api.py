@@ -6,7 +6,7 @@
     [res] = llm.generate(["..."], max_new_tokens=64, policy="threshold")  # -> list[GenerationResult]
 
 A list of prompts runs as one batch. `model=None` means the bundled checkpoint (dllm_constrain/bundled);
-`model` may also be a checkpoint folder path or an `LLM`. Loaded checkpoints are kept in one explicit,
+`model` may also be a checkpoint folder path, an `LLM`, or a `LoadedModel` from `engine.loader`. Loaded checkpoints are kept in one explicit,
 small cache of `LLM` objects keyed by resolved path (`clear_model_cache()` empties it); compiled
 constraints are cached inside each `LLM`, per constraint, for its tokenizer.
 """
@@ -51,7 +51,14 @@ def clear_model_cache() -> None:
 
 
 def _schema_to_dict(schema: Any) -> dict[str, Any] | bool:
-    """A JSON Schema as a dict, from a dict, a JSON string or a Pydantic model class."""
+    """A JSON Schema as a dict, from a dict, a JSON string, a Pydantic model class (or, through the
+    constraint layer's normaliser when present, an outlines output type)."""
+    try:
+        from dllm_constrain.constraints import normalize_schema_input  # type: ignore[attr-defined]
+    except ImportError:  # the JSON Schema front end is not there yet
+        normalize_schema_input = None
+    if normalize_schema_input is not None and not isinstance(schema, (dict, bool, str)):
+        return normalize_schema_input(schema)
     if isinstance(schema, (dict, bool)):
         return schema
     if isinstance(schema, str):
@@ -210,12 +217,18 @@ class LLM:
         return self.engine.generate(requests, progress=progress)
 
 
-def _resolve_llm(model: "LLM | str | Path | None") -> LLM:
-    """An LLM for `model`, loading (and caching, least recently used out) checkpoint folders once."""
+def _resolve_llm(model: Any) -> LLM:
+    """An LLM for `model`, loading (and caching, least recently used out) checkpoint folders once.
+
+    `model` is None (the bundled checkpoint), a checkpoint folder, an LLM, or a loaded checkpoint
+    (`engine.loader.LoadedModel`: anything with `.model` and `.tokenizer`)."""
     if isinstance(model, LLM):
         return model
+    if hasattr(model, "model") and hasattr(model, "tokenizer") and hasattr(model.model, "special"):
+        return LLM.from_model(model.model, model.tokenizer)
     if model is not None and not isinstance(model, (str, Path)):
-        raise InvalidRequestError(f"model must be None, a checkpoint folder path or an LLM, got {type(model).__name__}")
+        raise InvalidRequestError(f"model must be None, a checkpoint folder path, an LLM or a loaded checkpoint, "
+                                  f"got {type(model).__name__}")
     key = str(Path(model).resolve()) if model is not None else str(bundled_model_path().resolve())
     if key in _LLM_CACHE:
         _LLM_CACHE.move_to_end(key)
@@ -233,7 +246,7 @@ def generate(
     schema: Any = None,
     regex: str | None = None,
     grammar: str | None = None,
-    model: "LLM | str | Path | None" = None,
+    model: Any = None,
     max_new_tokens: int = 128,
     steps: int | None = None,
     block_length: int = 32,

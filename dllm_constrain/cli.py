@@ -48,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--entropy-bound", type=float, default=0.1, help="gamma for --policy entropy_bound")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     p.add_argument("--seed", type=int, default=None, help="random seed")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--no-progress", action="store_true", help="do not draw the denoising on stderr")
     p.add_argument("--stats", action="store_true", help="print NFE, tokens per forward and wall time on stderr")
     return p
@@ -101,6 +102,10 @@ class CanvasDisplay:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(max(1, args.threads))
     from dllm_constrain.api import LLM, _resolve_llm
 
     display: CanvasDisplay | None = None

@@ -212,3 +212,11 @@ def test_schema_output_is_schema_valid(llm) -> None:
         text = dc.generate("json please", model=llm, schema=schema, max_new_tokens=32, block_length=8,
                            temperature=1.0, seed=seed)
         jsonschema.validate(json.loads(text), schema)
+
+
+def test_a_loaded_checkpoint_object_is_accepted_as_the_model(tiny_checkpoint) -> None:
+    from dllm_constrain.engine.loader import load_checkpoint
+
+    loaded = load_checkpoint(tiny_checkpoint)
+    assert dc.generate("hi", model=loaded, **SMALL) == dc.generate("hi", model=str(tiny_checkpoint), **SMALL)
+    dc.clear_model_cache()
