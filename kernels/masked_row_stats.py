@@ -178,11 +178,12 @@ def _torch_stats(x: torch.Tensor, disallowed: torch.Tensor | None, temperature: 
                  noise: torch.Tensor | None) -> RowStats:
     """The reductions on a float32 [rows, V] tensor `x` that this function may overwrite (it owns it).
 
-    Peak workspace besides x: greedy 1 byte (mask) + 4 bytes (exp) per element; sampling adds 16 bytes per element
-    (the float64 scores and noise), freed before the softmax statistics.
+    Peak workspace besides x: 2 bytes per element while the mask is unpacked, then 4 (exp); sampling adds 16 bytes per
+    element (the float64 scores and noise), freed before the softmax statistics.
     """
     if disallowed is not None:
         x.masked_fill_(disallowed, NEG_INF)
+        del disallowed
     if temperature == 0.0:
         token = x.argmax(-1)
     else:
@@ -201,7 +202,9 @@ def _torch_stats(x: torch.Tensor, disallowed: torch.Tensor | None, temperature: 
         margin = (top[:, 0] - top[:, 1]) / s
     else:
         margin = e[:, 0] / s
-    t = (e * z.clamp_min_(torch.finfo(torch.float32).min)).sum(-1)  # e = 0 where z = -inf: contributes -0
+    # sum e z in place over x's storage (e = 0 where z = -inf: the clamp makes that term -0, not NaN)
+    t = z.clamp_min_(torch.finfo(torch.float32).min).mul_(e).sum(-1)
+    del e, z, x
     entropy = torch.log(s) - t / s
     empty = s == 0
     if bool(empty.any()):
@@ -460,13 +463,14 @@ def masked_row_stats_from_hidden(
 def workspace_bytes_per_row(vocab: int, *, sampling: bool, fused: bool) -> int:
     """Transient bytes one row costs in the logits path (what a chunk budget must cover).
 
-    torch path: float32 logits (4 B/token) + exp workspace (4) + mask bytes (2), plus at T > 0 the float64 noise and
-    scores (16, freed before the softmax). Fused Triton path: the logits never exist; only the noise (8 B/token at
+    torch path (`_torch_stats`): float32 logits (4 B/token) and then their exp (4); the unpacked mask (2) lives only
+    before the exp. At T > 0 the float64 noise (8) and scores (8) add up with the logits and mask: 4 + 2 + 8 + 8 = 22
+    (the scores are freed before the softmax). Fused Triton path: the logits never exist; only the noise (8 B/token at
     T > 0) and the per-split partial states remain.
     """
     if fused:
         return vocab * (8 if sampling else 0) + 4096
-    return vocab * (4 + 4 + 2 + (16 if sampling else 0))
+    return vocab * (22 if sampling else 8)
 
 
 def rows_per_chunk(vocab: int, budget_bytes: int, *, sampling: bool = False, fused: bool = False) -> int:
