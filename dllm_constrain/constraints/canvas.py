@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .dfa import DEAD, START
+from .deriv import DEAD, START
 from .nfa import INF
 from .token_automaton import TokenAutomaton
 

@@ -18,8 +18,8 @@ from ..errors import ConstraintTooLongError, InvalidRegexError, UnsatisfiableSch
 from . import regex_ast as A
 from .canvas import CanvasState, SetAlgebra
 from .deadline import Deadline
-from .dfa import DEAD, START, LazyDFA
-from .nfa import INF, build_nfa
+from .deriv import DEAD, START, DerivDFA
+from .nfa import INF
 from .regex_parser import parse_regex
 from .token_automaton import TokenAutomaton
 from .tokenizer_info import TokenizerInfo
@@ -36,8 +36,7 @@ class CompiledConstraint:
         self.source = source
         self.tokenizer_info = tok
         self.node = node
-        self.nfa = build_nfa(node, deadline)
-        self.dfa = LazyDFA(self.nfa, deadline, max_states=max_dfa_states)
+        self.dfa = DerivDFA(node, deadline, max_states=max_dfa_states)
         self.dfa.expand(START)
         self.dfa.deadline = None  # lazy expansion after compilation is bounded by max_states only
         self.ta = TokenAutomaton(self.dfa, tok)
@@ -47,7 +46,7 @@ class CompiledConstraint:
 
     def __repr__(self) -> str:
         src = self.source if isinstance(self.source, str) else json.dumps(self.source)[:60]
-        return f"CompiledConstraint({self.kind}, {src[:60]!r}, nfa={self.nfa.n_states}, dfa={self.dfa.n_states})"
+        return f"CompiledConstraint({self.kind}, {src[:60]!r}, dfa_states_so_far={self.dfa.n_states})"
 
     @property
     def vocab_size(self) -> int:

@@ -60,6 +60,7 @@ class LazyDFA:
             # empty language: keep START distinct but dead-equivalent (never accepting, row zeros)
             self._add(frozenset({-1}), INF)
             self.expanded[START] = True
+            self.accepting[START] = False
         assert len(self.sets) == 2
 
     # ------------------------------------------------------------------ states

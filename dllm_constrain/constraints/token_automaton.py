@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 
-from .dfa import DEAD, LazyDFA
+from .deriv import DEAD, DerivDFA
 from .tokenizer_info import TokenizerInfo
 
 DENSE_MIN = 2048  # groups larger than this are stored as packed bitsets
@@ -37,7 +37,7 @@ class TokTrans:
 
 
 class TokenAutomaton:
-    def __init__(self, dfa: LazyDFA, tok: TokenizerInfo):
+    def __init__(self, dfa: DerivDFA, tok: TokenizerInfo):
         self.dfa = dfa
         self.tok = tok
         self.trie = tok.trie()

@@ -1,0 +1,518 @@
+"""Lazy byte-level DFA by Brzozowski derivatives over hash-consed terms.
+
+Why not Thompson + subset construction (nfa.py / dfa.py): a big JSON Schema unrolls into a regex whose
+NFA has up to millions of states, all built eagerly. Here a regex is a DAG of interned terms; a DFA
+state *is* a term (the language still to be matched), and its transitions are the derivatives w.r.t.
+each byte class, computed only when the state is visited. The derivative of `Seq(head, rest)` rewrites
+only the head and shares `rest` by pointer, so visiting a state costs time proportional to the part of
+the regex at the current position, not to the whole schema. Alternations are normalised (flattened,
+deduplicated, sorted: ACI), which keeps the set of derivatives finite.
+
+The interface matches `dfa.LazyDFA` (T, expanded, accepting, dist, expand, ensure_rows, walk, matches):
+state 0 is DEAD (every term with an empty language maps there), state 1 the start.
+`dist[s]` is the length in bytes of the shortest accepted continuation (minimal word length of the term).
+"""
+from __future__ import annotations
+
+import heapq
+import sys
+
+import numpy as np
+
+from ..errors import CompilationTimeoutError
+from . import regex_ast as A
+from .deadline import Deadline
+from .nfa import INF, utf8_sequences
+
+DEAD = 0
+START = 1
+
+# term kinds
+NOTHING_K, EMPTY_K, BYTES_K, LIT_K, CHARS_K, SEQ_K, ALT_K, REP_K, GAT_K = range(9)
+T_NOTHING = 0
+T_EMPTY = 1
+
+
+class Terms:
+    """Interned terms: id -> (kind, a, b, c)."""
+
+    def __init__(self, deadline: Deadline | None = None):
+        self.kind: list[int] = [NOTHING_K, EMPTY_K]
+        self.a: list = [None, None]
+        self.b: list = [None, None]
+        self.c: list = [None, None]
+        self.intern: dict = {}
+        self._nullable: dict[int, bool] = {T_NOTHING: False, T_EMPTY: True}
+        self._minlen: dict[int, int] = {T_NOTHING: INF, T_EMPTY: 0}
+        self._deriv: dict[tuple[int, int], int] = {}
+        self._cuts: dict[int, frozenset[int]] = {}
+        self._chars_bytes: dict[int, int] = {}
+        # graphs: per graph, (edges by node, finals, eps closure, expansion cache, dist)
+        self.graphs: list[dict] = []
+        self.deadline = deadline
+        self._ast_memo: dict[int, tuple[A.Node, int]] = {}
+
+    # ------------------------------------------------------------------ constructors
+    def _mk(self, key: tuple, kind: int, a=None, b=None, c=None) -> int:
+        t = self.intern.get(key)
+        if t is None:
+            t = len(self.kind)
+            self.kind.append(kind)
+            self.a.append(a)
+            self.b.append(b)
+            self.c.append(c)
+            self.intern[key] = t
+            if (t & 4095) == 0 and self.deadline is not None:
+                self.deadline.check()
+        return t
+
+    def bytes_(self, ranges: A.Ranges) -> int:
+        if not ranges:
+            return T_NOTHING
+        return self._mk(("B", ranges), BYTES_K, ranges)
+
+    def lit(self, data: bytes) -> int:
+        if not data:
+            return T_EMPTY
+        return self._mk(("L", data), LIT_K, data)
+
+    def chars(self, ranges: A.Ranges) -> int:
+        if not ranges:
+            return T_NOTHING
+        if len(ranges) == 1 and ranges[0][1] < 0x80:
+            return self.bytes_(ranges)
+        return self._mk(("C", ranges), CHARS_K, ranges)
+
+    def seq(self, h: int, t: int) -> int:
+        if h == T_NOTHING or t == T_NOTHING:
+            return T_NOTHING
+        if h == T_EMPTY:
+            return t
+        if t == T_EMPTY:
+            return h
+        kind = self.kind
+        if kind[h] == SEQ_K:
+            return self.seq(self.a[h], self.seq(self.b[h], t))
+        if kind[h] == LIT_K and kind[t] == LIT_K:
+            return self.lit(self.a[h] + self.a[t])
+        if kind[h] == LIT_K and kind[t] == SEQ_K and kind[self.a[t]] == LIT_K:
+            return self.seq(self.lit(self.a[h] + self.a[self.a[t]]), self.b[t])
+        return self._mk(("S", h, t), SEQ_K, h, t)
+
+    def seq_list(self, items: list[int]) -> int:
+        r = T_EMPTY
+        for x in reversed(items):
+            r = self.seq(x, r)
+            if r == T_NOTHING:
+                return r
+        return r
+
+    def alt(self, items) -> int:
+        kind = self.kind
+        out: set[int] = set()
+        byte_ranges: list = []
+        for x in items:
+            if x == T_NOTHING:
+                continue
+            k = kind[x]
+            if k == ALT_K:
+                for y in self.a[x]:
+                    if kind[y] == BYTES_K:
+                        byte_ranges.extend(self.a[y])
+                    else:
+                        out.add(y)
+            elif k == BYTES_K:
+                byte_ranges.extend(self.a[x])
+            else:
+                out.add(x)
+        if byte_ranges:
+            out.add(self.bytes_(A.norm_ranges(byte_ranges)))
+        if not out:
+            return T_NOTHING
+        if len(out) == 1:
+            return next(iter(out))
+        tup = tuple(sorted(out))
+        return self._mk(("A", tup), ALT_K, tup)
+
+    def rep(self, x: int, lo: int, hi: int | None) -> int:
+        if hi is not None and hi < lo:
+            return T_NOTHING
+        if hi == 0:
+            return T_EMPTY
+        if x == T_NOTHING:
+            return T_EMPTY if lo == 0 else T_NOTHING
+        if x == T_EMPTY:
+            return T_EMPTY
+        if lo == 1 and hi == 1:
+            return x
+        return self._mk(("R", x, lo, hi), REP_K, x, lo, hi)
+
+    def gat(self, g: int, u: int) -> int:
+        return self._mk(("G", g, u), GAT_K, g, u)
+
+    # ------------------------------------------------------------------ from the regex AST
+    def from_ast(self, node: A.Node) -> int:
+        memo = self._ast_memo
+        hit = memo.get(id(node))
+        if hit is not None and hit[0] is node:
+            return hit[1]
+        t = type(node)
+        if t is A.Lit:
+            r = self.lit(node.data)
+        elif t is A.Bytes:
+            r = self.bytes_(node.ranges)
+        elif t is A.Chars:
+            r = self.chars(node.ranges)
+        elif t is A.Seq:
+            r = self.seq_list([self.from_ast(x) for x in node.items])
+        elif t is A.Alt:
+            r = self.alt([self.from_ast(x) for x in node.items])
+        elif t is A.Rep:
+            r = self.rep(self.from_ast(node.item), node.lo, node.hi)
+        elif t is A.Graph:
+            r = self._graph(node)
+        else:
+            raise TypeError(f"unknown regex node {node!r}")
+        memo[id(node)] = (node, r)
+        return r
+
+    def _graph(self, g: A.Graph) -> int:
+        if not g.finals:
+            return T_NOTHING
+        out: list[list[tuple[int, int]]] = [[] for _ in range(g.n)]
+        eps: list[list[int]] = [[] for _ in range(g.n)]
+        for u, lab, v in g.edges:
+            if lab is None:
+                eps[u].append(v)
+                continue
+            lt = self.from_ast(lab)
+            if lt != T_NOTHING:
+                out[u].append((lt, v))
+        gi = len(self.graphs)  # after the labels: they may register nested graphs first
+        self.graphs.append({"out": out, "eps": eps, "finals": frozenset(g.finals), "closure": {}, "exp": {},
+                            "dist": None, "n": g.n})
+        return self.gat(gi, g.start)
+
+    def _closure(self, g: dict, u: int) -> tuple[int, ...]:
+        c = g["closure"].get(u)
+        if c is None:
+            seen = {u}
+            stack = [u]
+            eps = g["eps"]
+            while stack:
+                x = stack.pop()
+                for y in eps[x]:
+                    if y not in seen:
+                        seen.add(y)
+                        stack.append(y)
+            c = tuple(sorted(seen))
+            g["closure"][u] = c
+        return c
+
+    def expansion(self, t: int) -> int:
+        """GAT(g, u) as an ordinary term: Alt(Seq(label, GAT(g, v))...) [+ EMPTY if final]."""
+        g = self.graphs[self.a[t]]
+        u = self.b[t]
+        e = g["exp"].get(u)
+        if e is not None:
+            return e
+        items = []
+        fin = g["finals"]
+        final = False
+        for w in self._closure(g, u):
+            if w in fin:
+                final = True
+            for lt, v in g["out"][w]:
+                items.append(self.seq(lt, self.gat(self.a[t], v)))
+        if final:
+            items.append(T_EMPTY)
+        e = self.alt(items)
+        g["exp"][u] = e
+        return e
+
+    def chars_to_bytes(self, t: int) -> int:
+        r = self._chars_bytes.get(t)
+        if r is not None:
+            return r
+        # UTF-8 byte sequences, sharing common first bytes
+        seqs = utf8_sequences(self.a[t])
+        by_first: dict[tuple[int, int], list] = {}
+        for sq in seqs:
+            by_first.setdefault(sq[0], []).append(sq[1:])
+        alts = []
+        for first, rests in by_first.items():
+            tails = [self.seq_list([self.bytes_(((lo, hi),)) for lo, hi in rest]) for rest in rests]
+            alts.append(self.seq(self.bytes_((first,)), self.alt(tails)))
+        r = self.alt(alts)
+        self._chars_bytes[t] = r
+        return r
+
+    # ------------------------------------------------------------------ properties
+    def nullable(self, t: int) -> bool:
+        r = self._nullable.get(t)
+        if r is not None:
+            return r
+        k = self.kind[t]
+        if k in (BYTES_K, LIT_K, CHARS_K):
+            r = False
+        elif k == SEQ_K:
+            r = self.nullable(self.a[t]) and self.nullable(self.b[t])
+        elif k == ALT_K:
+            r = any(self.nullable(x) for x in self.a[t])
+        elif k == REP_K:
+            r = self.b[t] == 0 or self.nullable(self.a[t])
+        elif k == GAT_K:
+            g = self.graphs[self.a[t]]
+            r = any(w in g["finals"] for w in self._closure(g, self.b[t]))
+        else:
+            r = k == EMPTY_K
+        self._nullable[t] = r
+        return r
+
+    def minlen(self, t: int) -> int:
+        r = self._minlen.get(t)
+        if r is not None:
+            return r
+        k = self.kind[t]
+        if k == BYTES_K:
+            r = 1
+        elif k == LIT_K:
+            r = len(self.a[t])
+        elif k == CHARS_K:
+            r = len(chr(self.a[t][0][0]).encode("utf-8"))
+        elif k == SEQ_K:
+            r = min(INF, self.minlen(self.a[t]) + self.minlen(self.b[t]))
+        elif k == ALT_K:
+            r = min(self.minlen(x) for x in self.a[t])
+        elif k == REP_K:
+            r = 0 if self.b[t] == 0 else min(INF, self.b[t] * self.minlen(self.a[t]))
+        elif k == GAT_K:
+            g = self.graphs[self.a[t]]
+            if g["dist"] is None:
+                self._graph_dist(g)
+            r = g["dist"][self.b[t]]
+        else:
+            r = INF if k == NOTHING_K else 0
+        self._minlen[t] = r
+        return r
+
+    def _graph_dist(self, g: dict) -> None:
+        n = g["n"]
+        rev: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+        for u in range(n):
+            for v in g["eps"][u]:
+                rev[v].append((u, 0))
+            for lt, v in g["out"][u]:
+                w = self.minlen(lt)
+                if w < INF:
+                    rev[v].append((u, w))
+        dist = [INF] * n
+        heap = []
+        for f in g["finals"]:
+            dist[f] = 0
+            heap.append((0, f))
+        heapq.heapify(heap)
+        while heap:
+            d, v = heapq.heappop(heap)
+            if d > dist[v]:
+                continue
+            for u, w in rev[v]:
+                nd = d + w
+                if nd < dist[u]:
+                    dist[u] = nd
+                    heapq.heappush(heap, (nd, u))
+        g["dist"] = dist
+
+    def cuts(self, t: int) -> frozenset[int]:
+        """Byte values where the derivative of t may change (class boundaries)."""
+        r = self._cuts.get(t)
+        if r is not None:
+            return r
+        k = self.kind[t]
+        if k == BYTES_K:
+            s = set()
+            for lo, hi in self.a[t]:
+                s.add(lo)
+                s.add(hi + 1)
+            r = frozenset(s)
+        elif k == LIT_K:
+            b = self.a[t][0]
+            r = frozenset((b, b + 1))
+        elif k == CHARS_K:
+            r = self.cuts(self.chars_to_bytes(t))
+        elif k == SEQ_K:
+            h = self.a[t]
+            r = self.cuts(h)
+            if self.nullable(h):
+                r = r | self.cuts(self.b[t])
+        elif k == ALT_K:
+            r = frozenset().union(*[self.cuts(x) for x in self.a[t]])
+        elif k == REP_K:
+            r = self.cuts(self.a[t])
+        elif k == GAT_K:
+            r = self.cuts(self.expansion(t))
+        else:
+            r = frozenset()
+        self._cuts[t] = r
+        return r
+
+    def deriv(self, t: int, byte: int) -> int:
+        key = (t, byte)
+        r = self._deriv.get(key)
+        if r is not None:
+            return r
+        k = self.kind[t]
+        if k == BYTES_K:
+            r = T_NOTHING
+            for lo, hi in self.a[t]:
+                if lo <= byte <= hi:
+                    r = T_EMPTY
+                    break
+                if byte < lo:
+                    break
+        elif k == LIT_K:
+            d = self.a[t]
+            r = self.lit(d[1:]) if d[0] == byte else T_NOTHING
+        elif k == CHARS_K:
+            r = self.deriv(self.chars_to_bytes(t), byte)
+        elif k == SEQ_K:
+            h, tail = self.a[t], self.b[t]
+            r = self.seq(self.deriv(h, byte), tail)
+            if self.nullable(h):
+                r2 = self.deriv(tail, byte)
+                if r2 != T_NOTHING:
+                    r = self.alt((r, r2))
+        elif k == ALT_K:
+            r = self.alt([self.deriv(x, byte) for x in self.a[t]])
+        elif k == REP_K:
+            x, lo, hi = self.a[t], self.b[t], self.c[t]
+            dx = self.deriv(x, byte)
+            r = T_NOTHING if dx == T_NOTHING else self.seq(dx, self.rep(x, max(lo - 1, 0), None if hi is None else hi - 1))
+        elif k == GAT_K:
+            r = self.deriv(self.expansion(t), byte)
+        else:
+            r = T_NOTHING
+        self._deriv[key] = r
+        return r
+
+
+class DerivDFA:
+    """Lazy DFA whose states are derivative terms (see module docstring)."""
+
+    def __init__(self, node: A.Node | None = None, deadline: Deadline | None = None, max_states: int = 500_000,
+                 terms: Terms | None = None, start_term: int | None = None):
+        self.terms = terms if terms is not None else Terms(deadline)
+        self.deadline = deadline
+        self.terms.deadline = deadline
+        self.max_states = max_states
+        old = sys.getrecursionlimit()
+        if old < 20000:
+            sys.setrecursionlimit(20000)
+        st = start_term if start_term is not None else self.terms.from_ast(node)
+        cap = 64
+        self.T = np.zeros((cap, 256), dtype=np.int32)
+        self.expanded = np.zeros(cap, dtype=bool)
+        self.accepting = np.zeros(cap, dtype=bool)
+        self.dist = np.zeros(cap, dtype=np.int64)
+        self.term_of: list[int] = []
+        self.state_of: dict[int, int] = {}
+        self._add(T_NOTHING)
+        self.expanded[DEAD] = True
+        self.dist[DEAD] = INF
+        if self.terms.minlen(st) >= INF:
+            self._add(-1)  # empty language: a start state that behaves like DEAD
+            self.expanded[START] = True
+            self.dist[START] = INF
+            self.accepting[START] = False
+            self._empty = True
+        else:
+            self._add(st)
+            self._empty = False
+
+    @property
+    def n_states(self) -> int:
+        return len(self.term_of)
+
+    @property
+    def empty_language(self) -> bool:
+        return self._empty
+
+    def _add(self, t: int) -> int:
+        sid = len(self.term_of)
+        if sid >= self.T.shape[0]:
+            cap = self.T.shape[0] * 2
+            T = np.zeros((cap, 256), dtype=np.int32)
+            T[:sid] = self.T[:sid]
+            self.T = T
+            for name in ("expanded", "accepting", "dist"):
+                old = getattr(self, name)
+                new = np.zeros(cap, dtype=old.dtype)
+                new[:sid] = old[:sid]
+                setattr(self, name, new)
+        if sid > self.max_states:
+            raise CompilationTimeoutError(f"automaton too large (> {self.max_states} DFA states)")
+        self.term_of.append(t)
+        if t >= 0:
+            self.state_of[t] = sid
+            self.accepting[sid] = self.terms.nullable(t)
+            self.dist[sid] = self.terms.minlen(t)
+        return sid
+
+    def state_for(self, t: int) -> int:
+        sid = self.state_of.get(t)
+        if sid is not None:
+            return sid
+        if t == T_NOTHING or self.terms.minlen(t) >= INF:
+            self.state_of[t] = DEAD
+            return DEAD
+        return self._add(t)
+
+    def expand(self, sid: int) -> None:
+        if self.expanded[sid]:
+            return
+        if self.deadline is not None:
+            self.deadline.check()
+        terms = self.terms
+        t = self.term_of[sid]
+        cuts = sorted(terms.cuts(t) | {0, 256})
+        row = self.T[sid]
+        deriv = terms.deriv
+        for i in range(len(cuts) - 1):
+            lo, hi = cuts[i], cuts[i + 1]
+            if lo >= 256:
+                break
+            d = deriv(t, lo)
+            row[lo:hi] = self.state_for(d) if d != T_NOTHING else DEAD
+        # _add may have reallocated T: write the row into the current table
+        if self.T[sid] is not row:
+            self.T[sid] = row
+        self.expanded[sid] = True
+
+    def ensure_rows(self, ids: np.ndarray) -> None:
+        if ids.size == 0:
+            return
+        exp = self.expanded
+        if exp[ids].all():
+            return
+        for s in np.unique(ids[~exp[ids]]).tolist():
+            self.expand(s)
+
+    def step(self, s: int, b: int) -> int:
+        if not self.expanded[s]:
+            self.expand(s)
+        return int(self.T[s, b])
+
+    def walk(self, s: int, data: bytes) -> int:
+        T = self.T
+        for b in data:
+            if s == DEAD:
+                return DEAD
+            if not self.expanded[s]:
+                self.expand(s)
+                T = self.T
+            s = int(T[s, b])
+        return s
+
+    def matches(self, data: bytes) -> bool:
+        s = self.walk(START, data)
+        return bool(self.accepting[s]) if s != DEAD else False

@@ -1,0 +1,1501 @@
+"""JSON Schema -> regular language of JSON texts (a regex AST), our own compiler.
+
+Principle: never under-constrain. Every text in the produced language is a JSON document that validates
+against the schema (jsonschema, with format assertion). Where the exact language is not regular or not
+implemented, we either narrow it soundly (documented below and in docs/constraints.md) or refuse with
+UnsupportedSchemaError naming the keyword. Keywords outside the JSON Schema vocabularies (x-*, "nullable",
+typos) have no validation semantics and are ignored unless `unknown_keywords="error"`.
+
+Sound narrowings (outputs stay valid; some valid instances are not producible):
+* whitespace: none between tokens by default ("compact"); "flexible" allows up to N whitespace chars;
+* object properties appear in the declared order (`properties` order, then `required` names not in
+  `properties`), each at most once; additional properties (when allowed) come after the declared ones;
+* no exponent notation for bounded numbers; integers are spelled canonically (no "-0", no "1.0");
+* strings use the canonical JSON escapes only (what json.dumps(ensure_ascii=False) writes);
+* recursion through $ref is unrolled to `max_recursion_depth` levels, schemas that are `true`/`{}` (any
+  JSON value) to `any_json_depth` levels of nesting;
+* maxLength / maxItems above `max_string_unroll` / `max_items_unroll` are lowered to those caps;
+* `uniqueItems: true`: arrays of at most one item (or, for a small finite item domain, items in the
+  domain's order without repetition);
+* `oneOf`: branches must be provably disjoint; a branch may be narrowed to forbid a property another
+  branch requires, which makes them disjoint;
+* a property matching several `patternProperties` patterns is never generated as an additional key.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+from dataclasses import dataclass, fields
+from decimal import Decimal
+from typing import Any
+
+from ..errors import (CompilationTimeoutError, InvalidRegexError, InvalidSchemaError, UnsatisfiableSchemaError,
+                      UnsupportedSchemaError)
+from . import dfa_ops
+from . import numeric as N
+from . import regex_ast as A
+from .deadline import Deadline
+from .formats import STANDARD_FORMATS, format_node
+from .regex_parser import parse_regex, search_language
+
+# ------------------------------------------------------------------------------------------ options
+WHITESPACE_MODES = ("compact", "flexible")
+
+
+@dataclass(frozen=True)
+class SchemaOptions:
+    whitespace: str = "compact"  # "compact" | "flexible"
+    flexible_whitespace_max: int = 4  # max whitespace chars between tokens in "flexible" mode
+    max_recursion_depth: int = 3  # $ref recursion unrolled this many times
+    any_json_depth: int = 3  # nesting depth of unconstrained JSON values
+    additional_properties: str = "allow"  # when the schema does not say: "allow" (spec) | "forbid"
+    unknown_keywords: str = "ignore"  # "ignore" | "error"
+    unique_items: str = "narrow"  # "narrow" | "error"
+    max_string_unroll: int = 1024
+    max_items_unroll: int = 64
+    intersection_limit: int = 20000  # states of an eager intersection automaton
+
+    def __post_init__(self):
+        ws = self.whitespace
+        if ws is None:
+            object.__setattr__(self, "whitespace", "compact")
+        elif ws not in WHITESPACE_MODES:
+            raise ValueError(f"whitespace must be one of {WHITESPACE_MODES}, got {ws!r}")
+        if self.additional_properties not in ("allow", "forbid"):
+            raise ValueError("additional_properties must be 'allow' or 'forbid'")
+        if self.unknown_keywords not in ("ignore", "error"):
+            raise ValueError("unknown_keywords must be 'ignore' or 'error'")
+        if self.unique_items not in ("narrow", "error"):
+            raise ValueError("unique_items must be 'narrow' or 'error'")
+
+    def key(self) -> tuple:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+
+# ------------------------------------------------------------------------------------------ inputs
+def normalize_schema_input(x: Any) -> dict:
+    """A JSON Schema as a dict, from a dict, a bool, a JSON string/bytes, a Pydantic model class (or any
+    type pydantic.TypeAdapter understands), or an outlines JsonSchema-like object (`.schema`)."""
+    if isinstance(x, bool):
+        return {} if x else {"not": {}}
+    if isinstance(x, dict):
+        return x
+    if isinstance(x, (bytes, bytearray)):
+        x = x.decode("utf-8")
+    if isinstance(x, str):
+        try:
+            v = json.loads(x)
+        except json.JSONDecodeError as e:
+            raise InvalidSchemaError(f"schema is not valid JSON: {e}") from None
+        if isinstance(v, bool):
+            return normalize_schema_input(v)
+        if not isinstance(v, dict):
+            raise InvalidSchemaError(f"a JSON Schema must be an object or a boolean, got {type(v).__name__}")
+        return v
+    to_schema = getattr(x, "model_json_schema", None)
+    if callable(to_schema):
+        return to_schema()
+    # outlines output types: outlines.types.JsonSchema(schema=...) and friends
+    sch = getattr(x, "schema", None)
+    if isinstance(sch, (str, dict)) and type(x).__module__.split(".")[0] in ("outlines", "outlines_core"):
+        return normalize_schema_input(sch)
+    if isinstance(x, type) or hasattr(x, "__origin__"):
+        try:
+            from pydantic import TypeAdapter  # optional
+
+            return TypeAdapter(x).json_schema()
+        except ImportError:
+            pass
+        except Exception as e:
+            raise InvalidSchemaError(f"cannot derive a JSON Schema from {x!r}: {e}") from None
+    raise InvalidSchemaError(
+        f"schema must be a dict, a JSON string, a Pydantic model class or an outlines type, got {type(x).__name__}")
+
+
+# ------------------------------------------------------------------------------------------ keywords
+ANNOTATIONS = frozenset({
+    "title", "description", "examples", "default", "$schema", "$id", "id", "$comment", "deprecated", "readOnly",
+    "writeOnly", "contentMediaType", "contentEncoding", "contentSchema", "$anchor", "$dynamicAnchor",
+    "$vocabulary", "definitions", "$defs", "$recursiveAnchor",
+})
+OBJECT_KW = frozenset({"properties", "required", "additionalProperties", "patternProperties", "minProperties",
+                       "maxProperties", "propertyNames", "dependentRequired", "dependencies", "dependentSchemas",
+                       "unevaluatedProperties"})
+ARRAY_KW = frozenset({"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems", "contains",
+                      "minContains", "maxContains", "unevaluatedItems"})
+STRING_KW = frozenset({"minLength", "maxLength", "pattern", "format"})
+NUMBER_KW = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
+APPLICATORS = frozenset({"allOf", "anyOf", "oneOf", "not", "if", "then", "else", "$ref"})
+SUPPORTED = (OBJECT_KW | ARRAY_KW | STRING_KW | NUMBER_KW | APPLICATORS | {"type", "enum", "const"}) - {
+    "contains", "minContains", "maxContains", "unevaluatedItems", "dependentSchemas"}
+# spec keywords we refuse (always, or in the forms we cannot honour)
+KNOWN_UNSUPPORTED = frozenset({"contains", "minContains", "maxContains", "unevaluatedItems", "dependentSchemas",
+                               "$dynamicRef", "$recursiveRef", "extends", "disallow", "divisibleBy"})
+ALL_TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
+
+_SPECIAL_STRING_CHARS = tuple(range(0x20)) + (0x22, 0x5C)
+
+
+def _escape_of(cp: int) -> bytes:
+    return json.dumps(chr(cp), ensure_ascii=False)[1:-1].encode()
+
+
+_ESC = {c: _escape_of(c) for c in _SPECIAL_STRING_CHARS}
+_SPECIAL_RANGES = A.norm_ranges((c, c) for c in _SPECIAL_STRING_CHARS)
+
+
+def json_encode_string_body(node: A.Node, memo: dict | None = None) -> A.Node:
+    """Map a language of (decoded) strings to the language of their canonical JSON string bodies."""
+    if memo is None:
+        memo = {}
+    key = id(node)
+    hit = memo.get(key)
+    if hit is not None:
+        return hit[1]
+    t = type(node)
+    if t is A.Chars or t is A.Bytes:
+        rs = node.ranges
+        raw = A.ranges_difference(rs, _SPECIAL_RANGES) if t is A.Chars else _byte_diff(rs)
+        parts = [A.Chars(raw) if t is A.Chars else A.Bytes(raw)] if raw else []
+        for c in _SPECIAL_STRING_CHARS:
+            if A.ranges_contains(rs, c):
+                parts.append(A.Lit(_ESC[c]))
+        res = A.alt(*parts)
+    elif t is A.Lit:
+        data = node.data
+        if any(b < 0x20 or b in (0x22, 0x5C) for b in data):
+            data = b"".join(_ESC[b] if (b < 0x20 or b in (0x22, 0x5C)) else bytes([b]) for b in data)
+        res = A.Lit(data)
+    elif t is A.Seq:
+        res = A.seq(*[json_encode_string_body(x, memo) for x in node.items])
+    elif t is A.Alt:
+        res = A.alt(*[json_encode_string_body(x, memo) for x in node.items])
+    elif t is A.Rep:
+        res = A.rep(json_encode_string_body(node.item, memo), node.lo, node.hi)
+    elif t is A.Graph:
+        res = A.Graph(node.n, node.start, node.finals,
+                      tuple((u, None if lab is None else json_encode_string_body(lab, memo), v)
+                            for u, lab, v in node.edges))
+    else:
+        raise TypeError(node)
+    memo[key] = (node, res)
+    return res
+
+
+def _byte_diff(rs: A.Ranges) -> A.Ranges:
+    out = []
+    for lo, hi in rs:
+        for a, b in ((lo, hi),):
+            cur = a
+            for c in sorted(_SPECIAL_STRING_CHARS):
+                if c < cur or c > b:
+                    continue
+                if cur <= c - 1:
+                    out.append((cur, c - 1))
+                cur = c + 1
+            if cur <= b:
+                out.append((cur, b))
+    return tuple(out)
+
+
+ANY_STRING_BODY = json_encode_string_body(A.star(A.chars(A.ANY_CHAR)))
+
+
+def json_literal(v: Any) -> A.Node:
+    return A.lit(json.dumps(v, ensure_ascii=False, separators=(",", ":"), allow_nan=False))
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _json_eq(a, b) -> bool:
+    """JSON equality (1 == 1.0, but True != 1)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if _is_number(a) and _is_number(b):
+        return a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_eq(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_eq(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def _type_of(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int):
+        return "integer"
+    if isinstance(v, float):
+        return "integer" if v.is_integer() else "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "array"
+    if isinstance(v, dict):
+        return "object"
+    raise InvalidSchemaError(f"not a JSON value: {v!r}")
+
+
+def _unescape_pointer(tok: str) -> str:
+    return tok.replace("~1", "/").replace("~0", "~")
+
+
+# ------------------------------------------------------------------------------------------ compiler
+class _Conj:
+    """A conjunction of schemas being compiled as one (allOf / $ref with siblings / anyOf distribution)."""
+
+
+class SchemaCompiler:
+    def __init__(self, root: Any, opts: SchemaOptions, deadline: Deadline | None):
+        if not isinstance(root, (dict, bool)):
+            raise InvalidSchemaError("a JSON Schema must be an object or a boolean")
+        self.root = root
+        self.opts = opts
+        self.deadline = deadline
+        self.ref_counts: dict[str, int] = {}
+        self.memo: dict = {}
+        self._validator = None
+        self._keep: list = []  # keep merged dicts alive (memo keys use id())
+        self.ws = (A.EMPTY if opts.whitespace == "compact"
+                   else A.rep(A.chars([(0x20, 0x20), (0x0A, 0x0A), (0x0D, 0x0D), (0x09, 0x09)]), 0,
+                              opts.flexible_whitespace_max))
+        self._any_cache: dict[int, A.Node] = {}
+        self._anchors: dict[str, Any] | None = None
+        self._ids: dict[str, Any] | None = None
+        self.unsat: list[str] = []  # why sub-languages came out empty (for UnsatisfiableSchemaError)
+
+    # -------------------------------------------------------------- validation helper
+    def validator(self):
+        if self._validator is None:
+            import jsonschema
+            from jsonschema import validators
+
+            cls = validators.validator_for(self.root if isinstance(self.root, dict) else {},
+                                           default=jsonschema.Draft202012Validator)
+            try:
+                self._validator = cls(self.root, format_checker=cls.FORMAT_CHECKER)
+            except Exception as e:  # pragma: no cover
+                raise InvalidSchemaError(f"schema rejected by jsonschema: {e}") from None
+        return self._validator
+
+    def is_valid(self, instance, schema) -> bool:
+        try:
+            return self.validator().evolve(schema=schema).is_valid(instance)
+        except UnsupportedSchemaError:
+            raise
+        except Exception as e:
+            raise UnsupportedSchemaError("enum", "#", f"cannot validate enum values: {type(e).__name__}: {e}") from None
+
+    # -------------------------------------------------------------- $ref
+    def resolve_ref(self, ref: str, path: str) -> tuple[Any, str]:
+        if not isinstance(ref, str):
+            raise InvalidSchemaError(f"$ref at {path} must be a string")
+        if ref.startswith("#"):
+            frag = ref[1:]
+            if frag == "" or frag.startswith("/"):
+                target = self.root
+                for tok in frag.split("/")[1:] if frag else []:
+                    tok = _unescape_pointer(tok)
+                    from urllib.parse import unquote
+
+                    tok = unquote(tok)
+                    if isinstance(target, dict) and tok in target:
+                        target = target[tok]
+                    elif isinstance(target, list) and tok.isdigit() and int(tok) < len(target):
+                        target = target[int(tok)]
+                    else:
+                        raise InvalidSchemaError(f"unresolvable $ref {ref!r} at {path}")
+                return target, ref
+            anchors = self._collect_anchors()
+            if frag in anchors:
+                return anchors[frag], ref
+            raise InvalidSchemaError(f"unresolvable $ref {ref!r} at {path}")
+        ids = self._collect_ids()
+        base, _, frag = ref.partition("#")
+        if base in ids and (not frag or frag.startswith("/")):
+            target = ids[base]
+            for tok in frag.split("/")[1:] if frag else []:
+                tok = _unescape_pointer(tok)
+                if isinstance(target, dict) and tok in target:
+                    target = target[tok]
+                else:
+                    raise InvalidSchemaError(f"unresolvable $ref {ref!r} at {path}")
+            return target, ref
+        raise UnsupportedSchemaError("$ref", path, f"remote reference {ref!r} (only references inside the schema)")
+
+    def _walk_schemas(self):
+        stack = [self.root]
+        while stack:
+            x = stack.pop()
+            if isinstance(x, dict):
+                yield x
+                stack.extend(x.values())
+            elif isinstance(x, list):
+                stack.extend(x)
+
+    def _collect_anchors(self) -> dict:
+        if self._anchors is None:
+            self._anchors = {}
+            for d in self._walk_schemas():
+                a = d.get("$anchor")
+                if isinstance(a, str):
+                    self._anchors.setdefault(a, d)
+        return self._anchors
+
+    def _collect_ids(self) -> dict:
+        if self._ids is None:
+            self._ids = {}
+            for d in self._walk_schemas():
+                for k in ("$id", "id"):
+                    v = d.get(k)
+                    if isinstance(v, str) and not v.startswith("#"):
+                        self._ids.setdefault(v, d)
+                        self._ids.setdefault(v.rstrip("/").rsplit("/", 1)[-1], d)
+            root_id = self.root.get("$id") if isinstance(self.root, dict) else None
+            if isinstance(root_id, str):
+                self._ids.setdefault(root_id, self.root)
+        return self._ids
+
+    # -------------------------------------------------------------- entry
+    def compile_root(self) -> A.Node:
+        return self.compile(self.root, "#")
+
+    def check_deadline(self):
+        if self.deadline is not None:
+            self.deadline.check()
+
+    def compile(self, s: Any, path: str) -> A.Node:
+        self.check_deadline()
+        if s is True:
+            return self.any_value(self.opts.any_json_depth)
+        if s is False:
+            return A.NOTHING
+        if not isinstance(s, dict):
+            raise InvalidSchemaError(f"schema at {path} must be an object or a boolean, got {type(s).__name__}")
+        key = (id(s), tuple(sorted(self.ref_counts.items())))
+        hit = self.memo.get(key)
+        if hit is not None and hit[0] is s:
+            return hit[1]
+        node = self._compile_dict(s, path)
+        self.memo[key] = (s, node)
+        return node
+
+    def _check_keywords(self, s: dict, path: str) -> None:
+        for k in s:
+            if k in ANNOTATIONS or k in SUPPORTED:
+                continue
+            if k in KNOWN_UNSUPPORTED:
+                raise UnsupportedSchemaError(k, path)
+            if self.opts.unknown_keywords == "error":
+                raise UnsupportedSchemaError(k, path, "unknown keyword (unknown_keywords='error')")
+
+    def _compile_dict(self, s: dict, path: str) -> A.Node:
+        self._check_keywords(s, path)
+        # ---- applicators that combine whole schemas
+        if "$ref" in s:
+            target, ref = self.resolve_ref(s["$ref"], path)
+            rest = {k: v for k, v in s.items() if k != "$ref" and k not in ANNOTATIONS}
+            cnt = self.ref_counts.get(ref, 0)
+            if cnt >= self.opts.max_recursion_depth:
+                return A.NOTHING  # recursion bound reached: this branch is not generated
+            self.ref_counts[ref] = cnt + 1
+            try:
+                if not rest:
+                    return self.compile(target, ref)
+                return self.compile({"allOf": [target, rest]}, path)
+            finally:
+                if cnt == 0:
+                    del self.ref_counts[ref]
+                else:
+                    self.ref_counts[ref] = cnt
+        if "allOf" in s or "anyOf" in s or "oneOf" in s or "not" in s or "if" in s:
+            return self._compile_applicators(s, path)
+        return self._compile_simple(s, path)
+
+    # -------------------------------------------------------------- allOf / anyOf / oneOf / not / if
+    def _deref(self, s: Any, path: str) -> tuple[Any, list]:
+        """Follow a chain of bare $refs (for merging). Returns (schema, refs entered)."""
+        entered = []
+        seen = 0
+        while isinstance(s, dict) and "$ref" in s:
+            target, ref = self.resolve_ref(s["$ref"], path)
+            rest = {k: v for k, v in s.items() if k != "$ref" and k not in ANNOTATIONS}
+            cnt = self.ref_counts.get(ref, 0)
+            if cnt >= self.opts.max_recursion_depth:
+                for r in entered:
+                    self._leave(r)
+                return False, []
+            self.ref_counts[ref] = cnt + 1
+            entered.append(ref)
+            if rest:
+                s = {"allOf": [target, rest]}
+                break
+            s = target
+            seen += 1
+            if seen > 64:
+                raise InvalidSchemaError(f"$ref cycle at {path}")
+        return s, entered
+
+    def _leave(self, ref: str) -> None:
+        c = self.ref_counts.get(ref, 0)
+        if c <= 1:
+            self.ref_counts.pop(ref, None)
+        else:
+            self.ref_counts[ref] = c - 1
+
+    def _compile_applicators(self, s: dict, path: str) -> A.Node:
+        base = {k: v for k, v in s.items() if k not in ("allOf", "anyOf", "oneOf", "not", "if", "then", "else")}
+        conj: list = [base]
+        if "allOf" in s:
+            if not isinstance(s["allOf"], list) or not s["allOf"]:
+                raise InvalidSchemaError(f"allOf at {path} must be a non-empty array")
+            conj.extend(s["allOf"])
+        disj_groups: list[tuple[str, list]] = []
+        for kw in ("anyOf", "oneOf"):
+            if kw in s:
+                if not isinstance(s[kw], list) or not s[kw]:
+                    raise InvalidSchemaError(f"{kw} at {path} must be a non-empty array")
+                disj_groups.append((kw, s[kw]))
+        if "not" in s:
+            conj.append({"__not__": s["not"]})
+        if "if" in s:
+            cond = s["if"]
+            then = s.get("then", True)
+            els = s.get("else", True)
+            # (if AND then) OR (NOT if AND else)
+            disj_groups.append(("if", [{"allOf": [cond, then]}, {"allOf": [{"__not__": cond}, els]}]))
+        return self._compile_conjunction(conj, disj_groups, path)
+
+    def _compile_conjunction(self, conj: list, disj_groups: list, path: str) -> A.Node:
+        # flatten nested allOf and bare refs, pulling their anyOf/oneOf up
+        flat: list[dict] = []
+        entered: list[str] = []
+        try:
+            stack = list(reversed(conj))
+            while stack:
+                self.check_deadline()
+                x = stack.pop()
+                if x is True or x == {}:
+                    continue
+                if x is False:
+                    return A.NOTHING
+                if not isinstance(x, dict):
+                    raise InvalidSchemaError(f"subschema at {path} must be an object or a boolean")
+                if isinstance(x, dict) and "__not__" in x and len(x) == 1:
+                    neg = self._negate(x["__not__"], path)
+                    if neg is False:
+                        return A.NOTHING
+                    if neg is True:
+                        continue
+                    if "__exclude__" in neg:
+                        flat.append(neg)
+                    else:
+                        stack.append(neg)
+                    continue
+                x, ent = self._deref(x, path)
+                entered.extend(ent)
+                if x is False:
+                    return A.NOTHING
+                if x is True:
+                    continue
+                if not isinstance(x, dict):
+                    raise InvalidSchemaError(f"subschema at {path} must be an object or a boolean")
+                self._check_keywords(x, path)
+                if any(k in x for k in ("allOf", "anyOf", "oneOf", "not", "if")):
+                    rest = {k: v for k, v in x.items() if k not in ("allOf", "anyOf", "oneOf", "not", "if", "then", "else")}
+                    flat.append(rest)
+                    if "allOf" in x:
+                        stack.extend(reversed(x["allOf"]))
+                    for kw in ("anyOf", "oneOf"):
+                        if kw in x:
+                            if not isinstance(x[kw], list) or not x[kw]:
+                                raise InvalidSchemaError(f"{kw} at {path} must be a non-empty array")
+                            disj_groups.append((kw, x[kw]))
+                    if "not" in x:
+                        stack.append({"__not__": x["not"]})
+                    if "if" in x:
+                        cond = x["if"]
+                        disj_groups.append(("if", [{"allOf": [cond, x.get("then", True)]},
+                                                   {"allOf": [{"__not__": cond}, x.get("else", True)]}]))
+                else:
+                    flat.append(x)
+            if not disj_groups:
+                merged = self.merge(flat, path)
+                if merged is None:
+                    return A.NOTHING
+                return self._compile_simple(merged, path)
+            # distribute the first disjunction over the rest
+            kw, branches = disj_groups[0]
+            rest_groups = disj_groups[1:]
+            if kw == "oneOf":
+                branches = self._disjoint_branches(flat, branches, path)
+            outs = []
+            for k, b in enumerate(branches):
+                self.check_deadline()
+                saved = dict(self.ref_counts)
+                try:
+                    outs.append(self._compile_conjunction(list(flat) + [b], list(rest_groups), f"{path}/{kw}/{k}"))
+                except UnsupportedSchemaError as e:
+                    if kw == "if" and k == 1 and e.keyword == "not":
+                        # the `else` side needs the negation of `if`, which we cannot express: generate only
+                        # values satisfying `if` and `then` (a sound narrowing)
+                        self.ref_counts = saved
+                        continue
+                    raise
+            return A.alt(*outs)
+        finally:
+            for r in entered:
+                self._leave(r)
+
+    # -------------------------------------------------------------- merging conjunctions
+    def merge(self, schemas: list[dict], path: str) -> dict | None:
+        """Merge a conjunction of (ref-free at top level, applicator-free) schemas into one dict.
+        Returns None when provably unsatisfiable. Internal keys: __not__ (list), __patterns__ (list),
+        __conj__ (the original conjuncts, for validating enum values)."""
+        out: dict = {"__conj__": []}
+        for s0 in schemas:
+            s = self._normalize_draft(s0)
+            if "__exclude__" not in s0:
+                out["__conj__"].append(s0)
+            for k, v in s.items():
+                if k in ANNOTATIONS or k == "__conj__":
+                    continue
+                if k == "__exclude__":
+                    out.setdefault("__exclude__", []).extend(v)
+                    continue
+                if k not in out:
+                    if k == "pattern":
+                        out.setdefault("__patterns__", []).append(v)
+                        continue
+                    out[k] = v
+                    continue
+                cur = out[k]
+                if k == "type":
+                    t1 = self._type_set(cur, path)
+                    t2 = self._type_set(v, path)
+                    out[k] = sorted(_intersect_types(t1, t2))
+                    if not out[k]:
+                        return None
+                elif k == "enum":
+                    out[k] = [x for x in cur if any(_json_eq(x, y) for y in v)]
+                elif k == "const":
+                    if not _json_eq(cur, v):
+                        return None
+                elif k in ("minimum", "minLength", "minItems", "minProperties"):
+                    out[k] = max(cur, v)
+                elif k in ("maximum", "maxLength", "maxItems", "maxProperties"):
+                    out[k] = min(cur, v)
+                elif k == "exclusiveMinimum":
+                    out[k] = max(cur, v)
+                elif k == "exclusiveMaximum":
+                    out[k] = min(cur, v)
+                elif k == "required":
+                    out[k] = list(dict.fromkeys(list(cur) + list(v)))
+                elif k == "properties":
+                    merged_props = dict(cur)
+                    for pk, pv in v.items():
+                        merged_props[pk] = {"allOf": [merged_props[pk], pv]} if pk in merged_props else pv
+                    out[k] = merged_props
+                elif k in ("additionalProperties", "items", "additionalItems", "propertyNames"):
+                    out[k] = {"allOf": [cur, v]}
+                elif k == "patternProperties":
+                    pp = dict(cur)
+                    for pk, pv in v.items():
+                        pp[pk] = {"allOf": [pp[pk], pv]} if pk in pp else pv
+                    out[k] = pp
+                elif k == "prefixItems":
+                    n = max(len(cur), len(v))
+                    out[k] = [
+                        {"allOf": [cur[i] if i < len(cur) else True, v[i] if i < len(v) else True]} for i in range(n)
+                    ]
+                elif k == "uniqueItems":
+                    out[k] = bool(cur) or bool(v)
+                elif k == "multipleOf":
+                    if cur != v:
+                        a, b = cur, v
+                        if isinstance(a, int) and isinstance(b, int):
+                            out[k] = a * b // math.gcd(a, b)
+                        else:
+                            raise UnsupportedSchemaError("multipleOf", path, "two different non-integer multipleOf in allOf")
+                elif k == "format":
+                    if cur != v:
+                        out.setdefault("__formats__", []).append(v)
+                elif k == "dependentRequired":
+                    dr = {a: list(b) for a, b in cur.items()}
+                    for a, b in v.items():
+                        dr[a] = list(dict.fromkeys(dr.get(a, []) + list(b)))
+                    out[k] = dr
+                elif k in SUPPORTED or k in KNOWN_UNSUPPORTED:
+                    if json.dumps(cur, sort_keys=True, default=str) != json.dumps(v, sort_keys=True, default=str):
+                        raise UnsupportedSchemaError(k, path, "conflicting values in allOf")
+        # properties from one conjunct that another conjunct's additionalProperties governs
+        self._fix_additional_in_conj(out, path)
+        self._keep.append(out)
+        return out
+
+    def _fix_additional_in_conj(self, out: dict, path: str) -> None:
+        conj = out["__conj__"]
+        if len(conj) < 2:
+            return
+        props = out.get("properties")
+        if not props:
+            return
+        new_props = dict(props)
+        changed = False
+        for c in conj:
+            if "additionalProperties" not in c and "patternProperties" not in c:
+                continue
+            own = c.get("properties", {}) or {}
+            pats = list((c.get("patternProperties") or {}).keys())
+            addl = c.get("additionalProperties", True)
+            for pk in props:
+                if pk in own:
+                    continue
+                extra = []
+                matched = False
+                for p in pats:
+                    if _pattern_search(p, pk, path):
+                        extra.append(c["patternProperties"][p])
+                        matched = True
+                if not matched and addl is not True:
+                    extra.append(addl)
+                if extra:
+                    new_props[pk] = {"allOf": [new_props[pk]] + extra}
+                    changed = True
+        if changed:
+            out["properties"] = new_props
+
+    def _normalize_draft(self, s: dict) -> dict:
+        """Draft-04 boolean exclusiveMinimum/Maximum, const-as-enum."""
+        if isinstance(s.get("exclusiveMinimum"), bool) or isinstance(s.get("exclusiveMaximum"), bool):
+            s = dict(s)
+            for ex, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+                if isinstance(s.get(ex), bool):
+                    flag = s.pop(ex)
+                    if flag and bound in s:
+                        s[ex] = s.pop(bound)
+        if isinstance(s.get("items"), list):
+            s = dict(s)
+            s["prefixItems"] = s.pop("items")
+            if "additionalItems" in s:
+                s["items"] = s.pop("additionalItems")
+        elif "additionalItems" in s and "prefixItems" not in s:
+            s = {k: v for k, v in s.items() if k != "additionalItems"}  # ignored without tuple items
+        return s
+
+    def _type_set(self, t, path: str) -> set[str]:
+        if isinstance(t, str):
+            t = [t]
+        if not isinstance(t, list) or not t:
+            raise InvalidSchemaError(f"'type' at {path} must be a string or a non-empty array")
+        out = set()
+        for x in t:
+            if x == "any":
+                out.update(ALL_TYPES)
+                continue
+            if x not in ALL_TYPES:
+                raise InvalidSchemaError(f"unknown type {x!r} at {path}")
+            out.add(x)
+        return out
+
+    # -------------------------------------------------------------- oneOf
+    def _disjoint_branches(self, base: list[dict], branches: list, path: str) -> list:
+        """Branches of a oneOf, possibly narrowed so that no value can satisfy two of them."""
+        infos = []
+        for b in branches:
+            infos.append(self._branch_info(base, b, path))
+        out = list(branches)
+        for i in range(len(branches)):
+            forbid: list[str] = []
+            for j in range(len(branches)):
+                if i == j:
+                    continue
+                if self._outputs_fail(infos[i], infos[j], forbid):
+                    continue
+                raise UnsupportedSchemaError("oneOf", path, f"branches {i} and {j} are not provably disjoint")
+            if forbid:
+                out[i] = {"allOf": [branches[i], {"properties": {p: False for p in forbid}}]}
+        return out
+
+    def _branch_info(self, base: list[dict], b: Any, path: str) -> dict | None:
+        """A summary of a branch for disjointness checks (None = unknown)."""
+        try:
+            parts = [x for x in base if x] + [b]
+            flat = []
+            entered_all = []
+            for x in parts:
+                if x is True:
+                    continue
+                if x is False:
+                    return {"types": set(), "const": None}
+                x, ent = self._deref(x, path)
+                entered_all.extend(ent)
+                if x is False:
+                    return {"types": set()}
+                if not isinstance(x, dict):
+                    continue
+                if any(k in x for k in ("anyOf", "oneOf", "not", "if")):
+                    x = {k: v for k, v in x.items() if k not in ("anyOf", "oneOf", "not", "if", "then", "else")}
+                if "allOf" in x:
+                    for y in x["allOf"]:
+                        y2, ent2 = self._deref(y, path)
+                        entered_all.extend(ent2)
+                        if isinstance(y2, dict):
+                            flat.append({k: v for k, v in y2.items() if k not in ("anyOf", "oneOf", "not", "if", "allOf")})
+                    x = {k: v for k, v in x.items() if k != "allOf"}
+                flat.append(x)
+            for r in entered_all:
+                self._leave(r)
+            m = self.merge(flat, path) if flat else {"__conj__": []}
+        except (UnsupportedSchemaError, InvalidSchemaError):
+            return None
+        if m is None:
+            return {"types": set(), "schema": {}, "values": []}
+        types = set(self._type_set(m["type"], path)) if "type" in m else self._inferred_types(m)
+        values = None
+        if "const" in m:
+            values = [m["const"]]
+        elif "enum" in m:
+            values = list(m["enum"])
+        if values is not None:
+            types = {(_type_of(v) if _type_of(v) != "integer" else "integer") for v in values} & (types | ({"integer"} if "number" in types else set()))
+        return {"types": types, "schema": m, "values": values, "branch": b}
+
+    def _outputs_fail(self, a: dict | None, b: dict | None, forbid: list[str]) -> bool:
+        """True when no value generated for branch a can satisfy branch b (possibly after adding property
+        names to `forbid`, which narrows branch a)."""
+        if a is None or b is None:
+            return False
+        ta = _expand_number(a["types"])
+        tb = _expand_number(b["types"])
+        if not (ta & tb):
+            return True
+        if a["values"] is not None:
+            try:
+                return all(not self._valid_against_branch(v, b) for v in a["values"])
+            except Exception:
+                return False
+        if b["values"] is not None:
+            # a generates values; b only accepts its enumerated values: fine if a excludes them all
+            try:
+                return all(not self._valid_against_branch(v, a) for v in b["values"])
+            except Exception:
+                return False
+        if ta - {"object"}:
+            # scalars / arrays of a may satisfy b unless types differ
+            if (ta - {"object"}) & tb:
+                return False
+        # both objects (for the overlapping part)
+        sa, sb = a["schema"], b["schema"]
+        req_a = list(sa.get("required", []) or [])
+        props_a = sa.get("properties", {}) or {}
+        props_b = sb.get("properties", {}) or {}
+        req_b = list(sb.get("required", []) or [])
+        # a requires p and b forbids p / b's schema for p is disjoint from a's
+        b_addl = sb.get("additionalProperties", True)
+        b_pats = sb.get("patternProperties") or {}
+        for p in req_a:
+            if p not in props_b and b_addl is False and not any(_pattern_search(q, p, "#") for q in b_pats):
+                return True
+            if p in props_b and p in props_a:
+                pa = self._branch_info([], props_a[p], "#")
+                pb = self._branch_info([], props_b[p], "#")
+                if pb is not None and pb.get("schema") == {} and props_b[p] is False:
+                    return True
+                if props_b[p] is False:
+                    return True
+                if self._outputs_fail(pa, pb, []):
+                    return True
+        # narrow a: forbid a property that b requires and a does not
+        for p in req_b:
+            if p not in req_a:
+                forbid.append(p)
+                return True
+        return False
+
+    def _valid_against_branch(self, v, info: dict) -> bool:
+        b = info.get("branch")
+        if b is None:
+            return True
+        return self.is_valid(v, b)
+
+    # -------------------------------------------------------------- simple schemas
+    def _inferred_types(self, s: dict) -> set[str]:
+        kws = set(s)
+        types = set()
+        if kws & OBJECT_KW:
+            types.add("object")
+        if kws & ARRAY_KW:
+            types.add("array")
+        if kws & (STRING_KW - {"format"}) or "__patterns__" in kws:
+            types.add("string")
+        if "format" in kws and s["format"] in STANDARD_FORMATS:
+            types.add("string")
+        if kws & NUMBER_KW:
+            types.add("number")
+        return types or set(ALL_TYPES)
+
+    def _compile_simple(self, s: dict, path: str) -> A.Node:
+        if "__conj__" not in s:
+            s = self.merge([s], path)
+            if s is None:
+                return A.NOTHING
+        # enum / const: the finite set of values that satisfy every conjunct
+        if "const" in s or "enum" in s:
+            return self._compile_enum(s, path)
+        types = self._type_set(s["type"], path) if "type" in s else self._inferred_types(s)
+        excluded = list(s.get("__exclude__", []))
+        if "number" in types and "integer" in types:
+            types.discard("integer")
+        parts = []
+        for t in ALL_TYPES:
+            if t not in types:
+                continue
+            self.check_deadline()
+            ex = [v for v in excluded if _type_of(v) == t or (t == "number" and _type_of(v) == "integer")
+                  or (t == "integer" and _type_of(v) == "integer")]
+            if t == "null":
+                node = A.NOTHING if ex else A.lit("null")
+            elif t == "boolean":
+                node = A.alt(*[A.lit(x) for x, v in (("true", True), ("false", False)) if not any(e is v for e in ex)])
+            elif t == "integer":
+                node = self._integer(s, path)
+                if ex:
+                    node = self._difference(node, [A.lit(str(int(v))) for v in ex], "not", path)
+            elif t == "number":
+                if ex:
+                    # no exponent spellings, then remove every decimal spelling of the excluded values
+                    lo, ls, hi, hs = self._bounds(s, path)
+                    node = self._number(s, path) if (lo is not None or hi is not None or "multipleOf" in s) \
+                        else N.decimal_range(None, False, None, False)
+                    node = self._difference(node, [_number_spellings(v) for v in ex], "not", path)
+                else:
+                    node = self._number(s, path)
+            elif t == "string":
+                node = self._string(s, path, excluded=ex)
+            elif t == "array":
+                if ex:
+                    raise UnsupportedSchemaError("not", path, "excluding array values")
+                node = self._array(s, path)
+            else:
+                if ex:
+                    raise UnsupportedSchemaError("not", path, "excluding object values")
+                node = self._object(s, path)
+            parts.append(node)
+        return A.alt(*parts)
+
+    def _difference(self, node: A.Node, negs: list[A.Node], kw: str, path: str) -> A.Node:
+        try:
+            return dfa_ops.difference(node, [A.alt(*negs)], self.deadline, self.opts.intersection_limit)
+        except dfa_ops.TooLarge:
+            raise UnsupportedSchemaError(kw, path, "exclusion over a too complex language") from None
+
+    def _negate(self, n: Any, path: str):
+        """An equivalent positive schema for `not n` (or {"__exclude__": values}); UnsupportedSchemaError
+        naming `not` for forms we cannot express."""
+        n, ent = self._deref(n, path)
+        try:
+            if n is True:
+                return False
+            if n is False:
+                return True
+            if not isinstance(n, dict):
+                raise InvalidSchemaError(f"'not' at {path} must hold a schema")
+            n = self._normalize_draft(n)
+            kws = {k for k in n if k not in ANNOTATIONS}
+            if not kws:
+                return False
+            if kws == {"type"}:
+                t = self._type_set(n["type"], path)
+                rem = set(ALL_TYPES) - t
+                if "integer" in t:
+                    rem.discard("number")  # non-integer numbers are not expressible: narrow them away
+                if "number" in t:
+                    rem.discard("integer")
+                return {"type": sorted(rem)} if rem else False
+            if kws in ({"enum"}, {"const"}, {"enum", "type"}, {"const", "type"}):
+                vals = list(n["enum"]) if "enum" in n else [n["const"]]
+                if "type" in n:
+                    vals = [v for v in vals if self.is_valid(v, {"type": n["type"]})]
+                return {"__exclude__": vals}
+            if kws == {"required"}:
+                ps = n["required"]
+                if not isinstance(ps, list) or not ps:
+                    return False
+                alts = [{"properties": {p: False}} for p in ps]
+                return {"type": "object", **({"anyOf": alts} if len(alts) > 1 else alts[0])}
+            if kws <= {"properties", "required"} and isinstance(n.get("properties"), dict) and len(n["properties"]) == 1:
+                (p, sub), = n["properties"].items()
+                req = n.get("required", [])
+                if req and req != [p]:
+                    raise UnsupportedSchemaError("not", path, "not {properties, required} over different names")
+                present_bad = {"required": [p], "properties": {p: {"not": sub}}}
+                if req:
+                    return {"type": "object", "anyOf": [{"properties": {p: False}}, present_bad]}
+                return {"type": "object", **present_bad}
+            if kws == {"anyOf"}:
+                return {"allOf": [{"not": b} for b in n["anyOf"]]}
+            if kws == {"allOf"}:
+                return {"anyOf": [{"not": b} for b in n["allOf"]]}
+            if "type" in kws and len(kws) > 1 and not (kws & APPLICATORS):
+                # not (type T and rest) = (not type T) or (type T and not rest), for a single-keyword rest
+                rest = {k: v for k, v in n.items() if k != "type" and k not in ANNOTATIONS}
+                if len(rest) == 1:
+                    return {"anyOf": [{"not": {"type": n["type"]}}, {"type": n["type"], "not": rest}]}
+            raise UnsupportedSchemaError("not", path, f"negation of {sorted(kws)}")
+        finally:
+            for r in ent:
+                self._leave(r)
+
+    def _compile_enum(self, s: dict, path: str) -> A.Node:
+        vals = [s["const"]] if "const" in s else s["enum"]
+        if "enum" in s and "const" in s:
+            vals = [v for v in s["enum"] if _json_eq(v, s["const"])]
+        if not isinstance(vals, list):
+            raise InvalidSchemaError(f"enum at {path} must be an array")
+        conj = s.get("__conj__", [])
+        excl = s.get("__exclude__", [])
+        keep = []
+        for v in vals:
+            if any(_json_eq(v, e) for e in excl) or any(_json_eq(v, k) for k in keep):
+                continue
+            if all(self.is_valid(v, c) for c in conj):
+                keep.append(v)
+        if not keep:
+            self.unsat.append(f"no value of the enum/const at {path} satisfies the schema")
+            return A.NOTHING
+        lits = []
+        for v in keep:
+            try:
+                lits.append(json.dumps(v, ensure_ascii=False, separators=(",", ":"), allow_nan=False))
+            except ValueError:
+                continue
+        return A.alt_literals(lits)
+
+    # -------------------------------------------------------------- numbers
+    def _bounds(self, s: dict, path: str):
+        lo = hi = None
+        lo_strict = hi_strict = False
+        for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+            if k in s and not _is_number(s[k]):
+                raise InvalidSchemaError(f"{k} at {path} must be a number")
+        if "minimum" in s:
+            lo = N.to_decimal(s["minimum"])
+        if "exclusiveMinimum" in s:
+            v = N.to_decimal(s["exclusiveMinimum"])
+            if lo is None or v >= lo:
+                lo, lo_strict = v, True
+        if "maximum" in s:
+            hi = N.to_decimal(s["maximum"])
+        if "exclusiveMaximum" in s:
+            v = N.to_decimal(s["exclusiveMaximum"])
+            if hi is None or v <= hi:
+                hi, hi_strict = v, True
+        return lo, lo_strict, hi, hi_strict
+
+    def _int_bounds(self, s, path):
+        lo, ls, hi, hs = self._bounds(s, path)
+        ilo = None if lo is None else (math.floor(lo) + 1 if ls else math.ceil(lo))
+        ihi = None if hi is None else (math.ceil(hi) - 1 if hs else math.floor(hi))
+        if ilo is not None and ihi is not None and ilo > ihi:
+            self.unsat.append(f"no integer in the range at {path}")
+            return None
+        return ilo, ihi
+
+    def _integer(self, s: dict, path: str) -> A.Node:
+        b = self._int_bounds(s, path)
+        if b is None:
+            return A.NOTHING
+        lo, hi = b
+        node = N.int_range(lo, hi) if (lo is not None or hi is not None) else N.JSON_INT
+        if "multipleOf" in s:
+            m = s["multipleOf"]
+            if not _is_number(m) or m <= 0:
+                raise InvalidSchemaError(f"multipleOf at {path} must be a positive number")
+            if isinstance(m, float) and m.is_integer():
+                m = int(m)
+            if isinstance(m, float):
+                if (1 / m).is_integer():
+                    return node  # every integer is a multiple of 1/k
+                raise UnsupportedSchemaError("multipleOf", path, f"non-integer multipleOf {m}")
+            if m > 10000:
+                raise UnsupportedSchemaError("multipleOf", path, f"multipleOf {m} too large")
+            mult = N.int_multiple_of(m)
+            if lo is None and hi is None:
+                return mult
+            try:
+                return dfa_ops.intersect([node, mult], self.deadline, self.opts.intersection_limit)
+            except dfa_ops.TooLarge:
+                raise UnsupportedSchemaError("multipleOf", path, "range with multipleOf too large") from None
+        return node
+
+    def _number(self, s: dict, path: str) -> A.Node:
+        if "multipleOf" in s:
+            m = s["multipleOf"]
+            if isinstance(m, int) or (isinstance(m, float) and m.is_integer()):
+                return self._integer(s, path)  # only integer multiples of an integer: narrow to integers
+            raise UnsupportedSchemaError("multipleOf", path, f"non-integer multipleOf {m} (float division is inexact)")
+        lo, ls, hi, hs = self._bounds(s, path)
+        if lo is None and hi is None:
+            return N.JSON_NUMBER
+        if lo is not None and hi is not None and (lo > hi or (lo == hi and (ls or hs))):
+            self.unsat.append(f"empty numeric range at {path}: minimum {lo} / maximum {hi}")
+            return A.NOTHING
+        return N.decimal_range(lo, ls, hi, hs)
+
+    # -------------------------------------------------------------- strings
+    def string_body_chars(self, s: dict, path: str, excluded: list[str] | None = None) -> A.Node:
+        """Char-level language of the decoded string (before JSON encoding)."""
+        langs: list[A.Node] = []
+        mn = s.get("minLength", 0)
+        mx = s.get("maxLength")
+        for k, v in (("minLength", mn), ("maxLength", mx)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                if isinstance(v, float) and v.is_integer() and v >= 0:
+                    continue
+                raise InvalidSchemaError(f"{k} at {path} must be a non-negative integer")
+        mn = int(mn)
+        if mx is not None:
+            mx = int(mx)
+            if mx < mn:
+                self.unsat.append(f"minLength {mn} > maxLength {mx} at {path}")
+                return A.NOTHING
+            mx = min(mx, max(self.opts.max_string_unroll, mn))
+        patterns = list(s.get("__patterns__", []))
+        if "pattern" in s:
+            patterns.append(s["pattern"])
+        for p in patterns:
+            if not isinstance(p, str):
+                raise InvalidSchemaError(f"pattern at {path} must be a string")
+            try:
+                langs.append(search_language(parse_regex(p)))
+            except InvalidRegexError as e:
+                raise UnsupportedSchemaError("pattern", path, str(e)) from None
+        fmts = []
+        if "format" in s:
+            fmts.append(s["format"])
+        fmts.extend(s.get("__formats__", []))
+        for f in fmts:
+            if not isinstance(f, str):
+                raise InvalidSchemaError(f"format at {path} must be a string")
+            fnode = format_node(f)
+            if fnode is None:
+                if f in STANDARD_FORMATS:
+                    raise UnsupportedSchemaError("format", path, f"format {f!r} is not supported")
+                continue  # not a standard format: an annotation
+            langs.append(fnode)
+        if mn > 0 or mx is not None:
+            langs.append(A.rep(A.chars(A.ANY_CHAR), mn, mx))
+        if not langs:
+            node = A.star(A.chars(A.ANY_CHAR))
+        elif len(langs) == 1:
+            node = langs[0]
+        else:
+            try:
+                node = dfa_ops.intersect(langs, self.deadline, self.opts.intersection_limit)
+            except dfa_ops.TooLarge:
+                raise UnsupportedSchemaError("pattern" if patterns else "format", path,
+                                             "combination with length bounds is too large") from None
+        if excluded:
+            node = self._difference(node, [A.lit(x) for x in excluded], "not", path)
+        return node
+
+    def _string(self, s: dict, path: str, excluded: list[str] | None = None) -> A.Node:
+        body = self.string_body_chars(s, path, excluded)
+        if A.is_nothing(body):
+            return A.NOTHING
+        return A.seq(A.lit('"'), json_encode_string_body(body), A.lit('"'))
+
+    # -------------------------------------------------------------- arrays
+    def _array(self, s: dict, path: str) -> A.Node:
+        prefix = s.get("prefixItems", [])
+        if not isinstance(prefix, list):
+            raise InvalidSchemaError(f"prefixItems at {path} must be an array")
+        rest = s.get("items", True)
+        mn = int(s.get("minItems", 0) or 0)
+        mx = s.get("maxItems")
+        if mx is not None:
+            mx = int(mx)
+            if mx < mn:
+                self.unsat.append(f"minItems {mn} > maxItems {mx} at {path}")
+                return A.NOTHING
+        unique = bool(s.get("uniqueItems", False))
+        ws = self.ws
+        comma = A.seq(ws, A.lit(","), ws)
+        if unique:
+            if self.opts.unique_items == "error":
+                raise UnsupportedSchemaError("uniqueItems", path)
+            res = self._unique_array(s, prefix, rest, mn, mx, path)
+            if res is not None:
+                return res
+        if mx is not None:
+            mx = min(mx, max(self.opts.max_items_unroll, mn, len(prefix) if mx >= len(prefix) else mx))
+        item_nodes = [self.compile(p, f"{path}/prefixItems/{i}") for i, p in enumerate(prefix)]
+        rest_node = self.compile(rest, f"{path}/items")
+        K = mx if mx is not None else max(len(prefix), mn, 1)
+        edges = []
+        for k in range(K):
+            it = item_nodes[k] if k < len(item_nodes) else rest_node
+            if A.is_nothing(it):
+                continue
+            edges.append((k, it if k == 0 else A.seq(comma, it), k + 1))
+        if mx is None and not A.is_nothing(rest_node) and K >= len(item_nodes):
+            edges.append((K, A.seq(comma, rest_node), K))
+        finals = tuple(k for k in range(mn, K + 1))
+        body = A.Graph(K + 1, 0, finals, tuple(edges))
+        return A.seq(A.lit("["), ws, body, ws, A.lit("]"))
+
+    def _unique_array(self, s, prefix, rest, mn, mx, path) -> A.Node | None:
+        ws = self.ws
+        comma = A.seq(ws, A.lit(","), ws)
+        if not prefix:
+            dom = self._finite_domain(rest, path)
+            if dom is not None and len(dom) <= 16:
+                # items in domain order, each at most once
+                n = len(dom)
+                hi = n if mx is None else min(mx, n)
+                if mn > hi:
+                    return A.NOTHING
+                # Graph over (last index used + 1, count)
+                nodes = {}
+
+                def nid(i, c):
+                    if (i, c) not in nodes:
+                        nodes[(i, c)] = len(nodes)
+                    return nodes[(i, c)]
+
+                start = nid(0, 0)
+                edges = []
+                for i in range(n + 1):
+                    for c in range(0, min(i, hi) + 1):
+                        for j in range(i, n):
+                            if c + 1 > hi:
+                                continue
+                            lab = dom[j] if c == 0 else A.seq(comma, dom[j])
+                            edges.append((nid(i, c), lab, nid(j + 1, c + 1)))
+                finals = tuple(v for (i, c), v in nodes.items() if c >= mn)
+                g = A.Graph(len(nodes), start, finals, tuple(edges))
+                return A.seq(A.lit("["), ws, g, ws, A.lit("]"))
+        # otherwise: at most one item (every such array is unique)
+        if mn > 1:
+            raise UnsupportedSchemaError("uniqueItems", path, "with minItems > 1 over a non-finite item domain")
+        first = self.compile(prefix[0] if prefix else rest, f"{path}/items")
+        lim = 1 if mx is None else min(1, mx)
+        if lim == 0 or A.is_nothing(first):
+            return A.seq(A.lit("["), ws, A.lit("]")) if mn == 0 else A.NOTHING
+        one = A.seq(A.lit("["), ws, first, ws, A.lit("]"))
+        if mn == 0:
+            return A.alt(A.seq(A.lit("["), ws, A.lit("]")), one)
+        return one
+
+    def _finite_domain(self, sch, path) -> list[A.Node] | None:
+        x, ent = self._deref(sch, path)
+        try:
+            if isinstance(x, dict):
+                if "enum" in x or "const" in x:
+                    vals = x.get("enum", [x.get("const")]) if "enum" in x else [x["const"]]
+                    keep = [v for v in vals if self.is_valid(v, x)]
+                    out = []
+                    seen = []
+                    for v in keep:
+                        if any(_json_eq(v, w) for w in seen):
+                            continue
+                        seen.append(v)
+                        out.append(json_literal(v))
+                    return out
+                if x.get("type") == "boolean" and set(x) - ANNOTATIONS <= {"type"}:
+                    return [A.lit("false"), A.lit("true")]
+            return None
+        finally:
+            for r in ent:
+                self._leave(r)
+
+    # -------------------------------------------------------------- objects
+    def _object(self, s: dict, path: str) -> A.Node:
+        ws = self.ws
+        props = s.get("properties", {}) or {}
+        if not isinstance(props, dict):
+            raise InvalidSchemaError(f"properties at {path} must be an object")
+        required = s.get("required", []) or []
+        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+            raise InvalidSchemaError(f"required at {path} must be an array of strings")
+        pats = s.get("patternProperties", {}) or {}
+        if not isinstance(pats, dict):
+            raise InvalidSchemaError(f"patternProperties at {path} must be an object")
+        if "additionalProperties" in s:
+            addl = s["additionalProperties"]
+        elif "unevaluatedProperties" in s:
+            addl = s["unevaluatedProperties"]
+            if len(s.get("__conj__", [])) > 1:
+                raise UnsupportedSchemaError("unevaluatedProperties", path, "combined with applicators")
+        else:
+            addl = True if self.opts.additional_properties == "allow" else False
+        pnames = s.get("propertyNames")
+        mnp = int(s.get("minProperties", 0) or 0)
+        mxp = s.get("maxProperties")
+        mxp = None if mxp is None else int(mxp)
+        if mxp is not None and mnp > mxp:
+            self.unsat.append(f"minProperties {mnp} > maxProperties {mxp} at {path}")
+            return A.NOTHING
+        deps = {}
+        if "dependentRequired" in s:
+            deps.update(s["dependentRequired"])
+        if "dependencies" in s:
+            for k, v in s["dependencies"].items():
+                if isinstance(v, list):
+                    deps[k] = v
+                else:
+                    raise UnsupportedSchemaError("dependencies", path, "schema dependencies")
+        req_set = set(required)
+        # dependencies (a present => b present): narrow by making b required when a is required;
+        # when a is optional, make a's presence imply b by forbidding a unless b is required
+        forbidden: set[str] = set()
+        changed = True
+        while changed:
+            changed = False
+            for a, bs in deps.items():
+                if a in req_set:
+                    for b in bs:
+                        if b not in req_set:
+                            req_set.add(b)
+                            changed = True
+        for a, bs in deps.items():
+            if a not in req_set and any(b not in req_set for b in bs):
+                forbidden.add(a)  # sound narrowing: never generate a
+        # declared properties (order: properties, then required-only names)
+        names = list(props.keys()) + [r for r in required if r not in props]
+        for r in req_set:
+            if r not in names:
+                names.append(r)
+        entries = []  # (name, value node, required)
+        for name in names:
+            self.check_deadline()
+            sub = props.get(name, None)
+            conj = []
+            if sub is not None:
+                conj.append(sub)
+            matched = [p for p in pats if _pattern_search(p, name, path)]
+            for p in matched:
+                conj.append(pats[p])
+            if sub is None and not matched:
+                conj.append(addl)
+            is_req = name in req_set
+            if name in forbidden and not is_req:
+                continue
+            if pnames is not None and not self._name_ok(name, pnames, path):
+                if is_req:
+                    return A.NOTHING
+                continue
+            if len(conj) == 1:
+                vnode = self.compile(conj[0], f"{path}/properties/{name}")
+            else:
+                vnode = self.compile({"allOf": conj}, f"{path}/properties/{name}")
+            if A.is_nothing(vnode):
+                if is_req:
+                    return A.NOTHING
+                continue
+            key = A.lit(json.dumps(name, ensure_ascii=False))
+            entries.append((A.seq(key, ws, A.lit(":"), ws, vnode), is_req))
+        # additional keys
+        extra = self._extra_entries(names, pats, addl, pnames, path)
+        comma = A.seq(ws, A.lit(","), ws)
+        # Graph over (index in entries, count) ; count capped
+        cap = mxp if mxp is not None else mnp
+        m = len(entries)
+        nodes: dict = {}
+
+        def nid(i, c, started):
+            k = (i, c, started)
+            if k not in nodes:
+                nodes[k] = len(nodes)
+            return nodes[k]
+
+        edges = []
+        start = nid(0, 0, False)
+        frontier = [(0, 0, False)]
+        seen = {(0, 0, False)}
+        while frontier:
+            i, c, st = frontier.pop()
+            u = nid(i, c, st)
+            outs = []
+            if i < m:
+                kv, is_req = entries[i]
+                nc = c + 1
+                if mxp is None or nc <= mxp:
+                    nc2 = min(nc, cap) if mxp is None else nc
+                    outs.append(((i + 1, nc2, True), kv if not st else A.seq(comma, kv)))
+                if not is_req:
+                    outs.append(((i + 1, c, st), None))
+            else:
+                for ekv in extra:
+                    nc = c + 1
+                    if mxp is not None and nc > mxp:
+                        continue
+                    nc2 = min(nc, cap) if mxp is None else nc
+                    outs.append(((m, nc2, True), ekv if not st else A.seq(comma, ekv)))
+            for tgt, lab in outs:
+                v = nid(*tgt)
+                edges.append((u, lab, v))
+                if tgt not in seen:
+                    seen.add(tgt)
+                    frontier.append(tgt)
+        finals = tuple(v for (i, c, st), v in nodes.items() if i == m and c >= mnp)
+        if not finals:
+            return A.NOTHING
+        g = A.Graph(len(nodes), start, finals, tuple(edges))
+        return A.seq(A.lit("{"), ws, g, ws, A.lit("}"))
+
+    def _name_ok(self, name: str, pnames: Any, path: str) -> bool:
+        return self.is_valid(name, pnames)
+
+    def _extra_entries(self, names: list[str], pats: dict, addl: Any, pnames: Any, path: str) -> list[A.Node]:
+        """Key/value alternatives for properties beyond the declared ones (one per key class)."""
+        ws = self.ws
+        out = []
+        declared = A.alt_literals([json.dumps(n, ensure_ascii=False)[1:-1] for n in names]) if names else A.NOTHING
+        pname_lang = None
+        if pnames is not None and pnames is not True:
+            pname_lang = self._property_names_language(pnames, path)
+        pat_langs = []
+        for p in pats:
+            try:
+                pat_langs.append(json_encode_string_body(search_language(parse_regex(p))))
+            except InvalidRegexError as e:
+                raise UnsupportedSchemaError("patternProperties", path, str(e)) from None
+        if len(pat_langs) > 4:
+            raise UnsupportedSchemaError("patternProperties", path, "more than 4 patterns")
+        classes = []  # (key body language, value schema)
+        for i, p in enumerate(pats):
+            others = [pat_langs[j] for j in range(len(pat_langs)) if j != i]
+            classes.append(([pat_langs[i]], others + [declared], pats[p]))
+        if addl is not False:
+            classes.append(([ANY_STRING_BODY], pat_langs + [declared], addl))
+        for pos, negs, vs in classes:
+            if pname_lang is not None:
+                pos = pos + [pname_lang]
+            negs = [n for n in negs if not A.is_nothing(n)]
+            vnode = self.compile(vs, f"{path}/additionalProperties")
+            if A.is_nothing(vnode):
+                continue
+            try:
+                if negs or len(pos) > 1:
+                    key_body = dfa_ops.product(pos + negs, [False] * len(pos) + [True] * len(negs), self.deadline,
+                                               self.opts.intersection_limit)
+                else:
+                    key_body = pos[0]
+            except dfa_ops.TooLarge:
+                raise UnsupportedSchemaError("patternProperties" if pats else "additionalProperties", path,
+                                             "key language too large") from None
+            if A.is_nothing(key_body):
+                continue
+            out.append(A.seq(A.lit('"'), key_body, A.lit('"'), ws, A.lit(":"), ws, vnode))
+        return out
+
+    def _property_names_language(self, pn: Any, path: str) -> A.Node:
+        x, ent = self._deref(pn, path)
+        try:
+            if x is False:
+                return A.NOTHING
+            if not isinstance(x, dict):
+                raise UnsupportedSchemaError("propertyNames", path)
+            kws = {k for k in x if k not in ANNOTATIONS}
+            if "enum" in kws or "const" in kws:
+                vals = x.get("enum", [x.get("const")]) if "enum" in x else [x["const"]]
+                strs = [v for v in vals if isinstance(v, str) and self.is_valid(v, x)]
+                return A.alt_literals([json.dumps(v, ensure_ascii=False)[1:-1] for v in strs]) if strs else A.NOTHING
+            if kws - {"type", "pattern", "minLength", "maxLength", "format"}:
+                raise UnsupportedSchemaError("propertyNames", path, f"keywords {sorted(kws)}")
+            if "type" in x and x["type"] != "string":
+                return A.NOTHING
+            return json_encode_string_body(self.string_body_chars(x, path + "/propertyNames"))
+        finally:
+            for r in ent:
+                self._leave(r)
+
+    # -------------------------------------------------------------- any value
+    def any_value(self, depth: int) -> A.Node:
+        hit = self._any_cache.get(depth)
+        if hit is not None:
+            return hit
+        ws = self.ws
+        comma = A.seq(ws, A.lit(","), ws)
+        string = A.seq(A.lit('"'), ANY_STRING_BODY, A.lit('"'))
+        scalars = [A.lit("null"), A.lit("true"), A.lit("false"), N.JSON_NUMBER, string]
+        if depth <= 0:
+            node = A.alt(*scalars, A.seq(A.lit("["), ws, A.lit("]")), A.seq(A.lit("{"), ws, A.lit("}")))
+        else:
+            inner = self.any_value(depth - 1)
+            arr = A.seq(A.lit("["), ws, A.opt(A.seq(inner, A.star(A.seq(comma, inner)))), ws, A.lit("]"))
+            kv = A.seq(string, ws, A.lit(":"), ws, inner)
+            obj = A.seq(A.lit("{"), ws, A.opt(A.seq(kv, A.star(A.seq(comma, kv)))), ws, A.lit("}"))
+            node = A.alt(*scalars, arr, obj)
+        self._any_cache[depth] = node
+        return node
+
+
+def _number_spellings(v) -> A.Node:
+    """Every decimal spelling (no exponent) of the number v: canonical digits plus trailing zeros."""
+    d = N.to_decimal(v)
+    neg = d < 0
+    ip, frac = N._split(abs(d))
+    zeros = A.star(A.lit("0"))
+    body = A.seq(A.lit(str(ip)), A.opt(A.seq(A.lit("."), A.plus(A.lit("0"))))) if not frac else \
+        A.seq(A.lit(str(ip)), A.lit("." + frac), zeros)
+    if d == 0:
+        return A.seq(A.opt(A.lit("-")), body)
+    return A.seq(A.lit("-"), body) if neg else body
+
+
+def _expand_number(types: set[str]) -> set[str]:
+    t = set(types)
+    if "number" in t:
+        t.add("integer")
+    return t
+
+
+def _expand_integer(types: set[str]) -> set[str]:
+    return set(types)
+
+
+def _intersect_types(a: set[str], b: set[str]) -> set[str]:
+    out = a & b
+    if "integer" in a and "number" in b:
+        out.add("integer")
+    if "number" in a and "integer" in b:
+        out.add("integer")
+    return out
+
+
+_PATTERN_CACHE: dict = {}
+
+
+def _pattern_search(p: str, name: str, path: str) -> bool:
+    r = _PATTERN_CACHE.get(p)
+    if r is None:
+        try:
+            r = re.compile(p)
+        except re.error as e:
+            raise InvalidSchemaError(f"invalid regex {p!r} at {path}: {e}") from None
+        _PATTERN_CACHE[p] = r
+    return r.search(name) is not None
+
+
+def schema_to_regex_ast(schema: Any, opts: SchemaOptions | None = None, deadline: Deadline | None = None) -> A.Node:
+    """Compile a JSON Schema to the regex AST of its (narrowed) JSON texts."""
+    opts = opts or SchemaOptions()
+    try:
+        sc = SchemaCompiler(schema, opts, deadline)
+        node = sc.compile_root()
+    except RecursionError:
+        raise UnsupportedSchemaError("$ref", "#", "schema nesting too deep") from None
+    if A.is_nothing(node):
+        why = "; ".join(dict.fromkeys(sc.unsat)) or "no JSON value satisfies the schema"
+        raise UnsatisfiableSchemaError(why)
+    return node

@@ -1,0 +1,247 @@
+"""Exact regular languages for JSON numbers in ranges.
+
+* Integers: canonical decimal spellings (no leading zeros, no "-0") of the integers in [lo, hi], either
+  side unbounded, by the classic digit-range construction (split by digit count, then by leading digit).
+* Decimals (JSON Schema "number" with bounds): spellings `-?INT(.FRAC)?` (no exponent, which is a sound
+  restriction) whose value lies in the range, inclusive or exclusive on each side, exact for any decimal
+  bounds: the integer part is a digit range, the fraction is checked by a small comparison automaton that
+  compares the fraction digits with the bound's (zero-padded) digits.
+* multipleOf k for integers: a remainder automaton over the digits (k states).
+"""
+from __future__ import annotations
+
+from decimal import Decimal, localcontext
+
+from . import regex_ast as A
+
+DIGIT = A.chars([(0x30, 0x39)])
+NONZERO = A.chars([(0x31, 0x39)])
+
+
+def _dset(lo: int, hi: int) -> A.Node:
+    return A.chars([(0x30 + lo, 0x30 + hi)])
+
+
+# ------------------------------------------------------------------------------------------ integers
+def _same_len(lo: str, hi: str) -> A.Node:
+    """Digit strings s with len(s) == len(lo) == len(hi) and lo <= s <= hi (lexicographic = numeric)."""
+    if not lo:
+        return A.EMPTY
+    k = len(lo) - 1
+    if lo[0] == hi[0]:
+        return A.seq(A.lit(lo[0]), _same_len(lo[1:], hi[1:]))
+    a, b = int(lo[0]), int(hi[0])
+    if lo[1:] == "0" * k and hi[1:] == "9" * k:
+        return A.seq(_dset(a, b), A.rep(DIGIT, k, k))
+    parts = []
+    start, end = a, b
+    if lo[1:] != "0" * k:
+        parts.append(A.seq(A.lit(lo[0]), _same_len(lo[1:], "9" * k)))
+        start = a + 1
+    if hi[1:] != "9" * k:
+        parts.append(A.seq(A.lit(hi[0]), _same_len("0" * k, hi[1:])))
+        end = b - 1
+    if start <= end:
+        parts.append(A.seq(_dset(start, end), A.rep(DIGIT, k, k)))
+    return A.alt(*parts)
+
+
+def nat_range(lo: int, hi: int | None) -> A.Node:
+    """Canonical spellings of the naturals in [lo, hi] (0 <= lo; hi None = unbounded)."""
+    if lo < 0:
+        raise ValueError("nat_range needs lo >= 0")
+    if hi is not None and hi < lo:
+        return A.NOTHING
+    parts = []
+    L = len(str(lo))
+    top = hi if hi is not None else 10 ** L - 1
+    for n in range(L, len(str(top)) + 1):
+        a = max(lo, 0 if n == 1 else 10 ** (n - 1))
+        b = min(top, 10 ** n - 1)
+        if a <= b:
+            parts.append(_same_len(str(a), str(b)))
+    if hi is None:
+        # every number with more digits than lo's largest same-length bound
+        parts.append(A.seq(NONZERO, A.rep(DIGIT, L, None)))
+    return A.alt(*parts)
+
+
+def int_range(lo: int | None, hi: int | None) -> A.Node:
+    """Canonical JSON integers in [lo, hi] (None = unbounded)."""
+    if lo is not None and hi is not None and lo > hi:
+        return A.NOTHING
+    parts = []
+    # non-negative part
+    if hi is None or hi >= 0:
+        parts.append(nat_range(max(lo, 0) if lo is not None else 0, hi))
+    # negative part: x = -m, m >= 1
+    if lo is None or lo < 0:
+        m_lo = max(1, -hi) if hi is not None else 1
+        m_hi = -lo if lo is not None else None
+        if m_hi is None or m_lo <= m_hi:
+            parts.append(A.seq(A.lit("-"), nat_range(m_lo, m_hi)))
+    return A.alt(*parts)
+
+
+# ------------------------------------------------------------------------------------------ decimals
+FRAC_OPT = A.opt(A.seq(A.lit("."), A.plus(DIGIT)))
+EXP = A.seq(A.chars([(ord("e"), ord("e")), (ord("E"), ord("E"))]), A.opt(A.chars([(ord("+"), ord("+")), (ord("-"), ord("-"))])), A.plus(DIGIT))
+JSON_INT = A.alt(A.lit("0"), A.seq(A.opt(A.lit("-")), NONZERO, A.star(DIGIT)))  # no "-0"
+JSON_NUMBER = A.seq(A.opt(A.lit("-")), A.alt(A.lit("0"), A.seq(NONZERO, A.star(DIGIT))), FRAC_OPT, A.opt(EXP))
+
+
+def _split(d: Decimal) -> tuple[int, str]:
+    """Non-negative decimal -> (integer part, fraction digits without trailing zeros)."""
+    with localcontext() as ctx:
+        ctx.prec = 1000
+        ip = int(d)  # truncation == floor for d >= 0
+        frac = d - ip
+    s = format(frac, "f")
+    digits = s.split(".")[1] if "." in s else ""
+    return ip, digits.rstrip("0")
+
+
+def _frac_language(lo: str | None, lo_strict: bool, hi: str | None, hi_strict: bool) -> A.Node:
+    """Optional fraction part (`.ddd` or nothing) whose value 0.ddd (nothing = 0) satisfies
+    0.lo <(=) v <(=) 0.hi. lo/hi are digit strings without trailing zeros (None = no bound)."""
+    # comparison automaton: state = (klo, slo, khi, shi, nonempty); s* in {"eq", "gt"/"lt"}
+    start = (0, "eq", 0, "eq", False)
+    idx: dict = {start: 0}
+    edges: list = []
+    finals: list[int] = []
+    todo = [start]
+
+    def accepting(st) -> bool:
+        klo, slo, khi, shi, _ = st
+        ok_lo = True
+        if lo is not None and slo == "eq":
+            rest = lo[klo:]
+            ok_lo = (rest == "") and not lo_strict
+        ok_hi = True
+        if hi is not None and shi == "eq":
+            rest = hi[khi:]
+            ok_hi = rest != "" or not hi_strict
+        return ok_lo and ok_hi
+
+    while todo:
+        st = todo.pop()
+        klo, slo, khi, shi, ne = st
+        by_target: dict = {}
+        for x in range(10):
+            nlo, nslo = klo, slo
+            if lo is not None and slo == "eq":
+                ref = int(lo[klo]) if klo < len(lo) else 0
+                if x < ref:
+                    continue
+                if x > ref:
+                    nslo = "gt"
+                nlo = min(klo + 1, len(lo))
+            nhi, nshi = khi, shi
+            if hi is not None and shi == "eq":
+                ref = int(hi[khi]) if khi < len(hi) else 0
+                if x > ref:
+                    continue
+                if x < ref:
+                    nshi = "lt"
+                nhi = min(khi + 1, len(hi))
+            if nslo == "gt":
+                nlo = 0
+            if nshi == "lt":
+                nhi = 0
+            tgt = (nlo, nslo, nhi, nshi, True)
+            if tgt not in idx:
+                idx[tgt] = len(idx)
+                todo.append(tgt)
+            by_target.setdefault(tgt, []).append(x)
+        for tgt, xs in by_target.items():
+            edges.append((idx[st], A.chars([(0x30 + x, 0x30 + x) for x in xs]), idx[tgt]))
+    for st, i in idx.items():
+        if st[4] and accepting(st):
+            finals.append(i)
+    # the '.' is emitted before the first digit: a fresh entry node
+    n = len(idx)
+    entry = n
+    edges2 = [(entry, A.lit("."), 0)] + edges
+    g = A.Graph(n + 1, entry, tuple(finals), tuple(edges2)) if finals else A.NOTHING
+    if accepting(start):
+        return A.alt(A.EMPTY, g)
+    return g
+
+
+def mag_range(lo: Decimal | None, lo_strict: bool, hi: Decimal | None, hi_strict: bool) -> A.Node:
+    """Spellings INT(.FRAC)? of non-negative decimals v with lo <(=) v <(=) hi (lo None = 0 inclusive)."""
+    if lo is None:
+        lo, lo_strict = Decimal(0), False
+    if hi is not None and (hi < lo or (hi == lo and (lo_strict or hi_strict))):
+        return A.NOTHING
+    A_, fa = _split(lo)
+    parts = []
+    if hi is None:
+        parts.append(A.seq(nat_range(A_ + 1, None), FRAC_OPT))
+        parts.append(A.seq(nat_range(A_, A_), _frac_language(fa, lo_strict, None, False)))
+        return A.alt(*parts)
+    B_, fb = _split(hi)
+    if A_ == B_:
+        return A.seq(nat_range(A_, A_), _frac_language(fa, lo_strict, fb, hi_strict))
+    parts.append(A.seq(nat_range(A_, A_), _frac_language(fa, lo_strict, None, False)))
+    if A_ + 1 <= B_ - 1:
+        parts.append(A.seq(nat_range(A_ + 1, B_ - 1), FRAC_OPT))
+    parts.append(A.seq(nat_range(B_, B_), _frac_language(None, False, fb, hi_strict)))
+    return A.alt(*parts)
+
+
+def decimal_range(lo: Decimal | None, lo_strict: bool, hi: Decimal | None, hi_strict: bool) -> A.Node:
+    """JSON numbers (no exponent) with lo <(=) v <(=) hi; None = unbounded. Never spells "-0"."""
+    parts = []
+    # v >= 0 part
+    if hi is None or hi > 0 or (hi == 0 and not hi_strict):
+        if lo is None or lo < 0:
+            parts.append(mag_range(None, False, hi, hi_strict))
+        else:
+            parts.append(mag_range(lo, lo_strict, hi, hi_strict))
+    # v < 0 part: "-" + m, m > 0, m = -v
+    if lo is None or lo < 0:
+        if hi is None or hi >= 0:
+            m_lo, m_lo_strict = Decimal(0), True
+        else:
+            m_lo, m_lo_strict = -hi, hi_strict
+        m_hi, m_hi_strict = (None, False) if lo is None else (-lo, lo_strict)
+        parts.append(A.seq(A.lit("-"), mag_range(m_lo, m_lo_strict, m_hi, m_hi_strict)))
+    return A.alt(*parts)
+
+
+# ------------------------------------------------------------------------------------------ multipleOf
+def int_multiple_of(k: int) -> A.Node:
+    """Canonical JSON integers divisible by k (k >= 1): a remainder automaton over the digits."""
+    if k == 1:
+        return JSON_INT
+    # nodes: 0 = start (before sign), 1 = after '-', 2.. = remainder r after >= 1 digit (r + 2)
+    # non-negative: "0" or [1-9][0-9]* with remainder 0; negative: "-" then [1-9][0-9]* remainder 0
+    n = 2 + k
+    zero_node = n  # the literal "0"
+    edges = [(0, A.lit("0"), zero_node), (0, A.lit("-"), 1)]
+    for src in (0, 1):
+        by = {}
+        for d in range(1, 10):
+            by.setdefault(d % k, []).append(d)
+        for r, ds in by.items():
+            edges.append((src, A.chars([(0x30 + d, 0x30 + d) for d in ds]), 2 + r))
+    for r in range(k):
+        by = {}
+        for d in range(10):
+            by.setdefault((r * 10 + d) % k, []).append(d)
+        for r2, ds in by.items():
+            edges.append((2 + r, A.chars([(0x30 + d, 0x30 + d) for d in ds]), 2 + r2))
+    return A.Graph(n + 1, 0, (2, zero_node), tuple(edges))
+
+
+def to_decimal(x) -> Decimal:
+    if isinstance(x, bool):
+        raise TypeError("boolean is not a number")
+    if isinstance(x, int):
+        return Decimal(x)
+    if isinstance(x, float):
+        return Decimal(repr(x))
+    if isinstance(x, Decimal):
+        return x
+    raise TypeError(f"not a number: {x!r}")
