@@ -4,6 +4,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from engine_fakes import EOS, MASK, DigitsConstraint, ScriptedModel
 
 from dllm_constrain.engine.llm_engine import LLMEngine
@@ -106,3 +109,28 @@ def test_every_policy_produces_valid_output_under_a_constraint_on_a_random_model
     assert constraint.accepts(res.token_ids), res.canvas_ids
     assert res.text.isdigit()
     assert constraint.calls["allowed_tokens"] == res.nfe
+
+
+def _random_script(seed: int, n: int) -> list[dict[int, float]]:
+    """Per-position distributions over a few random tokens (digits, EOS, non-digits), random confidences."""
+    gen = torch.Generator().manual_seed(seed)
+    script = []
+    for _ in range(n):
+        toks = torch.randperm(12, generator=gen)[:3] + 1  # ids 1..12: EOS, specials 2/3 excluded below
+        probs = torch.rand(3, generator=gen)
+        probs = 0.95 * probs / probs.sum()
+        script.append({int(t): float(p) for t, p in zip(toks, probs) if int(t) not in (2, 3)})
+    return script
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 12), block=st.integers(1, 12),
+       policy=st.sampled_from(POLICY_NAMES), temperature=st.sampled_from([0.0, 1.0]))
+def test_any_script_any_policy_gives_valid_output_within_the_step_bound(seed, n, block, policy, temperature) -> None:
+    """Property: whatever the model wants, the constrained canvas ends valid and the loop terminates."""
+    constraint = DigitsConstraint()
+    res, model = _run(_random_script(seed, n), constraint, max_new_tokens=n, block_length=block, policy=policy,
+                      temperature=temperature, seed=seed)
+    assert constraint.accepts(res.token_ids), res.canvas_ids
+    assert all(t == EOS for t in res.canvas_ids[len(res.token_ids):])
+    assert res.nfe == model.forwards <= n
