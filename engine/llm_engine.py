@@ -19,7 +19,8 @@ Block-diffusion models (DiffusionGemma: `encode_prompt`, `init_canvas`, `denoise
 `extend_prompt`, `noise`) run the same per-request logic in lockstep blocks (`_generate_blocks`): the prompt
 is encoded once into a KV cache; each block of `block_length` positions is denoised by the canvas decoder
 alone, open positions holding fresh uniform noise drawn from each request's own generator every step (the
-re-noising of the entropy-bound sampler), the previous step's logits (divided by the temperature when it is
+re-noising of the entropy-bound sampler; under a constraint, the previous step's samples of the masked
+distribution instead), the previous step's logits (divided by the temperature when it is
 > 0) fed back as the self-conditioning signal; a finished block is appended to the cache. Committed
 positions stay committed (the real sampler re-decides them; constraints need a monotone canvas).
 
@@ -238,8 +239,14 @@ class LLMEngine:
             model.extend_prompt(prompt, torch.stack([s.canvas[start:end] for s in states]).to(ids.device))
 
     def _noised_block(self, s: RequestState, start: int, end: int) -> torch.Tensor:
-        """The decoder input for one request's block: committed ids, fresh noise from its generator elsewhere."""
+        """The decoder input for one request's block: committed ids, fresh noise from its generator elsewhere.
+
+        Under a constraint, open positions sampled at the previous step take that sample of the masked
+        (constrained) distribution instead of uniform noise."""
         noise = self.model.noise((end - start,), s.generator, torch.device("cpu"))
+        for pos, tok in s.model_state.get("masked_samples", {}).items():
+            if start <= pos < end:
+                noise[pos - start] = tok
         return torch.where(s.committed[start:end], s.canvas[start:end], noise)
 
     # ------------------------------------------------------------------ pieces of a step
@@ -319,6 +326,11 @@ class LLMEngine:
         s.renoised += len(renoise)
         rejected = {p for p, _, _ in proposals} - {p for p, _ in accepted}
         self._renoise(s, renoise + sorted(rejected))
+        if s.constraint is not None:
+            # uniform-state models re-noise open positions with samples of the masked distribution, so the
+            # decoder never conditions on tokens the constraint rules out (see _noised_block)
+            s.model_state["masked_samples"] = {positions[r]: int(stats.token[r]) for r in range(len(positions))
+                                               if int(stats.token[r]) >= 0 and not bool(s.committed[positions[r]])}
 
     def _undo(self, s: RequestState, commits: list[tuple[int, int]]) -> None:
         """Reopen this step's commits and ban them at their positions (approximate masks let them in)."""

@@ -85,3 +85,13 @@ def test_a_constraint_holds_on_diffusion_gemma(gemma) -> None:
     constraint = DigitsConstraint(digits=list(range(10, 20)), vocab_size=gemma.vocab_size, eos_id=EOS, mask_id=MASK)
     (res,) = LLMEngine(gemma).generate([_req([5, 6], constraint, policy="entropy_bound")])
     assert constraint.accepts(res.token_ids), res.canvas_ids
+
+
+def test_under_a_constraint_open_positions_are_renoised_from_the_masked_distribution(gemma) -> None:
+    """After the first step, every open position the decoder sees holds a token the constraint allowed there."""
+    digits = list(range(10, 20))
+    constraint = DigitsConstraint(digits=digits, vocab_size=gemma.vocab_size, eos_id=EOS, mask_id=MASK)
+    rec = Recorder(gemma)
+    LLMEngine(rec).generate([_req([5, 6], constraint, max_new_tokens=8, steps=8)])
+    for tokens, _ in rec.advances[1:]:
+        assert set(tokens[0].tolist()) <= set(digits) | {EOS}
