@@ -220,3 +220,16 @@ def test_a_loaded_checkpoint_object_is_accepted_as_the_model(tiny_checkpoint) ->
     loaded = load_checkpoint(tiny_checkpoint)
     assert dc.generate("hi", model=loaded, **SMALL) == dc.generate("hi", model=str(tiny_checkpoint), **SMALL)
     dc.clear_model_cache()
+
+
+@pytest.mark.skipif(not (bundled_model_path() / "config.json").is_file(), reason="the bundled model is not trained yet")
+def test_the_bundled_model_is_the_default_and_answers_with_schema_valid_json() -> None:
+    import json
+
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    text = dc.generate("Create a record with name Ada Lovelace; age 36.", schema=schema, max_new_tokens=48,
+                       block_length=16)
+    jsonschema.validate(json.loads(text), schema)
