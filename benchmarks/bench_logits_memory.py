@@ -12,10 +12,11 @@ allowed in every row):
 
 Method: every (path, config) runs in its own subprocess. After building the inputs (hidden, LM head, packed mask)
 the worker resets the kernel's peak-RSS counter (writing "5" to /proc/self/clear_refs resets VmHWM), notes VmRSS,
-runs the path, and reports VmHWM - VmRSS-before: the peak resident memory the logits path added. Workers run with
-MALLOC_MMAP_THRESHOLD_=1 MiB, so every large tensor is its own mapping, returned to the OS when freed: resident
-memory follows the live tensors and the high-water mark is the transient peak. Where the unbudgeted path would
-not fit (its predicted peak, N * V * 8 bytes = float32 logits + their exp, 22 bytes when sampling, exceeds --max-run-gib or half
+runs the path, and reports VmHWM - VmRSS-before: the peak resident memory the logits path added, under the default
+allocator. (The budgeted path reuses one RowStatsWorkspace across chunks; when each chunk allocated and freed its
+own tensors, glibc's dynamic mmap threshold kept freed blocks resident and this figure reached 0.7-2.6 GB at 4,096
+rows instead of 75 MiB.) Where the unbudgeted path would
+not fit (its predicted peak, N * V * 8 bytes = float32 logits + their exp, 20 bytes when sampling, exceeds --max-run-gib or half
 the available memory), it is not run: the table shows the analytic figure, marked "(a)", and the ratio is taken
 against the float32 logits alone (N * V * 4 bytes), a lower bound for any unbudgeted path. Where both paths run,
 the worker saves its outputs and the driver checks they are identical.
@@ -99,11 +100,7 @@ def run_worker(base: list[str], mode: str, vocab: int, batch: int, canvas: int, 
     cmd = base + ["--worker", "--mode", mode, "--vocab", str(vocab), "--batch", str(batch), "--canvas", str(canvas)]
     if out:
         cmd += ["--out", out]
-    # A fixed glibc mmap threshold (1 MiB) turns off glibc's dynamic threshold, under which freed multi-MiB blocks
-    # would stay in the heap: every large tensor is then mapped on allocation and unmapped on free, so resident
-    # memory tracks the live tensors.
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(1 << 20))
-    res = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise RuntimeError(f"worker failed ({' '.join(cmd)}):\n{res.stderr[-2000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -154,7 +151,7 @@ def main() -> None:
             str(args.budget_mib), "--temperature", str(args.temperature), "--backend", args.backend,
             "--threads", str(args.threads), "--seed", str(args.seed)]
     sampling = args.temperature > 0
-    per_elem = 22 if sampling else 8  # unbudgeted workspace per logit: see workspace_bytes_per_row
+    per_elem = 20 if sampling else 8  # unbudgeted workspace per logit: see workspace_bytes_per_row
     limit = min(args.max_run_gib * 1024**3, available_bytes() / 2)
     print(f"logits-path peak transient memory, hidden {args.hidden}, budget {args.budget_mib} MiB, "
           f"T={args.temperature}, {args.threads} thread(s); measured = peak RSS added (VmHWM reset), "

@@ -71,6 +71,36 @@ class RowStats:
         )
 
 
+class RowStatsWorkspace:
+    """Scratch buffers reused across calls of the torch path, so chunk after chunk allocates nothing large.
+
+    Without it every chunk allocates and frees its logits, mask and exp tensors; CPU allocators (glibc's dynamic
+    mmap threshold) may then keep freed blocks resident and the process grows well past the budget. With it the big
+    buffers are allocated once, at the size of the largest chunk:
+      "logits"  float32 [rows, V]                      the chunk's logits (a float32 copy for the logits variant)
+      "scratch" bytes, max(rows * 32 W, 4 or 8 * rows * V) the unpacked mask, then the float64 scores, then the exp
+                                                       (each dead before the next is written)
+      "noise"   float64 [rows, V]                      Gumbel noise drawn from the generator (T > 0)
+    """
+
+    def __init__(self) -> None:
+        self._bufs: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A [shape] view of buffer `name` (grown when too small; contents are garbage)."""
+        numel = math.prod(shape)
+        buf = self._bufs.get(name)
+        if buf is None or buf.dtype != dtype or buf.device != torch.device(device) or buf.numel() < numel:
+            self._bufs.pop(name, None)
+            buf = torch.empty(numel, dtype=dtype, device=device)
+            self._bufs[name] = buf
+        return buf[:numel].view(shape)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._bufs.values())
+
+
 # ----------------------------------------------------------------------------------------------- masks and noise
 
 
@@ -134,19 +164,42 @@ def _as_packed(allowed: torch.Tensor | None, rows: int, vocab: int, device: torc
     return allowed.to(device)
 
 
-def _disallowed(allowed: torch.Tensor | None, vocab: int) -> torch.Tensor | None:
-    """bool [rows, vocab], True where the token is NOT allowed (what masked_fill wants)."""
+def _as_packed_or_bool(allowed: torch.Tensor | None, rows: int, vocab: int,
+                       device: torch.device) -> torch.Tensor | None:
+    """Validate a mask and move it to `device`, keeping bool masks unpacked (the torch path reads either)."""
     if allowed is None:
         return None
     if allowed.dtype == torch.bool:
-        return ~allowed
-    return unpack_bitmask(torch.bitwise_not(allowed), vocab)
+        if tuple(allowed.shape) != (rows, vocab):
+            raise ValueError(f"bool mask must be [{rows}, {vocab}], got {tuple(allowed.shape)}")
+        return allowed.to(device)
+    return _as_packed(allowed, rows, vocab, device)
+
+
+def _disallowed_view(allowed: torch.Tensor, vocab: int, scratch: torch.Tensor) -> torch.Tensor:
+    """bool [rows, vocab], True where the token is NOT allowed, written into the byte buffer `scratch`."""
+    rows = allowed.shape[0]
+    if allowed.dtype == torch.bool:
+        out = scratch[: rows * vocab].view(torch.bool).view(rows, vocab)
+        return torch.bitwise_not(allowed, out=out)
+    words = allowed.shape[1]
+    as_bytes = torch.bitwise_not(allowed).view(torch.uint8)  # [rows, 4 W], little-endian
+    shifts = torch.arange(8, dtype=torch.uint8, device=allowed.device)
+    bits = scratch[: rows * words * 32].view(rows, words * 4, 8)
+    torch.bitwise_right_shift(as_bytes[..., None], shifts, out=bits).bitwise_and_(1)
+    return bits.view(torch.bool).view(rows, words * 32)[:, :vocab]
 
 
 def gumbel_noise(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
     """Standard Gumbel noise g = -log(-log U), U ~ U[0, 1) drawn in float64 from `generator` (engine.sampling's)."""
     u = torch.rand(shape, generator=generator, dtype=torch.float64, device=device)
     return -torch.log(-torch.log(u))
+
+
+def _gumbel_noise_into(out: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """`gumbel_noise` written into `out` (float64): same draws from the generator, bit-identical values."""
+    torch.rand(tuple(out.shape), generator=generator, dtype=torch.float64, device=out.device, out=out)
+    return out.log_().neg_().log_().neg_()
 
 
 def _check_args(logits_shape: tuple[int, ...], temperature: float, noise: torch.Tensor | None) -> None:
@@ -158,12 +211,15 @@ def _check_args(logits_shape: tuple[int, ...], temperature: float, noise: torch.
         raise ValueError(f"noise must have the logits shape {tuple(logits_shape)}, got {tuple(noise.shape)}")
 
 
-def _noise_for(shape, temperature, generator, noise, device) -> torch.Tensor | None:
+def _noise_for(shape, temperature, generator, noise, device, ws: RowStatsWorkspace | None = None):
+    """None at T = 0; else the caller's noise, or standard Gumbel noise drawn from `generator` (into `ws`)."""
     if temperature == 0.0:
         return None
-    if noise is None:
-        noise = gumbel_noise(tuple(shape), generator, device)
-    return noise.to(device)
+    if noise is not None:
+        return noise.to(device)
+    if ws is None:
+        return gumbel_noise(tuple(shape), generator, device)
+    return _gumbel_noise_into(ws.get("noise", tuple(shape), torch.float64, device), generator)
 
 
 def _empty_stats(device: torch.device) -> RowStats:
@@ -174,37 +230,38 @@ def _empty_stats(device: torch.device) -> RowStats:
 # ------------------------------------------------------------------------------------------------ torch reference
 
 
-def _torch_stats(x: torch.Tensor, disallowed: torch.Tensor | None, temperature: float,
-                 noise: torch.Tensor | None) -> RowStats:
+def _torch_stats(x: torch.Tensor, allowed: torch.Tensor | None, temperature: float, noise: torch.Tensor | None,
+                 ws: RowStatsWorkspace) -> RowStats:
     """The reductions on a float32 [rows, V] tensor `x` that this function may overwrite (it owns it).
 
-    Peak workspace besides x: 2 bytes per element while the mask is unpacked, then 4 (exp); sampling adds 16 bytes per
-    element (the float64 scores and noise), freed before the softmax statistics.
+    `allowed` is None, bool [rows, V] or packed int32. Workspace besides x and the noise: one scratch buffer of
+    max(1 B/token mask, 8 B/token float64 scores when sampling, 4 B/token exp), reused in that order.
     """
-    if disallowed is not None:
-        x.masked_fill_(disallowed, NEG_INF)
-        del disallowed
+    rows, vocab = x.shape
+    mask_bytes = rows * (vocab if allowed is None or allowed.dtype == torch.bool else allowed.shape[1] * 32)
+    scratch = ws.get("scratch", (max(mask_bytes, rows * vocab * (8 if temperature > 0 else 4)),), torch.uint8,
+                     x.device)
+    if allowed is not None:
+        x.masked_fill_(_disallowed_view(allowed, vocab, scratch), NEG_INF)
     if temperature == 0.0:
         token = x.argmax(-1)
     else:
-        score = x.to(torch.float64)
-        score.div_(temperature).add_(noise)
+        score = scratch[: rows * vocab * 8].view(torch.float64).view(rows, vocab)
+        score.copy_(x).div_(temperature).add_(noise)  # = x.double() / T + g, as engine.sampling computes it
         token = score.argmax(-1)
-        del score
     m = x.amax(-1, keepdim=True)
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # only -inf happens: a row with nothing allowed
     z = x.sub_(m)
-    e = torch.exp(z)
+    e = torch.exp(z, out=scratch[: rows * vocab * 4].view(torch.float32).view(rows, vocab))
     s = e.sum(-1)
     prob = e.gather(-1, token.clamp_min(0)[:, None]).squeeze(-1) / s
-    if e.shape[-1] > 1:
+    if vocab > 1:
         top = e.topk(2, dim=-1).values
         margin = (top[:, 0] - top[:, 1]) / s
     else:
         margin = e[:, 0] / s
     # sum e z in place over x's storage (e = 0 where z = -inf: the clamp makes that term -0, not NaN)
     t = z.clamp_min_(torch.finfo(torch.float32).min).mul_(e).sum(-1)
-    del e, z, x
     entropy = torch.log(s) - t / s
     empty = s == 0
     if bool(empty.any()):
@@ -222,20 +279,23 @@ def reference_masked_row_stats(
     generator: torch.Generator | None = None,
     *,
     noise: torch.Tensor | None = None,
+    workspace: RowStatsWorkspace | None = None,
 ) -> RowStats:
     """Plain-torch statistics of a [rows, vocab] logits chunk (float32 math; see the module docstring).
 
     `allowed`: None, bool [rows, vocab] or packed int32 [rows, >= ceil(vocab/32)]. At T > 0 the Gumbel noise is
     `noise` (float64 [rows, vocab], standard Gumbel) if given, else drawn from `generator` like engine.sampling.
+    `workspace` keeps the scratch buffers between calls (see RowStatsWorkspace); None allocates fresh ones.
     """
     _check_args(tuple(logits.shape), temperature, noise)
     rows, vocab = logits.shape
     if rows == 0:
         return _empty_stats(logits.device)
-    _as_packed(allowed, rows, vocab, logits.device) if allowed is not None else None  # validates shape/dtype
-    noise = _noise_for(logits.shape, temperature, generator, noise, logits.device)
-    x = logits.to(torch.float32, copy=True)
-    return _torch_stats(x, _disallowed(allowed, vocab), temperature, noise)
+    allowed = _as_packed_or_bool(allowed, rows, vocab, logits.device)
+    ws = workspace if workspace is not None else RowStatsWorkspace()
+    noise = _noise_for(logits.shape, temperature, generator, noise, logits.device, ws)
+    x = ws.get("logits", (rows, vocab), torch.float32, logits.device).copy_(logits)
+    return _torch_stats(x, allowed, temperature, noise, ws)
 
 
 def reference_masked_row_stats_from_hidden(
@@ -246,18 +306,19 @@ def reference_masked_row_stats_from_hidden(
     generator: torch.Generator | None = None,
     *,
     noise: torch.Tensor | None = None,
+    workspace: RowStatsWorkspace | None = None,
 ) -> RowStats:
     """The same statistics of logits = hidden @ weight^T computed in float32 (hidden [rows, D], weight [V, D])."""
     rows, vocab = hidden.shape[0], weight.shape[0]
     _check_args((rows, vocab), temperature, noise)
     if rows == 0:
         return _empty_stats(hidden.device)
-    noise = _noise_for((rows, vocab), temperature, generator, noise, hidden.device)
+    allowed = _as_packed_or_bool(allowed, rows, vocab, hidden.device)
+    ws = workspace if workspace is not None else RowStatsWorkspace()
+    noise = _noise_for((rows, vocab), temperature, generator, noise, hidden.device, ws)
     w = weight if weight.dtype == torch.float32 else weight.float()
-    x = F.linear(hidden.to(torch.float32), w)
-    if allowed is not None:
-        _as_packed(allowed, rows, vocab, hidden.device)  # validates shape/dtype
-    return _torch_stats(x, _disallowed(allowed, vocab), temperature, noise)
+    x = torch.mm(hidden.to(torch.float32), w.t(), out=ws.get("logits", (rows, vocab), torch.float32, hidden.device))
+    return _torch_stats(x, allowed, temperature, noise, ws)
 
 
 # -------------------------------------------------------------------------------------------------- Triton path
@@ -400,6 +461,7 @@ def masked_row_stats(
     backend: str = "auto",
     num_splits: int | None = None,
     block_v: int | None = None,
+    workspace: RowStatsWorkspace | None = None,
 ) -> RowStats:
     """Token, probability, entropy and top-2 margin of each row of a [rows, vocab] logits chunk (float32/bf16/fp16).
 
@@ -408,6 +470,7 @@ def masked_row_stats(
     `noise` (float64 [rows, vocab]) or is drawn from `generator` exactly as engine.sampling draws it.
     backend: "auto" (Triton on CUDA, torch elsewhere), "triton" (forced; on CPU needs TRITON_INTERPRET=1), "torch".
     num_splits: vocabulary splits per row for the Triton kernel (default: enough programs to fill the GPU).
+    workspace: reusable scratch buffers (torch path, and the drawn noise on both paths) for chunk-by-chunk callers.
     """
     _check_args(tuple(logits.shape), temperature, noise)
     chosen = resolve_backend(backend, logits.device)
@@ -416,9 +479,9 @@ def masked_row_stats(
     if rows == 0:
         return _empty_stats(logits.device)
     if chosen == "torch":
-        return reference_masked_row_stats(logits, allowed, temperature, generator, noise=noise)
+        return reference_masked_row_stats(logits, allowed, temperature, generator, noise=noise, workspace=workspace)
     packed = _as_packed(allowed, rows, vocab, logits.device)
-    noise = _noise_for(logits.shape, temperature, generator, noise, logits.device)
+    noise = _noise_for(logits.shape, temperature, generator, noise, logits.device, workspace)
     return _triton_row_stats(logits, packed, temperature, noise, num_splits, block_v)
 
 
@@ -434,6 +497,7 @@ def masked_row_stats_from_hidden(
     num_splits: int | None = None,
     block_v: int | None = None,
     block_d: int | None = None,
+    workspace: RowStatsWorkspace | None = None,
 ) -> RowStats:
     """The statistics of logits = hidden @ weight^T (hidden [rows, D], LM head weight [V, D]), fused.
 
@@ -451,9 +515,10 @@ def masked_row_stats_from_hidden(
     if rows == 0:
         return _empty_stats(hidden.device)
     if chosen == "torch":
-        return reference_masked_row_stats_from_hidden(hidden, weight, allowed, temperature, generator, noise=noise)
+        return reference_masked_row_stats_from_hidden(hidden, weight, allowed, temperature, generator, noise=noise,
+                                                      workspace=workspace)
     packed = _as_packed(allowed, rows, vocab, hidden.device)
-    noise = _noise_for((rows, vocab), temperature, generator, noise, hidden.device)
+    noise = _noise_for((rows, vocab), temperature, generator, noise, hidden.device, workspace)
     return _triton_row_stats_from_hidden(hidden, weight, packed, temperature, noise, num_splits, block_v, block_d)
 
 
@@ -463,14 +528,14 @@ def masked_row_stats_from_hidden(
 def workspace_bytes_per_row(vocab: int, *, sampling: bool, fused: bool) -> int:
     """Transient bytes one row costs in the logits path (what a chunk budget must cover).
 
-    torch path (`_torch_stats`): float32 logits (4 B/token) and then their exp (4); the unpacked mask (2) lives only
-    before the exp. At T > 0 the float64 noise (8) and scores (8) add up with the logits and mask: 4 + 2 + 8 + 8 = 22
-    (the scores are freed before the softmax). Fused Triton path: the logits never exist; only the noise (8 B/token at
+    torch path (`_torch_stats`, see RowStatsWorkspace): float32 logits (4 B/token) + one scratch buffer reused for
+    the unpacked mask (1), then at T > 0 the float64 scores (8), then the exp (4); at T > 0 also the float64 noise
+    (8): 8 B/token greedy, 20 sampling. Fused Triton path: the logits never exist; only the noise (8 B/token at
     T > 0) and the per-split partial states remain.
     """
     if fused:
         return vocab * (8 if sampling else 0) + 4096
-    return vocab * (22 if sampling else 8)
+    return vocab * (20 if sampling else 8)
 
 
 def rows_per_chunk(vocab: int, budget_bytes: int, *, sampling: bool = False, fused: bool = False) -> int:
@@ -491,8 +556,8 @@ def budgeted_row_stats_from_hidden(
 ) -> RowStats:
     """`masked_row_stats_from_hidden` over row chunks whose transient workspace stays under `budget_bytes`.
 
-    Each chunk's statistics are computed and its logits freed before the next chunk, so the peak is flat in the
-    number of rows. Noise at T > 0: `noise_fn(start, stop)` gives the chunk's float64 Gumbel noise, else it is drawn
+    Each chunk's statistics are computed before the next chunk overwrites its logits in the shared workspace, so
+    the peak is flat in the number of rows. Noise at T > 0: `noise_fn(start, stop)` gives the chunk's float64 Gumbel noise, else it is drawn
     from `generator` chunk after chunk (on CPU torch's generator yields the same stream as one [rows, V] draw, so
     the result equals the unchunked call; on CUDA pass a noise_fn that is a function of the row index).
     """
@@ -500,6 +565,7 @@ def budgeted_row_stats_from_hidden(
     chosen = resolve_backend(backend, hidden.device)
     sampling = temperature > 0.0
     step = rows_per_chunk(vocab, budget_bytes, sampling=sampling, fused=chosen == "triton")
+    workspace = RowStatsWorkspace()  # allocated once at the chunk size, reused by every chunk
     parts = []
     for start in range(0, rows, step):
         stop = min(rows, start + step)
@@ -507,7 +573,7 @@ def budgeted_row_stats_from_hidden(
         parts.append(
             masked_row_stats_from_hidden(
                 hidden[start:stop], weight, None if allowed is None else allowed[start:stop], temperature,
-                generator, noise=noise, backend=chosen,
+                generator, noise=noise, backend=chosen, workspace=workspace,
             )
         )
     if not parts:

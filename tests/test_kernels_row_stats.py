@@ -17,6 +17,7 @@ from dllm_constrain.kernels import _backend
 from dllm_constrain.kernels import masked_row_stats as mrs
 from dllm_constrain.kernels.masked_row_stats import (
     RowStats,
+    RowStatsWorkspace,
     budgeted_row_stats_from_hidden,
     masked_row_stats,
     masked_row_stats_from_hidden,
@@ -341,3 +342,20 @@ def test_budgeted_chunks_equal_one_shot(temperature):
     one = masked_row_stats_from_hidden(hidden[:20], weight, allowed[:20], temperature,
                                        torch.Generator().manual_seed(1), backend="torch")
     assert torch.equal(one.token, tri.token)
+
+
+def test_workspace_reuse_gives_fresh_results():
+    """One workspace across calls of different sizes, masks and temperatures: same results as fresh buffers."""
+    ws = RowStatsWorkspace()
+    g = torch.Generator().manual_seed(12)
+    for rows, vocab, t, kind in ((6, 300, 0.0, "packed"), (2, 37, 1.0, "bool"), (9, 300, 0.5, None), (3, 1, 0.0, "bool")):
+        logits = torch.randn(rows, vocab, generator=g)
+        allowed = torch.rand(rows, vocab, generator=g) < 0.5
+        allowed[:, 0] = True
+        mask = None if kind is None else (allowed if kind == "bool" else pack_bool_mask(allowed))
+        fresh = reference_masked_row_stats(logits, mask, t, torch.Generator().manual_seed(rows))
+        reused = masked_row_stats(logits, mask, t, torch.Generator().manual_seed(rows), backend="torch", workspace=ws)
+        assert_stats_close(reused, fresh, atol=0, rtol=0)
+        tri = run_triton(masked_row_stats, logits, mask, t, torch.Generator().manual_seed(rows), workspace=ws)
+        assert_stats_close(tri, fresh)
+    assert ws.nbytes > 0
