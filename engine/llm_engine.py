@@ -1,7 +1,8 @@
 """The denoising loop: a batch of requests, one model forward per step, a policy deciding what to commit.
 
 One step (`LLMEngine.step`):
-  1. forward-free work per request: commit tokens a constraint forces (only one allowed token), close
+  1. forward-free work per request: commit the active block's tokens a constraint forces (the only allowed
+     token at a position; the masks are computed here, before the forward, and reused after it), close
      finished blocks, stop requests whose answer has ended (a committed EOS with everything left of it
      committed: the rest is filled with EOS and no more forwards are spent on it);
   2. one forward for all running requests (left-padded, key-padding mask, position ids that count only
@@ -303,7 +304,8 @@ class LLMEngine:
         if not positions:
             return
         view = s.canvas_view(self.special.mask_id)
-        allowed = self._allowed(s, view, positions)
+        cached, s.allowed_cache = s.allowed_cache, None
+        allowed = cached[1] if cached is not None and cached[0] == positions else self._allowed(s, view, positions)
         stats = self._row_stats(s, hidden[[offset + p for p in positions]], allowed)
         selection = policy.select(stats, s)
         proposals = [(positions[r], int(stats.token[r]), float(score))
@@ -351,18 +353,32 @@ class LLMEngine:
                 s.canvas[pos] = tok
 
     def _commit_forced(self, s: RequestState) -> None:
-        """Commit every open position the constraint allows exactly one token at: no confidence needed."""
-        forced = s.constraint.forced_tokens(s.canvas_view(self.special.mask_id))
-        forced = {int(p): int(t) for p, t in forced.items() if not bool(s.committed[int(p)])}
-        if not forced:
-            return
-        steps_left = s.budget[s.block] - s.block_step
-        s.commit(list(forced), list(forced.values()))
-        s.forced_tokens += len(forced)
-        if not s.open_in_block():
-            # the active block closed without a forward: the rest of its step budget is saved
-            s.forwards_saved += max(1, steps_left) if s.params.policy in ("quota", "entropy", "margin") else 1
-        self._settle(s)
+        """Commit every open position of the active block whose allowed set has exactly one token: no model
+        confidence needed. The masks come from `allowed_tokens` on the current canvas, before the forward;
+        committing a forced token leaves the set of valid completions (hence every other mask) unchanged,
+        so the remaining rows are kept for the step's commit decision. A block closed this way moves on to
+        the next one without a forward (counted in `forwards_saved`)."""
+        while not s.done:
+            positions = s.open_in_block()
+            allowed = self._allowed(s, s.canvas_view(self.special.mask_id), positions)
+            single = allowed.sum(-1) == 1
+            if not bool(single.any()):
+                s.allowed_cache = (positions, allowed)
+                return
+            rows = single.nonzero().flatten().tolist()
+            tokens = [int(allowed[r].nonzero()[0, 0]) for r in rows]
+            steps_left = s.budget[s.block] - s.block_step
+            block_before = s.block
+            s.commit([positions[r] for r in rows], tokens)
+            s.forced_tokens += len(rows)
+            if len(rows) == len(positions):
+                # the active block closed without a forward: the rest of its step budget is saved
+                s.forwards_saved += max(1, steps_left) if s.params.policy in ("quota", "entropy", "margin") else 1
+            self._settle(s)
+            if not s.done and s.block == block_before:
+                keep = ~single
+                s.allowed_cache = ([p for p, k in zip(positions, keep.tolist()) if k], allowed[keep])
+                return
 
     def _settle(self, s: RequestState) -> None:
         """Stop if the answer has ended (fill the tail with EOS); otherwise move past completed blocks."""
