@@ -13,6 +13,7 @@ constraints are cached inside each `LLM`, per constraint, for its tokenizer.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from importlib import resources
@@ -72,6 +73,28 @@ def _schema_to_dict(schema: Any) -> dict[str, Any] | bool:
     raise InvalidSchemaError(f"schema must be a dict, a JSON string or a Pydantic model class, got {type(schema).__name__}")
 
 
+@dataclass(frozen=True)
+class GenerationDefaults:
+    """Defaults for options the caller leaves as None: the checkpoint's generation_config.json, else these.
+
+    A checkpoint knows its own sensible canvas (the bundled model was trained on canvases up to 96
+    positions), the way Hugging Face checkpoints carry their generation defaults.
+    """
+
+    max_new_tokens: int = 128
+    block_length: int = 32
+    steps: int | None = None
+
+    @classmethod
+    def from_folder(cls, path: Path | None) -> "GenerationDefaults":
+        file = path / "generation_config.json" if path is not None else None
+        if file is None or not file.is_file():
+            return cls()
+        raw = json.loads(file.read_text())
+        known = {f: raw[f] for f in ("max_new_tokens", "block_length", "steps") if f in raw}
+        return cls(**known)
+
+
 class LLM:
     """A loaded checkpoint with its engine. `LLM()` loads the bundled model; `LLM(path)` any checkpoint folder.
 
@@ -110,6 +133,7 @@ class LLM:
             ours = all(self._token_id(t) is not None for t in ("<|bos|>", "<|mask|>"))
             prompt_format = "request" if ours else "raw"
         self.prompt_format = prompt_format
+        self.defaults = GenerationDefaults.from_folder(path)
         self._compiler: Any = None
         self._compiled: dict[tuple[Any, ...], Any] = {}
 
@@ -169,9 +193,9 @@ class LLM:
         schema: Any = None,
         regex: str | None = None,
         grammar: str | None = None,
-        max_new_tokens: int = 128,
+        max_new_tokens: int | None = None,
         steps: int | None = None,
-        block_length: int = 32,
+        block_length: int | None = None,
         temperature: float = 0.0,
         seed: int | None = None,
         policy: str = "quota",
@@ -199,6 +223,9 @@ class LLM:
             raise InvalidRequestError("pass at most one of schema=, regex= and grammar=")
         if grammar is not None:
             raise NotImplementedError(f"Lark grammar constraints (grammar=) are implemented in the issue '{GRAMMAR_ISSUE}'")
+        max_new_tokens = self.defaults.max_new_tokens if max_new_tokens is None else max_new_tokens
+        block_length = self.defaults.block_length if block_length is None else block_length
+        steps = self.defaults.steps if steps is None else steps
         params = SamplingParams(max_new_tokens=max_new_tokens, steps=steps, block_length=block_length,
                                 temperature=temperature, seed=seed, policy=policy, threshold=threshold,
                                 entropy_bound=entropy_bound)
@@ -247,9 +274,9 @@ def generate(
     regex: str | None = None,
     grammar: str | None = None,
     model: Any = None,
-    max_new_tokens: int = 128,
+    max_new_tokens: int | None = None,
     steps: int | None = None,
-    block_length: int = 32,
+    block_length: int | None = None,
     temperature: float = 0.0,
     seed: int | None = None,
     policy: str = "quota",

@@ -40,9 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schema", type=_schema_arg, help="JSON Schema: a file path or inline JSON")
     p.add_argument("--regex", help="a regular expression the answer must match")
     p.add_argument("--model", help="checkpoint folder (default: the bundled model)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="canvas length (default 128)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="canvas length (default: the checkpoint's generation_config.json, else 128)")
     p.add_argument("--steps", type=int, default=None, help="denoising steps (default: one per token)")
-    p.add_argument("--block-length", type=int, default=32, help="semi-autoregressive block length (default 32)")
+    p.add_argument("--block-length", type=int, default=None,
+                   help="semi-autoregressive block length (default: the checkpoint's, else 32)")
     p.add_argument("--policy", choices=POLICY_NAMES, default="quota", help="commit policy (default quota)")
     p.add_argument("--threshold", type=float, default=0.9, help="confidence threshold for --policy threshold")
     p.add_argument("--entropy-bound", type=float, default=0.1, help="gamma for --policy entropy_bound")

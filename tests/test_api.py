@@ -233,3 +233,12 @@ def test_the_bundled_model_is_the_default_and_answers_with_schema_valid_json() -
     text = dc.generate("Create a record with name Ada Lovelace; age 36.", schema=schema, max_new_tokens=48,
                        block_length=16)
     jsonschema.validate(json.loads(text), schema)
+
+
+def test_checkpoint_generation_config_sets_the_default_canvas(tmp_path):
+    """A checkpoint's generation_config.json supplies max_new_tokens/block_length the caller leaves unset."""
+    from dllm_constrain.api import GenerationDefaults
+
+    (tmp_path / "generation_config.json").write_text('{"max_new_tokens": 48, "block_length": 16}')
+    assert GenerationDefaults.from_folder(tmp_path) == GenerationDefaults(max_new_tokens=48, block_length=16)
+    assert GenerationDefaults.from_folder(None) == GenerationDefaults()

@@ -100,8 +100,8 @@ def diffusion_loss(model: LLaDAModel, batch: dict[str, torch.Tensor]) -> torch.T
     return (ce / batch["t"][m]).sum() / batch["canvas"].sum()
 
 
-def save_checkpoint(model: LLaDAModel, tok: Tokenizer, out: Path) -> None:
-    """config.json + model.safetensors + tokenizer.json: a LLaDA-style checkpoint folder."""
+def save_checkpoint(model: LLaDAModel, tok: Tokenizer, out: Path, generation: dict | None = None) -> None:
+    """config.json + model.safetensors + tokenizer.json (+ generation_config.json): a LLaDA-style folder."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
@@ -109,6 +109,8 @@ def save_checkpoint(model: LLaDAModel, tok: Tokenizer, out: Path) -> None:
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     tok.save(str(out / "tokenizer.json"))
+    if generation is not None:
+        (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
 
 
 def train(cfg: TrainConfig) -> dict:
@@ -157,7 +159,8 @@ def train(cfg: TrainConfig) -> dict:
 
 
 def _save_all(model, tok, out: Path, log: list[dict], cfg: TrainConfig, n_params: int) -> dict:
-    save_checkpoint(model, tok, out)
+    # The canvas the model was trained on is its natural default; blocks of 32 as in LLaDA's recipes.
+    save_checkpoint(model, tok, out, {"max_new_tokens": cfg.max_canvas, "block_length": min(32, cfg.max_canvas)})
     summary = {"train_config": asdict(cfg), "parameters": n_params, "steps_done": len(log),
                "final_loss_ema": log[-1]["ema"] if log else None,
                "train_seconds": log[-1]["seconds"] if log else 0.0}
