@@ -1,0 +1,191 @@
+"""Drive the engines over the records: one worker subprocess per engine, one result row per (engine, schema)
+appended to OUT/results.jsonl as soon as it is known, so an interrupted run resumes where it stopped
+(rows already there for the same engine, tokenizer and schema id are skipped)."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .engines import canonical_name, engine_label, installed
+from .reference import compact_json, is_valid, reference_validator, schema_order
+from .report import read_rows, write_reports
+from .worker import WorkerError, WorkerProcess
+
+GEN_PROMPT = "Give one example JSON value that is valid against the schema."
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "?")
+    except OSError:
+        pass
+    info = {"machine": f"{os.cpu_count()} cores ({cpu}), {platform.platform()}, one thread per engine",
+            "python": sys.version.split()[0]}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+    except Exception:  # pragma: no cover
+        pass
+    return info
+
+
+def _labels(rec: dict[str, Any]) -> list[bool | None]:
+    """The reference validator's verdict on each instance (None when it cannot decide)."""
+    try:
+        v = reference_validator(rec["schema"])
+    except Exception:
+        return [None] * len(rec["tests"])
+    return [is_valid(v, t["data"]) for t in rec["tests"]]
+
+
+def _schema_ordered(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The task's instances; a valid one also in the schema's key order when that spelling differs."""
+    out = []
+    for t in rec["tests"]:
+        inst = {"valid": t["valid"], "data": t["data"]}
+        if t["valid"]:
+            try:
+                alt = schema_order(rec["schema"], t["data"])
+                if compact_json(alt) != compact_json(t["data"]):
+                    inst["data_schema_order"] = alt
+            except Exception:
+                pass
+        out.append(inst)
+    return out
+
+
+def _row(suite: str, engine: str, tokname: str, rec: dict[str, Any], msg: dict[str, Any],
+         labels: list[bool | None]) -> dict[str, Any]:
+    tests = rec["tests"]
+    row: dict[str, Any] = {"suite": suite, "engine": engine, "tokenizer": tokname, "id": rec["id"],
+                           "subset": rec["subset"], "n_valid": sum(t["valid"] for t in tests),
+                           "n_invalid": sum(not t["valid"] for t in tests)}
+    if "outcome" in msg:  # killed: timeout / oom / crash
+        row.update(outcome=msg["outcome"], phase=msg.get("phase"),
+                   compile_ok=True if msg.get("phase") == "walk" else None, compile_s=msg.get("compile_s"),
+                   error_kind=msg["outcome"].capitalize())
+        row["walks"] = []
+        return row
+    row.update(compile_ok=msg["compile_ok"], compile_s=msg["compile_s"])
+    for k in ("error_kind", "error_keyword", "error"):
+        if k in msg:
+            row[k] = msg[k]
+    walks, mask_us = [], []
+    for t, lab, w in zip(tests, labels, msg.get("walks") or []):
+        masks = w.pop("mask_us", [])
+        if t["valid"]:
+            mask_us += masks
+        w["valid"] = t["valid"]
+        w["label_ref"] = lab
+        w["n_masks"] = len(masks)
+        walks.append(w)
+    row["walks"] = walks
+    row["mask_us"] = mask_us
+    if "gen" in msg:
+        row["gen"] = msg["gen"]
+    return row
+
+
+def run(suite: str, records: list[dict[str, Any]], engines: list[str], tokdir: Path, tokname: str,
+        out_dir: Path, *, timeout: float = 30.0, max_tokens: int = 10000, mem_limit_gb: float = 6.0,
+        generate: bool = False, model: str | None = None, gen_params: dict[str, Any] | None = None,
+        gen_timeout: float = 600.0, progress: bool = True, meta_extra: dict[str, Any] | None = None,
+        plots: bool = True, log=print) -> dict[str, Any]:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    res_path = out_dir / "results.jsonl"
+    ids = {r["id"] for r in records}
+    old = read_rows(res_path)
+    done = {(r["engine"], r["tokenizer"], r["id"]) for r in old}
+    meta_path = out_dir / "meta.json"
+    meta: dict[str, Any] = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    meta.update(meta_extra or {})
+    meta.update(machine_info())
+    meta.update(tokenizer=f"{tokname} ({tokdir})", n_records=len(records), timeout_s=timeout, max_tokens=max_tokens)
+    meta.setdefault("engines", {})
+    meta["started"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    t_start = time.time()
+
+    plan = []
+    for spec in engines:
+        name = engine_label(spec)
+        ok, why = installed(spec)
+        if not ok:
+            log(f"[evals] skipping engine {name}: {why}")
+            meta["engines"][name] = f"skipped: {why}"
+            continue
+        todo = [r for r in records if (name, tokname, r["id"]) not in done]
+        plan.append((spec, name, todo))
+    total = sum(len(t) for _, _, t in plan)
+    skipped = len(records) * len(plan) - total
+    if skipped:
+        log(f"[evals] resuming: {skipped} (engine, schema) results already in {res_path}")
+
+    bar = None
+    if progress and total:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="schema", dynamic_ncols=True, file=sys.stderr, mininterval=0.5)
+    label_cache: dict[str, list[bool | None]] = {}
+    alt_cache: dict[str, list[dict[str, Any]]] = {}
+    with open(res_path, "a", encoding="utf-8") as f:
+        for spec, name, todo in plan:
+            if not todo:
+                continue
+            do_gen = generate and canonical_name(spec) == "ours"
+            w = WorkerProcess(spec, str(tokdir), timeout, max_tokens=max_tokens, mem_limit_gb=mem_limit_gb,
+                              model=model if do_gen else None, gen_params=gen_params, gen_timeout=gen_timeout)
+            try:
+                info = w.start()
+            except WorkerError as e:
+                log(f"[evals] engine {name} cannot start: {e}")
+                meta["engines"][name] = f"failed to start: {e}"
+                if bar is not None:
+                    bar.update(len(todo))
+                continue
+            meta["engines"][name] = info["version"]
+            if bar is not None:
+                bar.set_description(name)
+            try:
+                for rec in todo:
+                    if rec["id"] not in alt_cache:
+                        alt_cache[rec["id"]] = _schema_ordered(rec)
+                    task = {"id": rec["id"], "schema": rec["schema"], "instances": alt_cache[rec["id"]],
+                            "generate": do_gen, "prompt": GEN_PROMPT}
+                    try:
+                        msg = w.run(task)
+                    except WorkerError as e:  # could not restart after a kill
+                        msg = {"outcome": "crash", "phase": "start", "compile_s": None}
+                        log(f"[evals] {name}: {e}")
+                    if rec["id"] not in label_cache:
+                        label_cache[rec["id"]] = _labels(rec)
+                    row = _row(suite, name, tokname, rec, msg, label_cache[rec["id"]])
+                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                    f.flush()
+                    if bar is not None:
+                        bar.update(1)
+            finally:
+                w.close()
+    if bar is not None:
+        bar.close()
+    meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    meta["wall_s"] = round(time.time() - t_start, 1)
+    meta_path.write_text(json.dumps(meta, indent=1))
+    rows = [r for r in read_rows(res_path) if r["tokenizer"] == tokname and r["id"] in ids
+            and r["engine"] in {engine_label(s) for s in engines}]
+    # one row per (engine, id): the last one written wins
+    uniq: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rows:
+        uniq[(r["engine"], r["id"])] = r
+    order = {r["id"]: k for k, r in enumerate(records)}
+    eng_order = {engine_label(s): k for k, s in enumerate(engines)}
+    rows = sorted(uniq.values(), key=lambda r: (eng_order.get(r["engine"], 99), order.get(r["id"], 0)))
+    return write_reports(suite, rows, meta, out_dir, plots=plots) | {"rows": rows, "meta": meta}
