@@ -28,6 +28,7 @@ Masks use xgrammar's packed layout: int32 [rows, ceil(V / 32)], bit j of word w 
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -37,6 +38,8 @@ import torch.nn.functional as F
 from dllm_constrain.kernels._backend import interpreting, load_kernels, record, resolve_backend
 
 _KERNEL_MODULE = "dllm_constrain.kernels._triton_masked_row_stats"
+if sys.byteorder != "little":  # the bitmask helpers view int32 words as their bytes
+    raise ImportError("dllm_constrain.kernels.masked_row_stats assumes a little-endian host")
 NEG_INF = float("-inf")
 
 
@@ -113,21 +116,19 @@ def pack_bool_mask(allowed: torch.Tensor) -> torch.Tensor:
     """bool [..., V] (True = allowed) -> int32 [..., ceil(V/32)] with bit j of word w = allowed[..., 32 w + j].
 
     Bits past V are 0. Word values are the two's-complement int32 of sum_j 2^j allowed[32 w + j] (bit 31 sets the
-    sign), exactly xgrammar's token bitmask.
+    sign), exactly xgrammar's token bitmask. Built byte by byte (byte k of word w = tokens 32 w + 8 k + 0..7 on a
+    little-endian device), so the temporaries cost one byte per token.
     """
     if allowed.dtype != torch.bool:
         raise TypeError(f"pack_bool_mask expects a bool tensor, got {allowed.dtype}")
     vocab = allowed.shape[-1]
     words = packed_width(vocab)
     pad = words * 32 - vocab
-    bits = F.pad(allowed, (0, pad)) if pad else allowed
-    bits = bits.reshape(*allowed.shape[:-1], words, 32).to(torch.int64)
-    weights = torch.ones(32, dtype=torch.int64, device=allowed.device).bitwise_left_shift_(
-        torch.arange(32, dtype=torch.int64, device=allowed.device)
-    )
-    packed = (bits * weights).sum(-1)  # in [0, 2^32)
-    packed = torch.where(packed >= 2**31, packed - 2**32, packed)
-    return packed.to(torch.int32)
+    bits = F.pad(allowed, (0, pad)) if pad else allowed.contiguous()
+    bits = bits.view(torch.uint8).reshape(*allowed.shape[:-1], words * 4, 8)
+    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=allowed.device)
+    as_bytes = (bits * weights).sum(-1, dtype=torch.uint8)  # distinct powers of two: no overflow
+    return as_bytes.view(torch.int32)
 
 
 def unpack_bitmask(packed: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -541,6 +542,30 @@ def workspace_bytes_per_row(vocab: int, *, sampling: bool, fused: bool) -> int:
 def rows_per_chunk(vocab: int, budget_bytes: int, *, sampling: bool = False, fused: bool = False) -> int:
     """The largest row count whose workspace fits in `budget_bytes` (at least 1: one row is the floor)."""
     return max(1, int(budget_bytes) // workspace_bytes_per_row(vocab, sampling=sampling, fused=fused))
+
+
+def default_budget_bytes(device: torch.device | str, *, fraction: float = 0.05, floor: int = 64 << 20,
+                         ceiling: int = 1 << 30) -> int:
+    """A chunk budget: `fraction` of the device's free memory, clamped to [floor, ceiling] (64 MiB .. 1 GiB).
+
+    Free memory is torch.cuda.mem_get_info on CUDA and MemAvailable (/proc/meminfo) on CPU (4 GiB assumed when it
+    cannot be read). 64 MiB already holds ~65 rows of a 126,464-token vocabulary on the torch path, enough to keep a
+    matmul efficient; more only helps while the chunk's rows fill the device.
+    """
+    device = torch.device(device)
+    free = 4 << 30
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        try:
+            with open("/proc/meminfo") as fh:
+                for line in fh:
+                    if line.startswith("MemAvailable:"):
+                        free = int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            pass
+    return int(min(ceiling, max(floor, fraction * free)))
 
 
 def budgeted_row_stats_from_hidden(

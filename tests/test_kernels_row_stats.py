@@ -359,3 +359,11 @@ def test_workspace_reuse_gives_fresh_results():
         tri = run_triton(masked_row_stats, logits, mask, t, torch.Generator().manual_seed(rows), workspace=ws)
         assert_stats_close(tri, fresh)
     assert ws.nbytes > 0
+
+
+def test_default_budget_is_clamped_fraction_of_free_memory():
+    b = mrs.default_budget_bytes("cpu")
+    assert 64 << 20 <= b <= 1 << 30
+    assert mrs.default_budget_bytes("cpu", fraction=1e-9) == 64 << 20
+    assert mrs.default_budget_bytes("cpu", fraction=1.0, ceiling=100 << 20) == 100 << 20
+    assert rows_per_chunk(126_464, b) >= 1
