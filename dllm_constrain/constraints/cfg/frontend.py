@@ -1,0 +1,371 @@
+"""Lark grammar text -> GrammarSpec: terminals as byte-level regex ASTs in Lark's lexer order, the
+keyword ("unless") table, the ignore set and Lark's own LALR(1) table with its LR(0) items.
+
+The language we generate is the one `lark.Lark(text, parser="lalr", lexer="basic")` parses:
+  * lexing is Lark's basic lexer: at each position the FIRST terminal in Lark's order (priority, max width,
+    pattern length, name) that matches wins, with its own (greedy) match; a regex terminal whose match equals
+    a string terminal's value is retyped to that string terminal (Lark's "unless" callback); %ignore'd
+    lexemes are dropped. We model a terminal's match as its longest match (or its shortest one when the regex
+    uses a lazy quantifier), and only accept texts whose lexing never needs to back up (see lexer.py).
+  * parsing is Lark's LALR(1) table (shift/reduce conflicts resolved as shift, like Lark).
+Everything we cannot honour is refused with InvalidGrammarError naming the feature.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import re._constants as sre_c  # type: ignore[import-not-found]
+import re._parser as sre_p  # type: ignore[import-not-found]
+from dataclasses import dataclass, field
+
+import lark
+from lark.exceptions import LarkError
+from lark.lexer import PatternRE, PatternStr, _create_unless
+
+from ...errors import InvalidGrammarError, InvalidRegexError
+from .. import regex_ast as A
+from ..regex_parser import _Anchor, _Parser, _unicode_class
+from ..regex_ast import norm_ranges, ranges_complement
+
+END_NAME = "$END"
+
+
+# ------------------------------------------------------------------------------------ regex front end
+def _exact_shorthand(c: str):
+    """Python's own (Unicode) sets for \\d \\w \\s and their negations: a lexer needs the exact set, since a
+    character outside it ends a lexeme."""
+    low = c.lower()
+    s = _unicode_class(low)
+    return s if c.islower() else ranges_complement(s)
+
+
+class _ExactParser(_Parser):
+    """The regex parser with exact Unicode shorthand classes (the constraint layer's parser uses ASCII
+    subsets, which is sound for a whole-string match but not for a lexer)."""
+
+    def parse_escape(self) -> A.Node:
+        if self.i < len(self.p) and self.p[self.i] in "dDwWsS":
+            c = self.eat()
+            return A.chars(_exact_shorthand(c))
+        return super().parse_escape()
+
+    def parse_class(self):
+        negated = False
+        if self.peek() == "^":
+            negated = True
+            self.i += 1
+        parts: list[tuple[int, int]] = []
+        first = True
+        while True:
+            if self.i >= len(self.p):
+                raise self.error("unterminated character set")
+            c = self.eat()
+            if c == "]" and not first:
+                break
+            first = False
+            if c == "\\":
+                if self.i >= len(self.p):
+                    raise self.error("trailing backslash")
+                e = self.eat()
+                if e in "dDwWsS":
+                    parts.extend(_exact_shorthand(e))
+                    continue
+                lo = self._escape_codepoint(e, in_class=True)
+            elif c == "[" and self.peek() == ":":
+                raise self.error("POSIX classes are not supported")
+            else:
+                lo = ord(c)
+            if self.peek() == "-" and self.p[self.i + 1:self.i + 2] not in ("]", ""):
+                self.i += 1
+                c2 = self.eat()
+                if c2 == "\\":
+                    e = self.eat()
+                    if e in "dDwWsS":
+                        raise self.error("bad character range")
+                    hi = self._escape_codepoint(e, in_class=True)
+                else:
+                    hi = ord(c2)
+                if hi < lo:
+                    raise self.error("bad character range")
+                parts.append((lo, hi))
+            else:
+                parts.append((lo, lo))
+        rs = norm_ranges(parts)
+        return ranges_complement(rs) if negated else rs
+
+
+def _sre_features(pattern: str) -> tuple[set[str], bool]:
+    """(refused features, uses a lazy quantifier) of a Python regex, from Python's own regex parser."""
+    refused: set[str] = set()
+    lazy = False
+    try:
+        tree = sre_p.parse(pattern)
+    except Exception as e:  # noqa: BLE001 - Lark already compiled it; be defensive
+        raise InvalidGrammarError(f"regex {pattern!r} does not parse: {e}") from None
+
+    def walk(items) -> None:
+        nonlocal lazy
+        for op, av in items:
+            if op in (sre_c.ASSERT, sre_c.ASSERT_NOT):
+                refused.add("lookaround")
+            elif op in (sre_c.GROUPREF, sre_c.GROUPREF_EXISTS):
+                refused.add("backreference" if op == sre_c.GROUPREF else "conditional group")
+            elif op == sre_c.AT:
+                refused.add("anchor or word boundary")
+            elif op == getattr(sre_c, "ATOMIC_GROUP", None):
+                refused.add("atomic group")
+            elif op == getattr(sre_c, "POSSESSIVE_REPEAT", None):
+                refused.add("possessive quantifier")
+            if op == sre_c.MIN_REPEAT:
+                lazy = True
+            if op in (sre_c.MAX_REPEAT, sre_c.MIN_REPEAT, getattr(sre_c, "POSSESSIVE_REPEAT", object())):
+                walk(av[2])
+            elif op == sre_c.SUBPATTERN:
+                walk(av[-1])
+            elif op == sre_c.BRANCH:
+                for b in av[1]:
+                    walk(b)
+            elif op == getattr(sre_c, "ATOMIC_GROUP", None):
+                walk(av)
+            elif op in (sre_c.ASSERT, sre_c.ASSERT_NOT):
+                walk(av[1])
+            elif op == sre_c.GROUPREF_EXISTS:
+                walk(av[1])
+                if av[2] is not None:
+                    walk(av[2])
+
+    walk(tree)
+    return refused, lazy
+
+
+@functools.lru_cache(maxsize=1)
+def _known_equivalents() -> dict[str, str]:
+    """Lark's common.lark terminals whose regexes use lookarounds, mapped to lookaround-free equivalents with the
+    same Python match on every input (same first-match length)."""
+    out = {}
+    g = lark.Lark("start: ESCAPED_STRING\n%import common.ESCAPED_STRING", parser="lalr", lexer="basic")
+    for t in g.terminals:
+        if t.name == "ESCAPED_STRING":
+            # the first unescaped quote ends the string; '.' excludes the newline
+            out[t.pattern.to_regexp()] = r'"(?:[^"\\\n]|\\[^\n])*"'
+    return out
+
+
+def terminal_ast(name: str, pattern) -> tuple[A.Node, bool]:
+    """(regex AST over code points, lazy) for a Lark TerminalDef's pattern; refuses what we cannot honour."""
+    if isinstance(pattern, PatternStr):
+        value = pattern.value
+        flags = set(pattern.flags)
+        if flags - {"i"}:
+            raise InvalidGrammarError(f"terminal {name}: string flags {sorted(flags - {'i'})} are not supported")
+        if "i" in flags:
+            if not value.isascii():
+                raise InvalidGrammarError(f"terminal {name}: the case-insensitive flag 'i' is supported on ASCII "
+                                          "strings only")
+            items = []
+            for ch in value:
+                if ch.lower() != ch.upper():
+                    items.append(A.chars([(ord(ch.lower()),) * 2, (ord(ch.upper()),) * 2]))
+                else:
+                    items.append(A.lit(ch))
+            return A.seq(*items), False
+        return A.lit(value), False
+    if not isinstance(pattern, PatternRE):
+        raise InvalidGrammarError(f"terminal {name}: unsupported pattern type {type(pattern).__name__}")
+    if pattern.flags:
+        raise InvalidGrammarError(f"terminal {name}: regex flags {sorted(pattern.flags)} are not supported "
+                                  "(write the case variants or the characters out)")
+    regexp = pattern.value
+    regexp = _known_equivalents().get(pattern.to_regexp(), regexp)
+    refused, lazy = _sre_features(regexp)
+    if refused:
+        raise InvalidGrammarError(f"terminal {name}: regex /{regexp}/ uses {', '.join(sorted(refused))}, which a "
+                                  "token-level lexer cannot honour")
+    p = _ExactParser(regexp)
+    try:
+        alts = p.parse_alternation()
+        if p.i != len(regexp):
+            raise p.error("unbalanced parenthesis")
+        nodes = []
+        for items in alts:
+            if any(isinstance(x, _Anchor) for x in items):
+                raise InvalidGrammarError(f"terminal {name}: anchors are not supported in terminal regexes")
+            nodes.append(A.seq(*items))
+    except InvalidRegexError as e:
+        raise InvalidGrammarError(f"terminal {name}: {e}") from None
+    except RecursionError:
+        raise InvalidGrammarError(f"terminal {name}: regex nested too deeply") from None
+    return A.alt(*nodes), lazy
+
+
+# ------------------------------------------------------------------------------------ the spec
+@dataclass
+class ScanTerm:
+    name: str
+    type_id: int
+    ast: A.Node
+    lazy: bool
+    unless: tuple[int, ...] = ()  # keyword type ids, in Lark's order (first full match wins)
+    ignored: bool = False
+
+
+@dataclass
+class GrammarSpec:
+    text: str
+    start: str
+    lark: lark.Lark
+    type_names: list[str]  # terminal types (ids) the parser sees; END = len(type_names)
+    type_id: dict[str, int]
+    scan: list[ScanTerm]  # Lark's scanner order
+    keywords: dict[int, tuple[bytes, bool]]  # keyword type id -> (value, case-insensitive)
+    ignore: frozenset[str]
+    # LALR(1) table
+    n_states: int
+    start_state: int
+    end_state: int
+    action: list[dict[int, int]]  # state -> {type id or END: shift s (>= 0) | reduce r (-(r+1))}
+    goto: list[dict[int, int]]  # state -> {nonterminal id: state}
+    nt_names: list[str]
+    rules: list[tuple[int, tuple[tuple[bool, int], ...]]]  # (lhs nt, rhs: ((is_terminal, id), ...))
+    items: list[list[tuple[int, int]]]  # state -> kernel items (rule, dot) (dot >= 1, or the root item)
+    root_rule: int
+    lalr_conflicts_resolved_as_shift: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def END(self) -> int:
+        return len(self.type_names)
+
+    def terminal_name(self, tid: int) -> str:
+        return END_NAME if tid == self.END else self.type_names[tid]
+
+
+def load_spec(text: str, start: str = "start") -> GrammarSpec:
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidGrammarError("the grammar is empty")
+    lg = logging.getLogger("lark")
+    old = lg.level
+    lg.setLevel(logging.ERROR)
+    try:
+        try:
+            lk = lark.Lark(text, parser="lalr", lexer="basic", start=start)
+        except LarkError as e:
+            msg = str(e).strip().splitlines()
+            head = msg[0] if msg else type(e).__name__
+            if "Reduce/Reduce" in str(e):
+                head = "the grammar is not LALR(1) (reduce/reduce conflict); " + head
+            raise InvalidGrammarError(f"grammar refused by Lark: {head}") from None
+        except (ValueError, TypeError, AssertionError, KeyError) as e:
+            raise InvalidGrammarError(f"grammar refused by Lark: {type(e).__name__}: {e}") from None
+        return _build_spec(text, start, lk)
+    finally:
+        lg.setLevel(old)
+
+
+def _build_spec(text: str, start: str, lk: lark.Lark) -> GrammarSpec:
+    if lk.options.postlex is not None:
+        raise InvalidGrammarError("grammars with a postlexer are not supported")
+    lexer = lk.parser.lexer
+    terms = list(lexer.terminals)  # Lark's sorted order
+    parser_conf = lk.parser.parser_conf
+    used_terms = {sym.name for r in parser_conf.rules for sym in r.expansion if sym.is_term}
+    lexed = {t.name for t in terms}
+    declared = sorted(used_terms - lexed)
+    if declared:
+        raise InvalidGrammarError(f"terminals {declared} have no pattern (%declare): a postlexer would be needed, "
+                                  "which is not supported")
+    scan_terms, callbacks = _create_unless(terms, lexer.g_regex_flags, re, False)
+    type_names: list[str] = []
+    type_id: dict[str, int] = {}
+
+    def tid(name: str) -> int:
+        if name not in type_id:
+            type_id[name] = len(type_names)
+            type_names.append(name)
+        return type_id[name]
+
+    for t in terms:
+        tid(t.name)
+    keywords: dict[int, tuple[bytes, bool]] = {}
+    by_name = {t.name: t for t in terms}
+    ignore = frozenset(lk.ignore_tokens)
+    scan: list[ScanTerm] = []
+    for t in scan_terms:
+        ast, lazy = terminal_ast(t.name, t.pattern)
+        if A.is_nothing(ast):
+            raise InvalidGrammarError(f"terminal {t.name} matches nothing")
+        unless: tuple[int, ...] = ()
+        cb = callbacks.get(t.name)
+        if cb is not None:
+            ids = []
+            for s in cb.scanner.terminals:
+                st = by_name[s.name]
+                icase = "i" in st.pattern.flags
+                if icase and not st.pattern.value.isascii():
+                    raise InvalidGrammarError(f"terminal {s.name}: the case-insensitive flag 'i' is supported on "
+                                              "ASCII strings only")
+                keywords[tid(s.name)] = (st.pattern.value.encode("utf-8"), icase)
+                ids.append(tid(s.name))
+            unless = tuple(ids)
+        scan.append(ScanTerm(t.name, tid(t.name), ast, lazy, unless, t.name in ignore))
+    # ------------------------------------------------------------ LALR(1) table with items
+    from lark.parsers.lalr_analysis import LALR_Analyzer, Shift
+
+    analyzer = LALR_Analyzer(parser_conf, debug=True, strict=False)
+    analyzer.compute_lalr()
+    table = analyzer.parse_table
+    states = list(table.states)
+    sidx = {s: i for i, s in enumerate(states)}
+    nt_names: list[str] = []
+    nt_id: dict[str, int] = {}
+
+    def nid(name: str) -> int:
+        if name not in nt_id:
+            nt_id[name] = len(nt_names)
+            nt_names.append(name)
+        return nt_id[name]
+
+    rule_index: dict = {}
+    rules: list[tuple[int, tuple[tuple[bool, int], ...]]] = []
+
+    def rid(rule) -> int:
+        r = rule_index.get(rule)
+        if r is None:
+            rhs = tuple((sym.is_term, tid(sym.name) if sym.is_term else nid(sym.name)) for sym in rule.expansion)
+            rule_index[rule] = r = len(rules)
+            rules.append((nid(rule.origin.name), rhs))
+        return r
+
+    for r in parser_conf.rules:
+        rid(r)
+    n = len(states)
+    action_raw: list[dict[str, int]] = [dict() for _ in range(n)]
+    goto: list[dict[int, int]] = [dict() for _ in range(n)]
+    items: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    root_rule = -1
+    for s, acts in table.states.items():
+        i = sidx[s]
+        for sym, (act, arg) in acts.items():
+            if act is Shift:
+                if sym in type_id or sym == END_NAME:
+                    action_raw[i][sym] = sidx[arg]
+                else:
+                    goto[i][nid(sym)] = sidx[arg]
+            else:
+                action_raw[i][sym] = -(rid(arg) + 1)
+        for rp in s:
+            if rp.index > 0 or rp.rule.origin.name.startswith("$root_"):
+                r = rid(rp.rule)
+                items[i].append((r, rp.index))
+                if rp.rule.origin.name == "$root_" + start:
+                    root_rule = r
+    END = len(type_names)
+    action: list[dict[int, int]] = []
+    for i in range(n):
+        action.append({(END if k == END_NAME else type_id[k]): v for k, v in action_raw[i].items()})
+    start_state = sidx[table.start_states[start]]
+    end_state = sidx[table.end_states[start]]
+    return GrammarSpec(text=text, start=start, lark=lk, type_names=type_names, type_id=type_id, scan=scan,
+                       keywords=keywords, ignore=ignore, n_states=n, start_state=start_state, end_state=end_state,
+                       action=action, goto=goto, nt_names=nt_names, rules=rules, items=items, root_rule=root_rule)

@@ -1,0 +1,406 @@
+"""CompiledGrammar: a Lark grammar compiled against one tokenizer (shared, thread-safe enough to share
+between requests: every table is a memo that only grows).
+
+Exact configurations are tuples (stack node, lexer state, last type): the LALR stack (an interned node, see
+parser.py), the pending lexeme (lexer.py) and the last non-ignored terminal type (for the approximation,
+approx.py). A configuration is *viable* when the stack is a viable prefix and the pending lexeme can still
+end as a terminal the stack accepts.
+
+`complete_bytes(cfg)` builds a concrete shortest-ish completion (the pending lexeme finished by the shortest
+bytes, then the LR items' cheapest terminal sequence rendered with each terminal's shortest lexeme, separated
+by the shortest ignored lexeme where two lexemes would merge) and checks it with the exact machinery; it is
+what makes every witness, hence every final canvas, concrete.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import deque
+
+import numpy as np
+
+from ...errors import InvalidGrammarError
+from ..nfa import INF
+from ..tokenizer_info import TokenizerInfo
+from .approx import Approx
+from .frontend import GrammarSpec
+from .lexer import DEAD, START, Lexer
+from .parser import ROOT, LRParser
+
+# byte preference for generated fillers: readable first
+_BYTE_ORDER = ([*range(ord("a"), ord("z") + 1)] + [*range(ord("0"), ord("9") + 1)] + [*range(ord("A"), ord("Z") + 1)]
+               + [0x20] + [b for b in range(0x21, 0x7F) if not chr(b).isalnum()] + [0x0A, 0x09]
+               + [b for b in range(256) if b < 0x20 and b not in (0x0A, 0x09)] + [0x7F] + [*range(0x80, 0x100)])
+
+
+class Vocab:
+    """Token lookup by bytes, for turning completion bytes into tokens (min count or an exact count)."""
+
+    def __init__(self, tok: TokenizerInfo):
+        self.by_bytes: dict[bytes, int] = {}
+        prefixes: set[bytes] = set()
+        maxlen = 0
+        for i, b in enumerate(tok.token_bytes):
+            if b and b not in self.by_bytes:
+                self.by_bytes[b] = i
+                maxlen = max(maxlen, len(b))
+                for k in range(1, len(b)):
+                    prefixes.add(b[:k])
+        prefixes.update(self.by_bytes)
+        self.prefixes = prefixes
+        self.maxlen = maxlen
+        self.single_bytes = all(bytes([x]) in self.by_bytes for x in range(256))
+
+    def _edges(self, data: bytes, i: int):
+        pre, byb = self.prefixes, self.by_bytes
+        for L in range(1, min(self.maxlen, len(data) - i) + 1):
+            piece = data[i:i + L]
+            if piece not in pre:
+                break
+            t = byb.get(piece)
+            if t is not None:
+                yield L, t
+
+    def segment_min(self, data: bytes) -> list[int] | None:
+        n = len(data)
+        best = [INF] * (n + 1)
+        back: list[tuple[int, int]] = [(-1, -1)] * (n + 1)
+        best[0] = 0
+        for i in range(n):
+            if best[i] >= INF:
+                continue
+            for L, t in self._edges(data, i):
+                if best[i] + 1 < best[i + L]:
+                    best[i + L] = best[i] + 1
+                    back[i + L] = (i, t)
+        if best[n] >= INF:
+            return None
+        out = []
+        j = n
+        while j > 0:
+            i, t = back[j]
+            out.append(t)
+            j = i
+        out.reverse()
+        return out
+
+
+_VOCABS: "weakref.WeakKeyDictionary[TokenizerInfo, Vocab]" = weakref.WeakKeyDictionary()
+_VLOCK = threading.Lock()
+
+
+def vocab_for(tok: TokenizerInfo) -> Vocab:
+    with _VLOCK:
+        v = _VOCABS.get(tok)
+        if v is None:
+            v = Vocab(tok)
+            _VOCABS[tok] = v
+        return v
+
+
+Config = tuple  # (node, lexer state, last type)
+
+
+class CompiledGrammar:
+    def __init__(self, spec: GrammarSpec, tok: TokenizerInfo, name: str = "grammar"):
+        self.spec = spec
+        self.name = name
+        self.tokenizer_info = tok
+        self.lexer = Lexer(spec, tok)
+        self.shortest, self.separator = self._shortest_lexemes()
+        missing = [spec.type_names[t] for t in range(len(spec.type_names))
+                   if t not in self.shortest and not spec.type_names[t] in spec.ignore]
+        cost = [len(self.shortest[t]) if t in self.shortest else INF for t in range(len(spec.type_names))]
+        self.parser = LRParser(spec, cost)
+        self.approx = Approx(spec, self.lexer)
+        self.vocab = vocab_for(tok)
+        self.eos_id = tok.eos_id
+        self.mask_id = tok.mask_id
+        self.vocab_size = tok.vocab_size
+        self.BOS = self.approx.BOS
+        self.P = self.approx.P
+        self.initial: Config = (ROOT, START, self.BOS)
+        self._lock = threading.RLock()
+        self._seqfeed: dict[tuple[int, int], int] = {}
+        self._viable: dict[tuple[int, int], bool] = {}
+        self._finish: dict[int, list[tuple[int, bytes, int]]] = {}
+        self._complete: dict[Config, bytes | None] = {}
+        self._ctoks: dict[Config, list[int] | None] = {}
+        self._min_tokens: int | None = None
+        text_row = np.zeros(self.vocab_size, dtype=bool)
+        for i, b in enumerate(tok.token_bytes):
+            if b:
+                text_row[i] = True
+        self.text_row = text_row
+        if self.parser.nt_cost[spec.nt_names.index(spec.start)] >= INF if spec.start in spec.nt_names else True:
+            raise InvalidGrammarError(f"the grammar's start rule {spec.start!r} derives no string"
+                                      + (f" (terminals without a lexeme: {missing})" if missing else ""))
+
+    def __repr__(self) -> str:
+        return f"CompiledGrammar({self.name!r}, lexer_states={self.lexer.n_states}, lr_states={self.spec.n_states})"
+
+    # ------------------------------------------------------------------ lexeme strings
+    def _shortest_lexemes(self) -> tuple[dict[int, bytes], bytes | None]:
+        """Shortest byte string lexed as exactly one lexeme of each type (BFS over the lexer from START)."""
+        lx = self.lexer
+        out: dict[int, bytes] = {}
+        sep: bytes | None = None
+        seen = {START: b""}
+        dq = deque([START])
+        n_types = len(self.spec.type_names)
+        while dq and len(seen) < 50_000:
+            x = dq.popleft()
+            path = seen[x]
+            et = lx.lexeme_type(x)
+            if x != START:
+                if et >= 0 and et not in out:
+                    out[et] = path
+                elif et == -1 and sep is None:
+                    sep = path
+            if len(out) == n_types and sep is not None:
+                break
+            lx.expand(x)
+            T, E = lx.T[x], lx.E[x]
+            for b in _BYTE_ORDER:
+                y = int(T[b])
+                if y != DEAD and E[b] == -1 and y not in seen:
+                    seen[y] = path + bytes([b])
+                    dq.append(y)
+        return out, sep
+
+    def finish_options(self, q: int) -> list[tuple[int, bytes, int]]:
+        """(type or -1, shortest bytes, end state) for each type the pending lexeme of q can end as."""
+        r = self._finish.get(q)
+        if r is not None:
+            return r
+        lx = self.lexer
+        out: dict[int, tuple[bytes, int]] = {}
+        seen = {q: b""}
+        dq = deque([q])
+        while dq and len(seen) < 20_000:
+            x = dq.popleft()
+            path = seen[x]
+            et = lx.lexeme_type(x)
+            if et >= -1 and et not in out and x != START:
+                out[et] = (path, x)
+            lx.expand(x)
+            T, E = lx.T[x], lx.E[x]
+            for b in _BYTE_ORDER:
+                y = int(T[b])
+                if y != DEAD and E[b] == -1 and y not in seen:
+                    seen[y] = path + bytes([b])
+                    dq.append(y)
+        r = sorted(((t, p, s) for t, (p, s) in out.items()), key=lambda x: len(x[1]))
+        self._finish[q] = r
+        return r
+
+    # ------------------------------------------------------------------ exact configurations
+    def feed_seq(self, node: int, s: int) -> int:
+        if s == 0 or node < 0:
+            return node
+        k = (node, s)
+        r = self._seqfeed.get(k)
+        if r is not None:
+            return r
+        lx = self.lexer
+        base = self.feed_seq(node, lx.seq_parent[s])
+        r = -1 if base < 0 else self.parser.feed(base, lx.seq_type[s])
+        self._seqfeed[k] = r
+        return r
+
+    def viable(self, node: int, q: int) -> bool:
+        """The pending lexeme of q can end as a type the stack accepts (or as an ignored lexeme)."""
+        if q == START:
+            return True
+        k = (node, q)
+        r = self._viable.get(k)
+        if r is not None:
+            return r
+        r = False
+        for t in self.approx.possible_types(q):
+            if t == -1 or self.parser.feed(node, t) >= 0:
+                r = True
+                break
+        self._viable[k] = r
+        return r
+
+    def step_seq(self, cfg: Config, s: int, q2: int) -> Config | None:
+        node, _q, p = cfg
+        if q2 == DEAD:
+            return None
+        node2 = self.feed_seq(node, s)
+        if node2 < 0:
+            return None
+        p2 = self.approx.seq_p(p, s) if s else p
+        if p2 < 0:
+            # the bigram relation over-approximates the grammar, so an accepted sequence always passes it
+            p2 = self.lexer.seq_type[s]
+        if not self.viable(node2, q2):
+            return None
+        return (node2, q2, p2)
+
+    def step(self, cfg: Config, t: int) -> Config | None:
+        """Exact configuration after text token t (None if the prefix stops being viable)."""
+        q2, s = self.lexer.delta(cfg[1], t)
+        return self.step_seq(cfg, s, q2)
+
+    def step_bytes(self, cfg: Config, data: bytes) -> Config | None:
+        q2, s = self.lexer.walk_bytes(cfg[1], data)
+        return self.step_seq(cfg, s, q2)
+
+    def accepts_end(self, cfg: Config) -> bool:
+        node, q, _p = cfg
+        if q == START:
+            return self.parser.accepts(node)
+        t = self.lexer.lexeme_type(q)
+        if t == -2:
+            return False
+        if t == -1:
+            return self.parser.accepts(node)
+        n2 = self.parser.feed(node, t)
+        return n2 >= 0 and self.parser.accepts(n2)
+
+    def approx_id(self, cfg: Config) -> int:
+        return cfg[1] * self.P + cfg[2]
+
+    # ------------------------------------------------------------------ completions
+    def _append(self, q: int, s: bytes, t: int) -> int:
+        """Lexer state after appending s (one lexeme of type t, -1 ignored) to a text whose pending lexeme is q;
+        DEAD unless the pending lexeme ends right there and s lexes as exactly one lexeme of type t."""
+        lx = self.lexer
+        pending = lx.lexeme_type(q) if q != START else None
+        if pending == -2:
+            return DEAD
+        q2, seq = lx.walk_bytes(q, s)
+        if q2 == DEAD or lx.lexeme_type(q2) != t:
+            return DEAD
+        want = 1 if (pending is not None and pending >= 0) else 0
+        if lx.seq_len[seq] != want:
+            return DEAD
+        if want and lx.seq_type[seq] != pending:
+            return DEAD
+        if pending == -1 or (pending is not None and pending >= 0):
+            # the first byte of s must end the pending lexeme (no merge)
+            q1, e1 = lx.step(q, s[0])
+            if e1 == -1:
+                return DEAD
+        return q2
+
+    def complete_bytes(self, cfg: Config) -> bytes | None:
+        """Concrete bytes that complete the text from cfg (checked exactly), or None."""
+        r = self._complete.get(cfg, False)
+        if r is not False:
+            return r  # type: ignore[return-value]
+        r = self._complete_bytes(cfg)
+        self._complete[cfg] = r
+        return r
+
+    def _complete_bytes(self, cfg: Config) -> bytes | None:
+        node, q, p = cfg
+        par = self.parser
+        options: list[tuple[int, bytes, int, int]] = []  # (cost, u, end state, node after)
+        if q == START:
+            options.append((par.completion_cost(node), b"", START, node))
+        else:
+            for t, u, x in self.finish_options(q):
+                n2 = node if t == -1 else par.feed(node, t)
+                if n2 < 0:
+                    continue
+                c = par.completion_cost(n2)
+                if c >= INF:
+                    continue
+                options.append((len(u) + c, u, x, n2))
+        options.sort(key=lambda o: o[0])
+        for _c, u, x, n2 in options[:4]:
+            terms = par.completion_terms(n2)
+            if terms is None:
+                continue
+            out = bytearray(u)
+            cur = x
+            ok = True
+            for t in terms:
+                s = self.shortest.get(t)
+                if s is None:
+                    ok = False
+                    break
+                nxt = self._append(cur, s, t)
+                if nxt == DEAD and self.separator is not None:
+                    mid = self._append(cur, self.separator, -1)
+                    if mid != DEAD:
+                        nxt = self._append(mid, s, t)
+                        if nxt != DEAD:
+                            out += self.separator
+                if nxt == DEAD:
+                    ok = False
+                    break
+                out += s
+                cur = nxt
+            if not ok:
+                continue
+            data = bytes(out)
+            end = self.step_bytes(cfg, data) if data else cfg
+            if end is not None and self.accepts_end(end):
+                return data
+        return None
+
+    def complete_tokens(self, cfg: Config) -> list[int] | None:
+        """Fewest tokens spelling the concrete completion of cfg (EOS not included)."""
+        r = self._ctoks.get(cfg, False)
+        if r is not False:
+            return r  # type: ignore[return-value]
+        data = self.complete_bytes(cfg)
+        r = None if data is None else ([] if not data else self.vocab.segment_min(data))
+        self._ctoks[cfg] = r
+        return r
+
+    def completion_estimate(self, cfg: Config) -> int:
+        """Cheap byte estimate of the completion length (for ordering and quick length checks)."""
+        node, q, _p = cfg
+        par = self.parser
+        if q == START:
+            return par.completion_cost(node)
+        best = INF
+        for t, u, _x in self.finish_options(q):
+            n2 = node if t == -1 else par.feed(node, t)
+            if n2 < 0:
+                continue
+            best = min(best, len(u) + par.completion_cost(n2))
+        return best
+
+    def min_tokens(self) -> int:
+        """Tokens of the shortest concrete output (an upper bound of the true minimum; EOS not counted)."""
+        if self._min_tokens is None:
+            toks = self.complete_tokens(self.initial)
+            self._min_tokens = INF if toks is None else len(toks)
+        return self._min_tokens
+
+    # ------------------------------------------------------------------ whole texts
+    def accepts_bytes(self, data: bytes) -> bool:
+        end = self.step_bytes(self.initial, data) if data else self.initial
+        return end is not None and self.accepts_end(end)
+
+    def accepts_text(self, text: str) -> bool:
+        return self.accepts_bytes(text.encode("utf-8"))
+
+    def accepts_tokens(self, ids) -> bool:
+        cfg: Config | None = self.initial
+        for t in ids:
+            t = int(t)
+            if t == self.eos_id:
+                break
+            cfg = self.step(cfg, t)
+            if cfg is None:
+                return False
+        return self.accepts_end(cfg)
+
+    def lark_parses(self, text: str) -> bool:
+        try:
+            self.spec.lark.parse(text)
+            return True
+        except Exception:  # noqa: BLE001 - any Lark failure means "does not parse"
+            return False
+
+    def new_canvas_state(self, canvas_len: int, **kwargs):
+        from .canvas import GrammarCanvasState
+
+        return GrammarCanvasState(self, int(canvas_len), **kwargs)
