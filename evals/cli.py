@@ -31,6 +31,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="seconds per schema for compilation, and as much again for walking its instances")
     p.add_argument("--max-tokens", type=int, default=10000, help="walk at most this many tokens of an instance")
     p.add_argument("--mem-limit-gb", type=float, default=6.0, help="RSS limit of an engine worker")
+    p.add_argument("--in-process", action="store_true",
+                   help="run the engines in this process: no per-schema kill on timeout or memory (debugging, tiny runs)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", action="store_true", help="do not print the summary")
@@ -96,13 +98,13 @@ def main(argv: list[str] | None = None) -> int:
             res = run("jsonschemabench", records, engines, tokdir, tokname, Path(args.out), timeout=args.timeout,
                       max_tokens=args.max_tokens, mem_limit_gb=args.mem_limit_gb, generate=args.generate, model=model,
                       gen_params=gen_params, gen_timeout=args.gen_timeout, progress=not args.no_progress,
-                      meta_extra=meta, plots=not args.no_plots)
+                      meta_extra=meta, plots=not args.no_plots, isolate=not args.in_process)
         else:
             records, left_out = D.load_test_suite(args.data)
             meta["left_out"] = f"{len(left_out)} cases (format.json, refRemote.json, remote $ref)"
             res = run("test-suite", records, engines, tokdir, tokname, Path(args.out), timeout=args.timeout,
                       max_tokens=args.max_tokens, mem_limit_gb=args.mem_limit_gb, progress=not args.no_progress,
-                      meta_extra=meta, plots=not args.no_plots)
+                      meta_extra=meta, plots=not args.no_plots, isolate=not args.in_process)
     except D.DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

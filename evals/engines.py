@@ -61,8 +61,11 @@ class OursAdapter:
     name = "ours"
 
     def __init__(self, tokdir: str, timeout_s: float | None):
+        import torch
+
         from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo
 
+        torch.set_num_threads(1)
         self.info = TokenizerInfo.from_tokenizer(tokdir)
         self.info.trie()  # once per tokenizer: setup, not compile
         self.vocab_size = self.info.vocab_size

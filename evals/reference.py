@@ -69,14 +69,33 @@ def remote_refs(schema: Any) -> set[str]:
     return {r for r in refs if urldefrag(r)[0] not in ids}
 
 
+def _refuse(uri: str):
+    from referencing.exceptions import NoSuchResource
+
+    raise NoSuchResource(ref=uri)
+
+
+_REGISTRY = None
+
+
+def _offline_registry():
+    """The metaschemas, and no network: an unknown remote document is unresolvable (never fetched)."""
+    global _REGISTRY
+    if _REGISTRY is None:
+        from referencing import Registry
+
+        _REGISTRY = validators.SPECIFICATIONS.combine(Registry(retrieve=_refuse))
+    return _REGISTRY
+
+
 def reference_validator(schema: Any):
-    """A jsonschema validator (format assertion on) for `schema`; raises jsonschema.SchemaError for a
-    schema that is not valid against its metaschema only when used (we never call check_schema)."""
+    """A jsonschema validator (format assertion on) for `schema`. Remote references are never fetched:
+    validating through one raises (is_valid() then answers None)."""
     try:
         cls = validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     except Exception:  # unknown $schema value
         cls = jsonschema.Draft202012Validator
-    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER, registry=_offline_registry())
 
 
 def is_valid(validator, instance: Any) -> bool | None:

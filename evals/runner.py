@@ -14,7 +14,7 @@ from typing import Any
 from .engines import canonical_name, engine_label, installed
 from .reference import compact_json, is_valid, reference_validator, schema_order
 from .report import read_rows, write_reports
-from .worker import WorkerError, WorkerProcess
+from .worker import InProcessWorker, WorkerError, WorkerProcess
 
 GEN_PROMPT = "Give one example JSON value that is valid against the schema."
 
@@ -98,7 +98,8 @@ def run(suite: str, records: list[dict[str, Any]], engines: list[str], tokdir: P
         out_dir: Path, *, timeout: float = 30.0, max_tokens: int = 10000, mem_limit_gb: float = 6.0,
         generate: bool = False, model: str | None = None, gen_params: dict[str, Any] | None = None,
         gen_timeout: float = 600.0, progress: bool = True, meta_extra: dict[str, Any] | None = None,
-        plots: bool = True, log=print) -> dict[str, Any]:
+        plots: bool = True, isolate: bool = True, log=print) -> dict[str, Any]:
+    """isolate=False runs the engines in this process (no time/memory limit beyond the compiler's deadline)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     res_path = out_dir / "results.jsonl"
@@ -141,8 +142,9 @@ def run(suite: str, records: list[dict[str, Any]], engines: list[str], tokdir: P
             if not todo:
                 continue
             do_gen = generate and canonical_name(spec) == "ours"
-            w = WorkerProcess(spec, str(tokdir), timeout, max_tokens=max_tokens, mem_limit_gb=mem_limit_gb,
-                              model=model if do_gen else None, gen_params=gen_params, gen_timeout=gen_timeout)
+            cls = WorkerProcess if isolate else InProcessWorker
+            w = cls(spec, str(tokdir), timeout, max_tokens=max_tokens, mem_limit_gb=mem_limit_gb,
+                    model=model if do_gen else None, gen_params=gen_params, gen_timeout=gen_timeout)
             try:
                 info = w.start()
             except WorkerError as e:

@@ -78,6 +78,12 @@ def walk(adapter, compiled, ids: list[int], max_tokens: int) -> dict[str, Any]:
     return w
 
 
+def _single_thread_torch() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
 class _Gen:
     """Generation with a checkpoint under the schema (loaded on first use)."""
 
@@ -92,6 +98,7 @@ class _Gen:
         from .reference import is_valid, reference_validator
 
         if self.llm is None:
+            _single_thread_torch()
             self.llm = LLM(self.model_path)
         g: dict[str, Any] = {}
         t0 = time.perf_counter()
@@ -116,6 +123,21 @@ class _Gen:
         return g
 
 
+def _exit_with_parent() -> None:
+    """A worker never outlives its parent (e.g. the run was killed while a schema hangs in compilation)."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def worker_main(argv: list[str] | None = None) -> None:
     global _OUT
     ap = argparse.ArgumentParser()
@@ -129,14 +151,8 @@ def worker_main(argv: list[str] | None = None) -> None:
 
     _OUT = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
-    try:
-        import torch
-
-        torch.set_num_threads(1)
-    except Exception:  # pragma: no cover
-        pass
+    _exit_with_parent()
     from .engines import make_adapter
-    from .reference import compact_json
     from .tok import load_encoder
 
     t0 = time.perf_counter()
@@ -149,48 +165,86 @@ def worker_main(argv: list[str] | None = None) -> None:
     _send({"type": "ready", "setup_s": time.perf_counter() - t0, "version": ad.version,
            "vocab_size": ad.vocab_size, "eos_id": ad.eos_id})
     gen = _Gen(args.model, json.loads(args.gen_params))
-    extra = getattr(ad, "extra_checks", None)
     for line in sys.stdin:
-        task = json.loads(line)
-        res: dict[str, Any] = {"type": "result"}
-        a = time.perf_counter()
-        try:
-            compiled = ad.compile(task["schema"])
-            res["compile_ok"] = True
-        except Exception as e:
-            compiled = None
-            res["compile_ok"] = False
-            res["error_kind"], kw = ad.error_kind(e)
-            if kw:
-                res["error_keyword"] = kw
-            res["error"] = str(e)[:400]
-        res["compile_s"] = time.perf_counter() - a
-        _send({"type": "compiled", "compile_s": res["compile_s"]})
-        walks = []
-        if compiled is not None:
-            for inst in task["instances"]:
+        _send(process_task(ad, encode, gen, json.loads(line), args.max_tokens, _send))
+
+
+def process_task(ad, encode, gen: "_Gen", task: dict[str, Any], max_tokens: int, send) -> dict[str, Any]:
+    """Compile, walk every instance, generate: the final result (progress messages go through `send`)."""
+    from .reference import compact_json
+
+    extra = getattr(ad, "extra_checks", None)
+    res: dict[str, Any] = {"type": "result"}
+    a = time.perf_counter()
+    try:
+        compiled = ad.compile(task["schema"])
+        res["compile_ok"] = True
+    except Exception as e:
+        compiled = None
+        res["compile_ok"] = False
+        res["error_kind"], kw = ad.error_kind(e)
+        if kw:
+            res["error_keyword"] = kw
+        res["error"] = str(e)[:400]
+    res["compile_s"] = time.perf_counter() - a
+    send({"type": "compiled", "compile_s": res["compile_s"]})
+    walks = []
+    if compiled is not None:
+        for inst in task["instances"]:
+            try:
+                text = compact_json(inst["data"])
+            except ValueError:
+                walks.append({"status": "unencodable", "n_tokens": 0, "mask_us": []})
+                continue
+            ids = encode(text)
+            w = walk(ad, compiled, ids, max_tokens)
+            if extra is not None and w["status"] != "walk_error":
                 try:
-                    text = compact_json(inst["data"])
-                except ValueError:
-                    walks.append({"status": "unencodable", "n_tokens": 0, "mask_us": []})
-                    continue
-                ids = encode(text)
-                w = walk(ad, compiled, ids, args.max_tokens)
-                if extra is not None and w["status"] != "walk_error":
-                    try:
-                        w.update(extra(compiled, text, ids, w["status"] == "accepted"))
-                    except Exception as e:  # pragma: no cover
-                        w["extra_error"] = f"{type(e).__name__}: {e}"[:200]
-                alt = inst.get("data_schema_order")
-                if alt is not None and w["status"] in REJECTED:
-                    w2 = walk(ad, compiled, encode(compact_json(alt)), args.max_tokens)
-                    w["status_schema_order"] = w2["status"]
-                walks.append(w)
-        res["walks"] = walks
-        _send({"type": "walked", "result": res})
-        if task.get("generate") and compiled is not None:
-            res["gen"] = gen.run(task["schema"], task.get("prompt", ""))
-        _send(res)
+                    w.update(extra(compiled, text, ids, w["status"] == "accepted"))
+                except Exception as e:  # pragma: no cover
+                    w["extra_error"] = f"{type(e).__name__}: {e}"[:200]
+            alt = inst.get("data_schema_order")
+            if alt is not None and w["status"] in REJECTED:
+                w2 = walk(ad, compiled, encode(compact_json(alt)), max_tokens)
+                w["status_schema_order"] = w2["status"]
+            walks.append(w)
+    res["walks"] = walks
+    send({"type": "walked", "result": res})
+    if task.get("generate") and compiled is not None:
+        res["gen"] = gen.run(task["schema"], task.get("prompt", ""))
+    return res
+
+
+class InProcessWorker:
+    """The same interface as WorkerProcess, in this process: no time or memory limit beyond the compiler's
+    own deadline (for debugging, and for small trusted runs such as the test fixtures)."""
+
+    def __init__(self, engine: str, tokdir: str, timeout: float, max_tokens: int = 10000, model: str | None = None,
+                 gen_params: dict | None = None, **_: Any):
+        self.engine, self.tokdir, self.timeout, self.max_tokens = engine, str(tokdir), timeout, max_tokens
+        self.gen = _Gen(model, gen_params or {})
+        self.ad = None
+
+    def start(self) -> dict[str, Any]:
+        from .engines import make_adapter
+        from .tok import load_encoder
+
+        t0 = time.perf_counter()
+        try:
+            self.ad = make_adapter(self.engine, self.tokdir, self.timeout)
+            self.encode = load_encoder(self.tokdir)
+        except Exception as e:
+            raise WorkerError(f"engine {self.engine} did not start: {type(e).__name__}: {e}") from None
+        return {"type": "ready", "setup_s": time.perf_counter() - t0, "version": self.ad.version,
+                "vocab_size": self.ad.vocab_size, "eos_id": self.ad.eos_id}
+
+    def run(self, task: dict[str, Any]) -> dict[str, Any]:
+        if self.ad is None:
+            self.start()
+        return process_task(self.ad, self.encode, self.gen, task, self.max_tokens, lambda msg: None)
+
+    def close(self) -> None:
+        self.ad = None
 
 
 # ------------------------------------------------------------------------------------------------ parent
