@@ -52,7 +52,7 @@ class _Analysis:
 
 class GrammarCanvasState:
     def __init__(self, cg: CompiledGrammar, canvas_len: int, *, set_cap: int = 600, search_budget: int = 3000,
-                 verify_with_lark: bool = True):
+                 refine_groups: int = 48, refine_budget: int = 400, verify_with_lark: bool = True):
         if canvas_len <= 0:
             raise ValueError("canvas_len must be positive")
         self.cg = cg
@@ -63,6 +63,8 @@ class GrammarCanvasState:
         self.approx = cg.approx
         self.set_cap = set_cap
         self.search_budget = search_budget
+        self.refine_groups = refine_groups
+        self.refine_budget = refine_budget
         self.verify_with_lark = verify_with_lark
         self.stats = {"searches": 0, "search_nodes": 0, "search_failures": 0, "witness_forced": 0,
                       "lark_rejections": 0}
@@ -275,30 +277,6 @@ class GrammarCanvasState:
         b = B[i]
         return b is None or a in b
 
-    # ------------------------------------------------------------------ exact candidates at a position
-    def _candidates(self, cfg: Config, i: int, an: _Analysis, prefer: int | None):
-        """(token, next config) per token group acceptable at open position i from exact config cfg,
-        pruned by B[i+1]; the group holding `prefer` first, then by completion estimate."""
-        cg = self.cg
-        lt = cg.lexer.trans(cfg[1])
-        out = []
-        pref_group = -1
-        if prefer is not None and prefer != self.eos:
-            pos = np.flatnonzero(lt.tokens == prefer)
-            if pos.size:
-                pref_group = int(lt.group_of[pos[0]])
-        for g in range(lt.n_groups):
-            nxt = cg.step_seq(cfg, int(lt.g_seq[g]), int(lt.g_end[g]))
-            if nxt is None:
-                continue
-            if not self._inB(an.B, i + 1, cg.approx_id(nxt)):
-                continue
-            tok = prefer if g == pref_group else int(lt.tokens[lt.offsets[g]])
-            key = -1 if g == pref_group else cg.completion_estimate(nxt)
-            out.append((key, tok, nxt))
-        out.sort(key=lambda x: x[0])
-        return [(t, n) for _k, t, n in out]
-
     # ------------------------------------------------------------------ witness search
     def _search(self, c: tuple) -> list[int] | None:
         self.stats["searches"] += 1
@@ -313,71 +291,8 @@ class GrammarCanvasState:
                 return None
             w = [x for x in c[:f]] + [self.eos] * (n - f)
             return w if self._lark_ok(w) else None
-        failed: set = set()
-        budget = [self.search_budget]
-        old = self.witness if hasattr(self, "witness") else None
-
-        def fill(i: int, cfg: Config) -> list[int] | None:
-            if i > an.last_text:
-                cap = an.e_star - i
-                toks = self.cg.complete_tokens(cfg)
-                if toks is not None and len(toks) <= cap:
-                    return toks + [self.eos] * (n - i - len(toks))
-                if cap <= 0:
-                    return None
-                return tail(i, cfg, cap)
-            ci = c[i]
-            if ci is not None:
-                nxt = self.cg.step(cfg, ci)
-                if nxt is None or not self._inB(an.B, i + 1, self.cg.approx_id(nxt)):
-                    return None
-                rest = fill(i + 1, nxt)
-                return None if rest is None else [ci] + rest
-            key = (i, cfg)
-            if key in failed:
-                return None
-            for tok, nxt in self._candidates(cfg, i, an, old[i] if old else None):
-                budget[0] -= 1
-                self.stats["search_nodes"] += 1
-                if budget[0] < 0:
-                    raise _Budget
-                rest = fill(i + 1, nxt)
-                if rest is not None:
-                    return [tok] + rest
-            failed.add(key)
-            return None
-
-        def tail(i: int, cfg: Config, cap: int) -> list[int] | None:
-            """Token-level search for a completion of at most cap tokens (when the concrete one is longer)."""
-            if self.cg.accepts_end(cfg):
-                return [self.eos] * (n - i)
-            if cap <= 0:
-                return None
-            key = ("t", i, cfg)
-            if key in failed:
-                return None
-            cands = self._candidates(cfg, i, an, None)
-            for tok, nxt in cands:
-                budget[0] -= 1
-                self.stats["search_nodes"] += 1
-                if budget[0] < 0:
-                    raise _Budget
-                toks = self.cg.complete_tokens(nxt)
-                if toks is not None and len(toks) <= cap - 1:
-                    return [tok] + toks + [self.eos] * (n - i - 1 - len(toks))
-            for tok, nxt in cands[:8]:
-                rest = tail(i + 1, nxt, cap - 1)
-                if rest is not None:
-                    return [tok] + rest
-            failed.add(key)
-            return None
-
-        try:
-            rest = fill(f, cfg)
-        except _Budget:
-            rest = None
-        except RecursionError:
-            rest = None
+        srch = _Search(self, c, an, self.search_budget)
+        rest = srch.run(f, cfg)
         if rest is None:
             self.stats["search_failures"] += 1
             return None
@@ -501,14 +416,25 @@ class GrammarCanvasState:
         tail_only = an.last_text < f  # nothing but open positions / EOS after f
         cap = an.e_star - (f + 1)  # positions left for text after f when tail_only
         sel = np.zeros(lt.n_groups, dtype=bool)
-        for g in range(lt.n_groups):
-            nxt = cg.step_seq(cfg, int(lt.g_seq[g]), int(lt.g_end[g]))
-            if nxt is None:
-                continue
+        _lt, succ = cg.successors(cfg)
+        passing = []
+        for g, nxt in succ:
             if not self._inB(an.B, f + 1, cg.approx_id(nxt)):
                 continue
             if tail_only and not self._fits(nxt, cap):
                 continue
+            passing.append((g, nxt))
+        if not tail_only and len(passing) <= self.refine_groups:
+            # right of f the B sets are approximate: decide each group by a witness search from f+1
+            srch = _Search(self, c, an, self.refine_budget)
+            kept = []
+            for g, nxt in passing:
+                srch.exhaustive = True
+                srch.budget = self.refine_budget
+                if srch.run(f + 1, nxt) is not None or not srch.exhaustive:
+                    kept.append((g, nxt))
+            passing = kept
+        for g, _nxt in passing:
             sel[g] = True
         if sel.any():
             row[lt.tokens[sel[lt.group_of]]] = True
@@ -535,7 +461,8 @@ class GrammarCanvasState:
         toks = cg.complete_tokens(cfg)
         if toks is not None and len(toks) <= cap:
             return True
-        return False
+        toks, exhaustive, _used = cg.token_completion(cfg, cap, budget=self.refine_budget)
+        return toks is not None or not exhaustive  # inconclusive: keep it (sound)
 
     def _approx_row(self, an: _Analysis, p: int) -> np.ndarray:
         F, B = an.F, an.B
@@ -598,3 +525,94 @@ class GrammarCanvasState:
         c = self._norm(canvas)
         rows = self.allowed_tokens(list(canvas), list(range(self.n)))
         return [None if c[i] is not None else set(np.flatnonzero(rows[i].numpy()).tolist()) for i in range(self.n)]
+
+
+class _Search:
+    """Depth-first witness search over one canvas: token groups at open positions (exact parser, pruned by the
+    B sets), committed tokens stepped exactly, the tail closed by the concrete completion or a token-level
+    breadth-first search. `exhaustive` stays True unless a budget cut the search short (then a None result
+    proves nothing)."""
+
+    def __init__(self, st: GrammarCanvasState, c: tuple, an: _Analysis, budget: int):
+        self.st = st
+        self.cg = st.cg
+        self.c = c
+        self.an = an
+        self.n = st.n
+        self.eos = st.eos
+        self.budget = budget
+        self.failed: set = set()
+        self.exhaustive = True
+        w = getattr(st, "witness", None)
+        self.prefer = w
+
+    def run(self, i: int, cfg: Config) -> list[int] | None:
+        try:
+            return self.fill(i, cfg)
+        except (_Budget, RecursionError):
+            self.exhaustive = False
+            return None
+
+    def candidates(self, cfg: Config, i: int):
+        cg = self.cg
+        lt, succ = cg.successors(cfg)
+        B = self.an.B
+        prefer = self.prefer[i] if self.prefer is not None else None
+        pref_group = -1
+        if prefer is not None and prefer != self.eos:
+            pos = np.flatnonzero(lt.tokens == prefer)
+            if pos.size:
+                pref_group = int(lt.group_of[pos[0]])
+        out = []
+        for g, nxt in succ:
+            if not GrammarCanvasState._inB(B, i + 1, cg.approx_id(nxt)):
+                continue
+            if g == pref_group:
+                out.append((-1, prefer, nxt))
+            else:
+                out.append((cg.completion_estimate(nxt), int(lt.tokens[lt.offsets[g]]), nxt))
+        out.sort(key=lambda x: x[0])
+        return out
+
+    def fill(self, i: int, cfg: Config) -> list[int] | None:
+        an, c, n = self.an, self.c, self.n
+        if i > an.last_text:
+            cap = an.e_star - i
+            toks = self.cg.complete_tokens(cfg)
+            if toks is not None and len(toks) <= cap:
+                return toks + [self.eos] * (n - i - len(toks))
+            if cap <= 0:
+                return None
+            key = ("t", i, cfg)
+            if key in self.failed:
+                return None
+            allow = max(0, min(self.budget, 1500))
+            toks, exhaustive, used = self.cg.token_completion(cfg, cap, budget=allow)
+            self.budget -= 1 + used // 8
+            if toks is not None:
+                return toks + [self.eos] * (n - i - len(toks))
+            if not exhaustive:
+                self.exhaustive = False
+            else:
+                self.failed.add(key)
+            return None
+        ci = c[i]
+        if ci is not None:
+            nxt = self.cg.step(cfg, ci)
+            if nxt is None or not GrammarCanvasState._inB(an.B, i + 1, self.cg.approx_id(nxt)):
+                return None
+            rest = self.fill(i + 1, nxt)
+            return None if rest is None else [ci] + rest
+        key = (i, cfg)
+        if key in self.failed:
+            return None
+        for _k, tok, nxt in self.candidates(cfg, i):
+            self.budget -= 1
+            self.st.stats["search_nodes"] += 1
+            if self.budget < 0:
+                raise _Budget
+            rest = self.fill(i + 1, nxt)
+            if rest is not None:
+                return [tok] + rest
+        self.failed.add(key)
+        return None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections import deque
+from collections import OrderedDict, deque
 
 import numpy as np
 
@@ -107,13 +107,13 @@ class CompiledGrammar:
         self.name = name
         self.tokenizer_info = tok
         self.lexer = Lexer(spec, tok)
+        self.vocab = vocab_for(tok)
         self.shortest, self.separator = self._shortest_lexemes()
         missing = [spec.type_names[t] for t in range(len(spec.type_names))
                    if t not in self.shortest and not spec.type_names[t] in spec.ignore]
         cost = [len(self.shortest[t]) if t in self.shortest else INF for t in range(len(spec.type_names))]
         self.parser = LRParser(spec, cost)
         self.approx = Approx(spec, self.lexer)
-        self.vocab = vocab_for(tok)
         self.eos_id = tok.eos_id
         self.mask_id = tok.mask_id
         self.vocab_size = tok.vocab_size
@@ -126,6 +126,7 @@ class CompiledGrammar:
         self._finish: dict[int, list[tuple[int, bytes, int]]] = {}
         self._complete: dict[Config, bytes | None] = {}
         self._ctoks: dict[Config, list[int] | None] = {}
+        self._succ: OrderedDict = OrderedDict()
         self._min_tokens: int | None = None
         text_row = np.zeros(self.vocab_size, dtype=bool)
         for i, b in enumerate(tok.token_bytes):
@@ -141,13 +142,18 @@ class CompiledGrammar:
 
     # ------------------------------------------------------------------ lexeme strings
     def _shortest_lexemes(self) -> tuple[dict[int, bytes], bytes | None]:
-        """Shortest byte string lexed as exactly one lexeme of each type (BFS over the lexer from START)."""
+        """Shortest byte string lexed as exactly one lexeme of each type, and the shortest ignored lexeme (the
+        separator). With a vocabulary that spells every byte, a BFS over the lexer by bytes; otherwise a BFS
+        by whole tokens (so the strings are spellable)."""
         lx = self.lexer
         out: dict[int, bytes] = {}
         sep: bytes | None = None
         seen = {START: b""}
         dq = deque([START])
         n_types = len(self.spec.type_names)
+        by_tokens = not self.vocab.single_bytes
+        if by_tokens:
+            edges = sorted(self.vocab.by_bytes.items(), key=lambda kv: (len(kv[0]), kv[0]))
         while dq and len(seen) < 50_000:
             x = dq.popleft()
             path = seen[x]
@@ -159,6 +165,20 @@ class CompiledGrammar:
                     sep = path
             if len(out) == n_types and sep is not None:
                 break
+            if by_tokens:
+                for data, _t in edges:
+                    y = x
+                    for b in data:
+                        y2, e = lx.step(y, b)
+                        if e != -1:
+                            y2 = DEAD
+                        y = y2
+                        if y == DEAD:
+                            break
+                    if y != DEAD and y not in seen:
+                        seen[y] = path + data
+                        dq.append(y)
+                continue
             lx.expand(x)
             T, E = lx.T[x], lx.E[x]
             for b in _BYTE_ORDER:
@@ -350,8 +370,70 @@ class CompiledGrammar:
             return r  # type: ignore[return-value]
         data = self.complete_bytes(cfg)
         r = None if data is None else ([] if not data else self.vocab.segment_min(data))
+        if r is None:  # the rendered bytes are not spellable with this vocabulary: search by tokens
+            r, _e, _u = self.token_completion(cfg, 48, budget=3000)
+        if len(self._ctoks) > 200_000:
+            self._ctoks.clear()
         self._ctoks[cfg] = r
         return r
+
+    def successors(self, cfg: Config):
+        """(LexTrans of cfg's lexer state, [(group, next config)]) over the token groups acceptable from cfg."""
+        r = self._succ.get(cfg)
+        if r is not None:
+            self._succ.move_to_end(cfg)
+            return r
+        lt = self.lexer.trans(cfg[1])
+        out = []
+        node, _q, p = cfg
+        seqs = lt.g_seq.tolist()
+        ends = lt.g_end.tolist()
+        by_seq: dict[int, int] = {}
+        for g in range(lt.n_groups):
+            sq = seqs[g]
+            n2 = by_seq.get(sq)
+            if n2 is None:
+                n2 = self.feed_seq(node, sq)
+                by_seq[sq] = n2
+            if n2 < 0:
+                continue
+            nxt = self.step_seq(cfg, sq, ends[g])
+            if nxt is not None:
+                out.append((g, nxt))
+        r = (lt, out)
+        self._succ[cfg] = r
+        if len(self._succ) > 4096:
+            self._succ.popitem(last=False)
+        return r
+
+    def token_completion(self, cfg: Config, max_tokens: int, budget: int = 2000) -> tuple[list[int] | None, bool, int]:
+        """Fewest-token completion of cfg within max_tokens by breadth-first search over exact configurations
+        (token groups as edges). Returns (tokens or None, exhaustive, work): exhaustive=False when the budget
+        (in successor edges) ran out before the search space did (then None proves nothing)."""
+        if self.accepts_end(cfg):
+            return [], True, 0
+        layer = {cfg: []}
+        seen = {cfg}
+        used = 0
+        for _depth in range(max_tokens):
+            nxt_layer: dict = {}
+            for c, path in layer.items():
+                if used > budget:
+                    return None, False, used
+                lt, succ = self.successors(c)
+                used += len(succ) + 1
+                for g, nxt in succ:
+                    if nxt in seen:
+                        continue
+                    seen.add(nxt)
+                    p2 = path + [int(lt.tokens[lt.offsets[g]])]
+                    if self.accepts_end(nxt):
+                        return p2, True, used
+                    nxt_layer[nxt] = p2
+            if not nxt_layer:
+                return None, True, used
+            layer = nxt_layer
+        return None, True, used
 
     def completion_estimate(self, cfg: Config) -> int:
         """Cheap byte estimate of the completion length (for ordering and quick length checks)."""
