@@ -5,11 +5,14 @@ One step (`LLMEngine.step`):
      token at a position; the masks are computed here, before the forward, and reused after it), close
      finished blocks, stop requests whose answer has ended (a committed EOS with everything left of it
      committed: the rest is filled with EOS and no more forwards are spent on it);
-  2. one forward for all running requests (left-padded, key-padding mask, position ids that count only
-     real tokens, so each row computes what it computes alone);
-  3. per request: project logits only for the open positions of its active block, in row chunks (never a
-     [batch, canvas, vocab] tensor); apply the allowed-token mask (the constraint's, plus never the mask
-     token) BEFORE any statistic, so policies rank by constrained probabilities; the policy picks rows;
+  2. the forwards for all running requests (`engine.model_runner`; left-padded, key-padding mask, position ids
+     that count only real tokens, so each row computes what it computes alone): by default through the
+     Refresh/Reuse KV cache (`engine.kv_cache`: a full forward when a request's block changes, otherwise only
+     the active block's tokens against the cached keys/values; `EngineConfig`), else one full forward;
+  3. per request: project logits only for the open positions of its active block, in row chunks under a byte
+     budget (`engine.logits`; never a [batch, canvas, vocab] tensor); apply the allowed-token mask (the
+     constraint's, plus never the mask token) inside each chunk BEFORE any statistic, so policies rank by
+     constrained probabilities; the policy picks rows;
      the constraint verifies them jointly (`select_commits`); rejected ones stay open (counted as remasks).
      If the constraint then reports the canvas uncompletable (possible only with approximate masks), the
      step's commits are undone and banned at their positions (counted as backtracks).
@@ -40,9 +43,12 @@ from typing import Any
 
 import torch
 
-from dllm_constrain.engine.models.base import DiffusionLM, default_position_ids
+from dllm_constrain.engine.config import EngineConfig
+from dllm_constrain.engine.logits import LogitsPath
+from dllm_constrain.engine.model_runner import ModelRunner
+from dllm_constrain.engine.models.base import DiffusionLM
 from dllm_constrain.engine.policies import CommitPolicy, make_policy
-from dllm_constrain.engine.sampling import RowStats, reduce_logits
+from dllm_constrain.engine.sampling import RowStats
 from dllm_constrain.engine.state import Request, RequestState
 from dllm_constrain.errors import (
     ConstraintError,
@@ -69,6 +75,7 @@ class GenerationResult:
     forwards_saved: int = 0  # scheduled steps skipped because forced tokens completed blocks
     renoised: int = 0  # positions re-noised by the entropy-bound policy
     backtracks: int = 0  # steps undone because the canvas became uncompletable
+    refreshes: int = 0  # forwards that were full (KV cache Refresh or no cache); nfe - refreshes reused the cache
 
 
 @dataclass
@@ -96,13 +103,27 @@ ProgressCallback = Callable[[StepEvent], None]
 class LLMEngine:
     """Runs batches of requests through the denoising loop of a `DiffusionLM`."""
 
-    def __init__(self, model: DiffusionLM, tokenizer: Any = None, *, max_logit_rows: int = 32) -> None:
+    def __init__(self, model: DiffusionLM, tokenizer: Any = None, *, max_logit_rows: int | None = None,
+                 config: EngineConfig | None = None) -> None:
+        """config: the engine settings (KV cache, refresh policy, keep ratio, logits budget; see EngineConfig);
+        max_logit_rows, when given, caps the rows of one logits chunk (overrides config.max_logit_rows)."""
         self.model = model
         self.tokenizer = tokenizer
-        self.max_logit_rows = max(1, max_logit_rows)
+        config = config if config is not None else EngineConfig()
+        if max_logit_rows is not None:
+            config = config.with_overrides(max_logit_rows=max(1, max_logit_rows))
+        self.config = config.validate()
         self.special = model.special
         self.vocab_size = int(model.vocab_size)
         self.base_allowed = self._base_allowed()
+        self._setup_call(self.config)
+
+    def _setup_call(self, config: EngineConfig) -> None:
+        """The per-call machinery: the forward runner (with its KV cache) and the budgeted logits path."""
+        self.runner = ModelRunner(self.model, self.special.pad_id, config)
+        self.logits_path = LogitsPath(self.model, budget_bytes=config.logits_budget_bytes,
+                                      max_rows=config.max_logit_rows, budgeted=config.budgeted_logits,
+                                      backend=config.backend)
 
     # ------------------------------------------------------------------ set-up
     def _base_allowed(self) -> torch.Tensor:
@@ -154,12 +175,17 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ public loop
     @torch.inference_mode()
-    def generate(self, requests: Sequence[Request], progress: ProgressCallback | None = None) -> list[GenerationResult]:
-        """Denoise all requests as one batch; results come back in request order."""
+    def generate(self, requests: Sequence[Request], progress: ProgressCallback | None = None,
+                 config: EngineConfig | None = None) -> list[GenerationResult]:
+        """Denoise all requests as one batch; results come back in request order. `config` replaces the engine's
+        settings for this call only."""
         t0 = time.perf_counter()
         states = [self._new_state(i, r) for i, r in enumerate(requests)]
         for s in states:
             s.start_time = t0
+        self._setup_call(config.validate() if config is not None else self.config)
+        self.runner.reset(states)
+        self.logits_path.reset_budget(self.runner.device)
         policies = [make_policy(s.params) for s in states]
         if is_block_diffusion(self.model):
             self._generate_blocks(states, policies, progress)
@@ -183,15 +209,16 @@ class LLMEngine:
         for s in states:
             if not s.done:
                 self._prepare_step(s)
-        running = [(s, p) for s, p in zip(states, policies) if not s.done]
+        running = [s for s in states if not s.done]
         if not running:
             return
-        hidden, offsets = self._forward([s for s, _ in running])
-        for row, (s, policy) in enumerate(running):
-            s.nfe += 1
-            self._denoise(s, policy, hidden[row], offsets[row])
-            s.block_step += 1
-            self._settle(s)
+        policy_of = {id(s): p for s, p in zip(states, policies)}
+        for group, hidden, offsets in self.runner.forward(running):
+            for row, s in enumerate(group):
+                s.nfe += 1
+                self._denoise(s, policy_of[id(s)], hidden[row], offsets[row])
+                s.block_step += 1
+                self._settle(s)
 
     def _generate_blocks(self, states: list[RequestState], policies: list[CommitPolicy],
                          progress: ProgressCallback | None) -> None:
@@ -257,25 +284,6 @@ class LLMEngine:
             raise GenerationTimeoutError(
                 f"request {s.index} did not finish within {bound} steps (canvas of {s.canvas_len} tokens)")
 
-    def _forward(self, states: list[RequestState]) -> tuple[torch.Tensor, list[int]]:
-        """hidden states [B, L, D] of the left-padded batch, and each row's offset of canvas position 0."""
-        lengths = [len(s.prompt_ids) + s.canvas_len for s in states]
-        width = max(lengths)
-        ids = torch.full((len(states), width), self.special.pad_id, dtype=torch.long)
-        kpm = torch.zeros((len(states), width), dtype=torch.bool)
-        offsets = []
-        for b, (s, n) in enumerate(zip(states, lengths)):
-            pad = width - n
-            ids[b, pad:pad + len(s.prompt_ids)] = torch.tensor(s.prompt_ids, dtype=torch.long)
-            ids[b, pad + len(s.prompt_ids):] = s.canvas
-            kpm[b, pad:] = True
-            offsets.append(pad + len(s.prompt_ids))
-        kwargs: dict[str, Any] = {}
-        if getattr(self.model, "uses_request_state", False):
-            kwargs["request_states"] = states
-        hidden = self.model.hidden_states(ids, position_ids=default_position_ids(kpm), key_padding_mask=kpm, **kwargs)
-        return hidden, offsets
-
     def _allowed(self, s: RequestState, view: list[int], positions: list[int]) -> torch.Tensor:
         """Bool [len(positions), vocab]: the base mask, the constraint's mask, minus banned pairs."""
         allowed = self.base_allowed.expand(len(positions), -1).clone()
@@ -291,13 +299,8 @@ class LLMEngine:
         return allowed
 
     def _row_stats(self, s: RequestState, rows: torch.Tensor, allowed: torch.Tensor) -> RowStats:
-        """Project logits for `rows` hidden states chunk by chunk and reduce each chunk to RowStats."""
-        parts = []
-        for start in range(0, rows.shape[0], self.max_logit_rows):
-            chunk = slice(start, start + self.max_logit_rows)
-            logits = self.model.logits(rows[chunk])
-            parts.append(reduce_logits(logits, allowed[chunk], s.params.temperature, s.generator))
-        return RowStats.cat(parts)
+        """Project logits for `rows` hidden states in budgeted chunks, each masked and reduced at once."""
+        return self.logits_path.row_stats(rows, allowed, s.params.temperature, s.generator)
 
     def _denoise(self, s: RequestState, policy: CommitPolicy, hidden: torch.Tensor, offset: int) -> None:
         positions = s.open_in_block()
@@ -431,6 +434,7 @@ class LLMEngine:
             forwards_saved=s.forwards_saved,
             renoised=s.renoised,
             backtracks=s.backtracks,
+            refreshes=self.runner.refreshes.get(s.index, s.nfe) if self.runner.cached else s.nfe,
         )
 
 

@@ -16,6 +16,7 @@ casting), a rounding-level difference in bf16 and none in float32.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,10 @@ from dllm_constrain.engine.models.layers import (
     rope_cos_sin,
     swiglu,
 )
+
+AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (q, k, v) -> attention output
+ObserveFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]  # (layer, q, k, v)
+LayerAttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (layer, q, k, v) -> out
 
 # Fields of the released Dream config.json that we accept when they hold the value we implement.
 _ACCEPTED_AS: dict[str, set[Any]] = {
@@ -139,6 +144,15 @@ class DreamAttention(nn.Module):
         att = bidirectional_attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, bias)
         return self.o_proj(att.transpose(1, 2).reshape(b, n, -1))
 
+    def forward_with(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn) -> torch.Tensor:
+        """`forward` with the attention supplied by the caller: attend(q, k, v) -> [B, Hq, L, D] (KV cache steps)."""
+        b, n, _ = h.shape
+        q = self.q_proj(h).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
+        att = attend(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
+        return self.o_proj(att.transpose(1, 2).reshape(b, n, -1))
+
 
 class DreamMLP(nn.Module):
     def __init__(self, cfg: DreamConfig) -> None:
@@ -163,6 +177,10 @@ class DreamBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, bias)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_with(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn) -> torch.Tensor:
+        x = x + self.self_attn.forward_with(self.input_layernorm(x), cos, sin, attend)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -221,6 +239,40 @@ class DreamModel(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+    # ---------------------------------------------------------------- KV cache (engine.kv_cache) and budgeted logits
+    # The shift: the state that predicts a block's first token is the raw state of the position just left of the
+    # block, so a cached step runs one extra query position on the left of the block.
+    kv_query_shift = 1
+
+    def lm_head_weight(self) -> torch.Tensor:
+        """[V, D]: logits = hidden @ W^T (no bias, no soft-capping), for the fused budgeted logits path."""
+        return self.lm_head.weight
+
+    def hidden_states_kv(self, input_ids, position_ids, key_padding_mask, observe: ObserveFn) -> torch.Tensor:
+        """`hidden_states` (same math, shift included) that also hands every layer's rotated q [B,Hq,L,D] and k, v
+        [B,Hkv,L,D] to observe(layer, q, k, v): a KV cache Refresh."""
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(position_ids, self.config.dim_per_head, self.config.rope_theta, x.dtype)
+        bias = attention_bias(key_padding_mask, x.dtype)
+        for i, block in enumerate(self.model.layers):
+            def attend(q, k, v, i=i):
+                observe(i, q, k, v)
+                return bidirectional_attention(q, k, v, bias)
+            x = block.forward_with(x, cos, sin, attend)
+        raw = self.model.norm(x)
+        return torch.cat([raw[:, :1], raw[:, :-1]], dim=1)
+
+    def hidden_states_cached(self, input_ids, position_ids, attend: LayerAttendFn) -> torch.Tensor:
+        """Shifted hidden states [B, Lq, D] of a span of query tokens (ids and position ids [B, Lq]) whose attention
+        is attend(layer, q, k, v) -> [B, Hq, Lq, D] (a KV cache Reuse step): out[:, j] = raw[:, j - 1] predicts the
+        span's token j for j >= 1 (out[:, 0] = raw[:, 0], not a prediction of the span's first token)."""
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(position_ids, self.config.dim_per_head, self.config.rope_theta, x.dtype)
+        for i, block in enumerate(self.model.layers):
+            x = block.forward_with(x, cos, sin, lambda q, k, v, i=i: attend(i, q, k, v))
+        raw = self.model.norm(x)
+        return torch.cat([raw[:, :1], raw[:, :-1]], dim=1)
 
     def forward(
         self,

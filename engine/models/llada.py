@@ -7,6 +7,7 @@ Math: pre-norm blocks, x += attn_out(Attn(RoPE(q), RoPE(k), v)); x += ff_out(sil
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,10 @@ from dllm_constrain.engine.models.layers import (
     rope_cos_sin,
     swiglu,
 )
+
+AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (q, k, v) -> attention output
+ObserveFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]  # (layer, q, k, v)
+LayerAttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (layer, q, k, v) -> out
 
 # Fields of the released LLaDA config.json that we read, or accept when they hold the value we implement.
 _ACCEPTED_AS = {
@@ -154,6 +159,15 @@ class LLaDABlock(nn.Module):
         h = self.ff_norm(x)
         return x + self.ff_out(swiglu(self.ff_proj(h), self.up_proj(h)))
 
+    def forward_with(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn) -> torch.Tensor:
+        """`forward` with the attention supplied by the caller: attend(q, k, v) -> [B, Hq, L, D] (KV cache steps)."""
+        q, k, v = self.qkv(self.attn_norm(x), cos, sin)
+        att = attend(q, k, v)
+        b, _, n, _ = att.shape
+        x = x + self.attn_out(att.transpose(1, 2).reshape(b, n, -1))
+        h = self.ff_norm(x)
+        return x + self.ff_out(swiglu(self.ff_proj(h), self.up_proj(h)))
+
 
 class LLaDAModel(nn.Module):
     """LLaDA with the released parameter names; implements the engine's DiffusionLM contract."""
@@ -195,6 +209,35 @@ class LLaDAModel(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.transformer["ff_out"](hidden)
+
+    # ---------------------------------------------------------------- KV cache (engine.kv_cache) and budgeted logits
+    kv_query_shift = 0  # hidden state i predicts token i: a block's queries are exactly its positions
+
+    def lm_head_weight(self) -> torch.Tensor:
+        """[V, D]: logits = hidden @ W^T (no bias, no soft-capping), for the fused budgeted logits path."""
+        return self.transformer["ff_out"].weight
+
+    def hidden_states_kv(self, input_ids, position_ids, key_padding_mask, observe: ObserveFn) -> torch.Tensor:
+        """`hidden_states` (same math) that also hands every layer's rotated q [B,Hq,L,D] and k, v [B,Hkv,L,D] to
+        observe(layer, q, k, v): a KV cache Refresh."""
+        x = self.transformer["wte"](input_ids)
+        cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, x.dtype)
+        bias = attention_bias(key_padding_mask, x.dtype)
+        for i, block in enumerate(self.transformer["blocks"]):
+            def attend(q, k, v, i=i):
+                observe(i, q, k, v)
+                return bidirectional_attention(q, k, v, bias)
+            x = block.forward_with(x, cos, sin, attend)
+        return self.transformer["ln_f"](x)
+
+    def hidden_states_cached(self, input_ids, position_ids, attend: LayerAttendFn) -> torch.Tensor:
+        """Final hidden states [B, Lq, D] of a span of query tokens (ids and position ids [B, Lq]) whose attention
+        is attend(layer, q, k, v) -> [B, Hq, Lq, D], the KV cache's Reuse step (cached keys plus the fresh k, v)."""
+        x = self.transformer["wte"](input_ids)
+        cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, x.dtype)
+        for i, block in enumerate(self.transformer["blocks"]):
+            x = block.forward_with(x, cos, sin, lambda q, k, v, i=i: attend(i, q, k, v))
+        return self.transformer["ln_f"](x)
 
     def forward(self, input_ids, position_ids=None, key_padding_mask=None) -> torch.Tensor:
         """Full [B, L, V] logits: for training and tests; the engine uses hidden_states + logits on rows."""

@@ -1,0 +1,84 @@
+"""Engine-level settings: KV reuse (Refresh/Reuse phases), head-centric sparse reuse, the budgeted logits path.
+
+These are properties of a batch run, not of one request, so they live here and not on `SamplingParams`:
+
+    EngineConfig()                                  # the defaults: DualCache KV reuse refreshed once per block,
+                                                    # dense reuse, logits budget from free memory
+    EngineConfig(kv_cache="none")                   # every step recomputes the whole sequence (reference behaviour)
+    EngineConfig(refresh="steps", refresh_steps=4)  # also refresh every 4 forwards inside a block
+    EngineConfig(refresh="adaptive", refresh_threshold=0.25)  # refresh once 25% of the block was committed since
+    EngineConfig(keep_ratio=0.5)                    # Reuse steps attend to the 50% most salient cached keys per head
+    EngineConfig(logits_budget_bytes=64 << 20)      # at most 64 MiB of transient logits workspace
+
+KV reuse (Fast-dLLM's DualCache, dLLM-Serve's Refresh/Reuse):
+  Refresh: one full forward over prompt + canvas; every layer's keys/values of every position are cached, and the
+           step's commits come from that forward.
+  Reuse:   the forward runs only the active block's tokens (for shifted-prediction families such as Dream, also
+           the position just left of the block, whose state predicts the block's first token); their queries attend
+           to the cached keys/values of every other position plus the block's own fresh keys/values.
+  A request refreshes when its active block changes (always: the cache must hold the finished block's final
+  tokens), and additionally
+    refresh="block"     never otherwise (one refresh per block; the default);
+    refresh="steps"     after `refresh_steps` forwards since its last refresh;
+    refresh="adaptive"  once the tokens committed in the block since the last refresh reach `refresh_threshold`
+                        of the block's length.
+  keep_ratio < 1 turns on head-centric sparse reuse: at each refresh every KV head keeps its own
+  ceil(keep_ratio * n) most salient cached keys (scored against the block's queries,
+  `kernels.packed_kv_attention.select_salient_keys`), packed densely per head; Reuse steps attend to those plus
+  the block's fresh keys (`packed_kv_attention`: Triton on CUDA, torch elsewhere).
+
+Budgeted logits: only the open positions of each request's active block are projected, in row chunks whose
+transient workspace fits `logits_budget_bytes` (None: derived from the device's free memory, see
+`engine.logits.default_logits_budget`); the grammar masks are applied inside each chunk and the chunk is reduced at
+once to token / probability / entropy / margin (`kernels.masked_row_stats`), then freed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from dllm_constrain.errors import InvalidRequestError
+
+KV_CACHE_MODES = ("dual", "none")
+REFRESH_MODES = ("block", "steps", "adaptive")
+BACKENDS = ("auto", "triton", "torch")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    kv_cache: str = "dual"  # "dual": Refresh/Reuse KV cache (models without a cached forward fall back); "none"
+    refresh: str = "block"  # "block" | "steps" | "adaptive" (see the module docstring)
+    refresh_steps: int = 4  # refresh="steps": refresh after this many forwards
+    refresh_threshold: float = 0.5  # refresh="adaptive": share of the block committed since the last refresh
+    keep_ratio: float = 1.0  # < 1: head-centric sparse Reuse steps
+    logits_budget_bytes: int | None = None  # None: derived from free device memory
+    max_logit_rows: int | None = None  # optional hard cap on rows per logits chunk
+    budgeted_logits: bool = True  # False: one unchunked projection + reduction per request (tests, benchmarks)
+    backend: str = "auto"  # kernels' backend: "auto" (Triton on CUDA, torch elsewhere) | "triton" | "torch"
+
+    def validate(self) -> "EngineConfig":
+        """Raise InvalidRequestError naming the first bad field; returns self."""
+        if self.kv_cache not in KV_CACHE_MODES:
+            raise InvalidRequestError(f"kv_cache must be one of {KV_CACHE_MODES}, got {self.kv_cache!r}")
+        if self.refresh not in REFRESH_MODES:
+            raise InvalidRequestError(f"refresh must be one of {REFRESH_MODES}, got {self.refresh!r}")
+        if not isinstance(self.refresh_steps, int) or isinstance(self.refresh_steps, bool) or self.refresh_steps < 1:
+            raise InvalidRequestError(f"refresh_steps must be an integer >= 1, got {self.refresh_steps!r}")
+        if not isinstance(self.refresh_threshold, (int, float)) or not 0.0 < self.refresh_threshold <= 1.0:
+            raise InvalidRequestError(f"refresh_threshold must be in (0, 1], got {self.refresh_threshold!r}")
+        if not isinstance(self.keep_ratio, (int, float)) or not 0.0 < self.keep_ratio <= 1.0:
+            raise InvalidRequestError(f"keep_ratio must be in (0, 1], got {self.keep_ratio!r}")
+        if self.logits_budget_bytes is not None and (
+                not isinstance(self.logits_budget_bytes, int) or self.logits_budget_bytes < 1):
+            raise InvalidRequestError(f"logits_budget_bytes must be a positive integer (or None), "
+                                      f"got {self.logits_budget_bytes!r}")
+        if self.max_logit_rows is not None and (not isinstance(self.max_logit_rows, int) or self.max_logit_rows < 1):
+            raise InvalidRequestError(f"max_logit_rows must be an integer >= 1 (or None), got {self.max_logit_rows!r}")
+        if self.backend not in BACKENDS:
+            raise InvalidRequestError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        return self
+
+    def with_overrides(self, **overrides: Any) -> "EngineConfig":
+        """A copy with the given fields replaced; None values leave a field as it is."""
+        changes = {k: v for k, v in overrides.items() if v is not None}
+        return replace(self, **changes).validate() if changes else self

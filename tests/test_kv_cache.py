@@ -1,0 +1,182 @@
+"""The Refresh/Reuse KV cache: a Reuse step right after a Refresh reproduces the full forward on the active block
+(LLaDA and Dream's shifted head), dense and packed layouts; refresh policies; batching; settings."""
+from __future__ import annotations
+
+import pytest
+import torch
+from checkpoints import build_dream, build_llada
+from conftest import build_tiny_llada
+
+from dllm_constrain.engine.config import EngineConfig
+from dllm_constrain.engine.kv_cache import KVCache
+from dllm_constrain.engine.llm_engine import LLMEngine
+from dllm_constrain.engine.loader import load_checkpoint
+from dllm_constrain.engine.model_runner import ModelRunner, supports_kv_cache
+from dllm_constrain.engine.state import Request, SamplingParams
+from dllm_constrain.errors import InvalidRequestError
+
+
+@pytest.fixture(scope="module")
+def llada(tmp_path_factory: pytest.TempPathFactory):
+    folder = tmp_path_factory.mktemp("llada_kv") / "ckpt"
+    build_llada(folder, max_sequence_length=256)
+    return load_checkpoint(folder)
+
+
+@pytest.fixture(scope="module")
+def dream(tmp_path_factory: pytest.TempPathFactory):
+    folder = tmp_path_factory.mktemp("dream_kv") / "ckpt"
+    build_dream(folder)
+    return load_checkpoint(folder)
+
+
+def _states(engine: LLMEngine, prompts: list[list[int]], **params):
+    p = SamplingParams(**{**dict(max_new_tokens=12, block_length=4), **params})
+    return [engine._new_state(i, Request(ids, p)) for i, ids in enumerate(prompts)]
+
+
+def _commit_some(state, positions: list[int], token: int = 40) -> None:
+    state.commit(positions, [token] * len(positions))
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_reuse_right_after_refresh_equals_the_full_forward(family, packed, llada, dream) -> None:
+    """Same canvas, no commit in between: the Reuse forward of the block (with Dream's extra left query) gives the
+    hidden states the full forward gives at the block's positions, in a left-padded batch at different blocks."""
+    loaded = llada if family == "llada" else dream
+    model = loaded.model
+    assert supports_kv_cache(model)
+    engine = LLMEngine(model, loaded.tokenizer, config=EngineConfig(kv_cache="none"))
+    states = _states(engine, [[10, 11, 12, 13, 14, 15, 16], [20, 21]])
+    _commit_some(states[0], [0, 1, 2, 3, 5])  # request 0 is in block 1, with some of it committed
+    states[0].block = 1
+    _commit_some(states[1], [1])
+    _, full, offsets = engine.runner.full_forward(states)
+    runner = ModelRunner(model, model.special.pad_id, EngineConfig(keep_ratio=1.0))
+    runner.reset(states)
+    runner.cache = KVCache(1.0, packed=packed)
+    [(_, refreshed, r_offsets)] = runner.forward(states)
+    [(_, reused, u_offsets)] = runner.forward(states)
+    assert runner.refreshes == {0: 1, 1: 1}
+    for r, s in enumerate(states):
+        start, end = s.block_bounds()
+        for p in range(start, end):
+            want = full[r, offsets[r] + p]
+            torch.testing.assert_close(refreshed[r, r_offsets[r] + p], want, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(reused[r, u_offsets[r] + p], want, rtol=1e-4, atol=1e-4)
+
+
+def test_sparse_reuse_with_fewer_keys_differs_but_stays_close(llada) -> None:
+    model = llada.model
+    engine = LLMEngine(model, llada.tokenizer)
+    states = _states(engine, [list(range(10, 40))], max_new_tokens=16, block_length=8)
+    runner = ModelRunner(model, model.special.pad_id, EngineConfig(keep_ratio=0.5))
+    runner.reset(states)
+    runner.forward(states)
+    [(_, sparse, offs)] = runner.forward(states)
+    _, full, offsets = engine.runner.full_forward(states)
+    a = sparse[0, offs[0]:offs[0] + 8]
+    b = full[0, offsets[0]:offsets[0] + 8]
+    assert not torch.allclose(a, b, atol=1e-6)
+    assert torch.nn.functional.cosine_similarity(a, b, dim=-1).min() > 0.5
+    assert all(p.capacity == 19 for p in runner.cache.packed)  # ceil(0.5 * (30 + 16 - 8) outside keys) per head
+
+
+def _run(model, tokenizer, prompts, config: EngineConfig, **params):
+    engine = LLMEngine(model, tokenizer, config=config)
+    p = SamplingParams(**{**dict(max_new_tokens=16, block_length=4), **params})
+    return engine.generate([Request(ids, p) for ids in prompts]), engine
+
+
+def test_refresh_every_step_is_the_full_recompute(llada) -> None:
+    prompts = [[10, 11, 12, 13], [20, 21]]
+    full, _ = _run(llada.model, llada.tokenizer, prompts, EngineConfig(kv_cache="none"), temperature=0.7, seed=3)
+    every, _ = _run(llada.model, llada.tokenizer, prompts, EngineConfig(refresh="steps", refresh_steps=1),
+                    temperature=0.7, seed=3)
+    assert [r.canvas_ids for r in every] == [r.canvas_ids for r in full]
+    assert all(r.refreshes == r.nfe for r in every)
+
+
+@pytest.mark.parametrize("config, per_block", [
+    (EngineConfig(), 1),
+    (EngineConfig(refresh="steps", refresh_steps=2), 2),
+    (EngineConfig(refresh="adaptive", refresh_threshold=0.5), 2),
+])
+def test_refresh_policies(llada, config, per_block) -> None:
+    """quota, 4 steps per 4-token block (one commit per forward): per block a refresh, then reuse; "steps" every
+    2 forwards; "adaptive" when half the block was committed since the last refresh."""
+    (res,), engine = _run(llada.model, llada.tokenizer, [[10, 11, 12]], config)
+    blocks = 16 // 4
+    assert res.nfe == 16
+    assert res.refreshes == blocks * per_block
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize("keep_ratio", [1.0, 0.5])
+def test_cached_runs_give_the_same_answer_alone_and_in_a_batch(family, keep_ratio, llada, dream) -> None:
+    loaded = llada if family == "llada" else dream
+    prompts = [[10, 11, 12, 13, 14, 15, 16], [20, 21], [30, 31, 32]]
+    config = EngineConfig(keep_ratio=keep_ratio)
+    batched, engine = _run(loaded.model, loaded.tokenizer, prompts, config, temperature=0.8, seed=5,
+                           policy="threshold", threshold=0.2)
+    for ids, res in zip(prompts, batched):
+        (alone,), _ = _run(loaded.model, loaded.tokenizer, [ids], config, temperature=0.8, seed=5,
+                           policy="threshold", threshold=0.2)
+        assert alone.canvas_ids == res.canvas_ids and alone.nfe == res.nfe
+
+
+def test_mixed_block_lengths_in_one_batch(llada) -> None:
+    """Requests whose spans differ in length run as separate Reuse groups; finished requests leave the cache."""
+    engine = LLMEngine(llada.model, llada.tokenizer)
+    reqs = [Request([10, 11, 12], SamplingParams(max_new_tokens=12, block_length=4)),
+            Request([20, 21], SamplingParams(max_new_tokens=10, block_length=6)),
+            Request([30], SamplingParams(max_new_tokens=3, block_length=3))]
+    batched = engine.generate(reqs)
+    for req, res in zip(reqs, batched):
+        (alone,) = engine.generate([req])
+        assert alone.canvas_ids == res.canvas_ids
+
+
+def test_models_without_a_cached_forward_fall_back_to_full_forwards() -> None:
+    from engine_fakes import ScriptedModel
+
+    model = ScriptedModel([{5: 0.9}] * 4, prompt_len=2)
+    engine = LLMEngine(model)
+    (res,) = engine.generate([Request([0, 4], SamplingParams(max_new_tokens=4, block_length=4))])
+    assert not engine.runner.cached and res.refreshes == res.nfe == model.forwards
+
+
+def test_cached_is_faster_per_forward_than_full() -> None:
+    """The point of the cache: a Reuse forward costs a fraction of a full one (here ~5x fewer token positions)."""
+    import time
+
+    model = build_tiny_llada(max_sequence_length=512)
+    engine = LLMEngine(model)
+    states = _states(engine, [list(range(10, 200))], max_new_tokens=32, block_length=8)
+    runner = ModelRunner(model, model.special.pad_id, EngineConfig())
+    runner.reset(states)
+    with torch.inference_mode():
+        runner.forward(states)
+
+        def best(fn, n=5):
+            times = []
+            for _ in range(n):
+                t = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t)
+            return min(times)
+
+        reuse = best(lambda: runner.forward(states))
+        full = best(lambda: engine.runner.full_forward(states))
+    assert reuse < full
+
+
+def test_bad_settings_are_refused() -> None:
+    for bad in (dict(kv_cache="yes"), dict(refresh="never"), dict(refresh_steps=0), dict(keep_ratio=0.0),
+                dict(keep_ratio=1.5), dict(refresh_threshold=0.0), dict(logits_budget_bytes=0), dict(backend="cuda")):
+        with pytest.raises(InvalidRequestError):
+            EngineConfig(**bad).validate()
+    model = build_tiny_llada()
+    with pytest.raises(InvalidRequestError):
+        LLMEngine(model, config=EngineConfig(keep_ratio=2.0))
