@@ -38,7 +38,9 @@ class CompiledConstraint:
         self.node = node
         self.dfa = DerivDFA(node, deadline, max_states=max_dfa_states)
         self.dfa.expand(START)
-        self.dfa.deadline = None  # lazy expansion after compilation is bounded by max_states only
+        # lazy expansion after compilation is bounded by max_states only
+        self.dfa.deadline = None
+        self.dfa.terms.deadline = None
         self.ta = TokenAutomaton(self.dfa, tok)
         self.algebra = SetAlgebra(self.ta)
         self._min_tokens: int | None = None

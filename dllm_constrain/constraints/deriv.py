@@ -27,6 +27,10 @@ from .nfa import INF, utf8_sequences
 DEAD = 0
 START = 1
 
+# derivatives recurse along the head of nested sequences; deep schemas need more than the default
+if sys.getrecursionlimit() < 20000:
+    sys.setrecursionlimit(20000)
+
 # term kinds
 NOTHING_K, EMPTY_K, BYTES_K, LIT_K, CHARS_K, SEQ_K, ALT_K, REP_K, GAT_K = range(9)
 T_NOTHING = 0
@@ -405,9 +409,6 @@ class DerivDFA:
         self.deadline = deadline
         self.terms.deadline = deadline
         self.max_states = max_states
-        old = sys.getrecursionlimit()
-        if old < 20000:
-            sys.setrecursionlimit(20000)
         st = start_term if start_term is not None else self.terms.from_ast(node)
         cap = 64
         self.T = np.zeros((cap, 256), dtype=np.int32)

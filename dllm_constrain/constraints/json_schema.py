@@ -24,6 +24,7 @@ Sound narrowings (outputs stay valid; some valid instances are not producible):
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import re
@@ -156,13 +157,7 @@ def json_encode_string_body(node: A.Node, memo: dict | None = None) -> A.Node:
         return hit[1]
     t = type(node)
     if t is A.Chars or t is A.Bytes:
-        rs = node.ranges
-        raw = A.ranges_difference(rs, _SPECIAL_RANGES) if t is A.Chars else _byte_diff(rs)
-        parts = [A.Chars(raw) if t is A.Chars else A.Bytes(raw)] if raw else []
-        for c in _SPECIAL_STRING_CHARS:
-            if A.ranges_contains(rs, c):
-                parts.append(A.Lit(_ESC[c]))
-        res = A.alt(*parts)
+        res = _encode_set(node.ranges, t is A.Chars)
     elif t is A.Lit:
         data = node.data
         if any(b < 0x20 or b in (0x22, 0x5C) for b in data):
@@ -182,6 +177,22 @@ def json_encode_string_body(node: A.Node, memo: dict | None = None) -> A.Node:
         raise TypeError(node)
     memo[key] = (node, res)
     return res
+
+
+_ESC_LITS = {c: A.Lit(_ESC[c]) for c in _SPECIAL_STRING_CHARS}
+_ESC_ALL = A.alt(*_ESC_LITS.values())
+
+
+@functools.lru_cache(maxsize=8192)
+def _encode_set(rs: A.Ranges, is_chars: bool) -> A.Node:
+    raw = A.ranges_difference(rs, _SPECIAL_RANGES) if is_chars else _byte_diff(rs)
+    parts = [A.Chars(raw) if is_chars else A.Bytes(raw)] if raw else []
+    inside = [c for c in _SPECIAL_STRING_CHARS if A.ranges_contains(rs, c)]
+    if len(inside) == len(_SPECIAL_STRING_CHARS):
+        parts.append(_ESC_ALL)
+    else:
+        parts.extend(_ESC_LITS[c] for c in inside)
+    return A.alt(*parts)
 
 
 def _byte_diff(rs: A.Ranges) -> A.Ranges:
@@ -208,6 +219,23 @@ def json_literal(v: Any) -> A.Node:
 
 
 # ------------------------------------------------------------------------------------------ helpers
+def _canon(v) -> str:
+    """A key equal for JSON-equal values (1 == 1.0; True != 1)."""
+    if isinstance(v, bool) or v is None:
+        return json.dumps(v)
+    if isinstance(v, (int, float)):
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        return "n" + repr(v)
+    if isinstance(v, str):
+        return "s" + v
+    if isinstance(v, list):
+        return "[" + ",".join(_canon(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ",".join(json.dumps(k) + ":" + _canon(v[k]) for k in sorted(v)) + "}"
+    return repr(v)
+
+
 def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
@@ -269,6 +297,10 @@ class SchemaCompiler:
         self._any_cache: dict[int, A.Node] = {}
         self._anchors: dict[str, Any] | None = None
         self._ids: dict[str, Any] | None = None
+        self._enum_sets: dict = {}
+        self._direct_memo: dict = {}
+        self._reach_memo: dict = {}
+        self._enc_memo: dict = {}
         self.unsat: list[str] = []  # why sub-languages came out empty (for UnsatisfiableSchemaError)
 
     # -------------------------------------------------------------- validation helper
@@ -363,6 +395,52 @@ class SchemaCompiler:
                 self._ids.setdefault(root_id, self.root)
         return self._ids
 
+    # -------------------------------------------------------------- reachability of $refs (memo keys)
+    def _direct_refs(self, x) -> frozenset:
+        """$ref strings appearing in x (not following them). Memoised per dict."""
+        if isinstance(x, dict):
+            hit = self._direct_memo.get(id(x))
+            if hit is not None and hit[0] is x:
+                return hit[1]
+            out = set()
+            r = x.get("$ref")
+            if isinstance(r, str):
+                out.add(r)
+            for k, v in x.items():
+                if isinstance(v, (dict, list)) and k not in ("enum", "const", "examples", "default"):
+                    out |= self._direct_refs(v)
+            res = frozenset(out)
+            self._direct_memo[id(x)] = (x, res)
+            return res
+        if isinstance(x, list):
+            out = set()
+            for v in x:
+                if isinstance(v, (dict, list)):
+                    out |= self._direct_refs(v)
+            return frozenset(out)
+        return frozenset()
+
+    def _reach(self, s) -> frozenset:
+        """Every $ref reachable from s, following references transitively."""
+        hit = self._reach_memo.get(id(s))
+        if hit is not None and hit[0] is s:
+            return hit[1]
+        seen = set(self._direct_refs(s))
+        todo = list(seen)
+        while todo:
+            r = todo.pop()
+            try:
+                target, _ = self.resolve_ref(r, "#")
+            except (InvalidSchemaError, UnsupportedSchemaError):
+                continue
+            for r2 in self._direct_refs(target):
+                if r2 not in seen:
+                    seen.add(r2)
+                    todo.append(r2)
+        res = frozenset(seen)
+        self._reach_memo[id(s)] = (s, res)
+        return res
+
     # -------------------------------------------------------------- entry
     def compile_root(self) -> A.Node:
         return self.compile(self.root, "#")
@@ -379,7 +457,12 @@ class SchemaCompiler:
             return A.NOTHING
         if not isinstance(s, dict):
             raise InvalidSchemaError(f"schema at {path} must be an object or a boolean, got {type(s).__name__}")
-        key = (id(s), tuple(sorted(self.ref_counts.items())))
+        rc = self.ref_counts
+        if rc:
+            reach = self._reach(s)
+            key = (id(s), tuple(sorted((r, c) for r, c in rc.items() if r in reach)))
+        else:
+            key = (id(s), ())
         hit = self.memo.get(key)
         if hit is not None and hit[0] is s:
             return hit[1]
@@ -954,6 +1037,28 @@ class SchemaCompiler:
             for r in ent:
                 self._leave(r)
 
+    def _valid_fast(self, v, c) -> bool:
+        """is_valid, with a fast path for conjuncts that only restrict the type / enumerate values."""
+        if isinstance(c, dict):
+            kws = {k for k in c if k not in ANNOTATIONS}
+            if kws <= {"type", "enum", "const"}:
+                if "type" in c:
+                    ts = self._type_set(c["type"], "#")
+                    tv = _type_of(v)
+                    if not (tv in ts or (tv == "integer" and "number" in ts)):
+                        return False
+                if "const" in c and not _json_eq(v, c["const"]):
+                    return False
+                if "enum" in c:
+                    cache = self._enum_sets.get(id(c))
+                    if cache is None or cache[0] is not c:
+                        cache = (c, {_canon(x) for x in c["enum"]} if isinstance(c["enum"], list) else set())
+                        self._enum_sets[id(c)] = cache
+                    if _canon(v) not in cache[1]:
+                        return False
+                return True
+        return self.is_valid(v, c)
+
     def _compile_enum(self, s: dict, path: str) -> A.Node:
         vals = [s["const"]] if "const" in s else s["enum"]
         if "enum" in s and "const" in s:
@@ -963,10 +1068,14 @@ class SchemaCompiler:
         conj = s.get("__conj__", [])
         excl = s.get("__exclude__", [])
         keep = []
+        seen: set[str] = set()
+        excl_keys = {_canon(e) for e in excl}
         for v in vals:
-            if any(_json_eq(v, e) for e in excl) or any(_json_eq(v, k) for k in keep):
+            kv = _canon(v)
+            if kv in seen or kv in excl_keys:
                 continue
-            if all(self.is_valid(v, c) for c in conj):
+            seen.add(kv)
+            if all(self._valid_fast(v, c) for c in conj):
                 keep.append(v)
         if not keep:
             self.unsat.append(f"no value of the enum/const at {path} satisfies the schema")
@@ -1111,7 +1220,7 @@ class SchemaCompiler:
         body = self.string_body_chars(s, path, excluded)
         if A.is_nothing(body):
             return A.NOTHING
-        return A.seq(A.lit('"'), json_encode_string_body(body), A.lit('"'))
+        return A.seq(A.lit('"'), json_encode_string_body(body, self._enc_memo), A.lit('"'))
 
     # -------------------------------------------------------------- arrays
     def _array(self, s: dict, path: str) -> A.Node:
@@ -1360,6 +1469,15 @@ class SchemaCompiler:
         ws = self.ws
         out = []
         declared = A.alt_literals([json.dumps(n, ensure_ascii=False)[1:-1] for n in names]) if names else A.NOTHING
+        if not pats and pname_lang_is_trivial(pnames):
+            # the common case: any key except the declared names (a trie complement, no product needed)
+            if addl is False:
+                return []
+            vnode = self.compile(addl, f"{path}/additionalProperties")
+            if A.is_nothing(vnode):
+                return []
+            key_body = json_encode_string_body(strings_except(names), self._enc_memo)
+            return [A.seq(A.lit('"'), key_body, A.lit('"'), ws, A.lit(":"), ws, vnode)]
         pname_lang = None
         if pnames is not None and pnames is not True:
             pname_lang = self._property_names_language(pnames, path)
@@ -1438,6 +1556,45 @@ class SchemaCompiler:
             node = A.alt(*scalars, arr, obj)
         self._any_cache[depth] = node
         return node
+
+
+def pname_lang_is_trivial(pnames) -> bool:
+    return pnames is None or pnames is True or pnames == {}
+
+
+def strings_except(names: list[str]) -> A.Node:
+    """Char-level language of all strings except the given ones (a complemented trie)."""
+    root: dict = {}
+    END = object()
+    for n in names:
+        node = root
+        for ch in n:
+            node = node.setdefault(ch, {})
+        node[END] = True
+    anychar = A.chars(A.ANY_CHAR)
+    nodes: list[dict] = []
+    edges: list = []
+    FREE = 0
+    nodes.append({})  # placeholder for FREE
+    edges.append((FREE, anychar, FREE))
+    finals = [FREE]
+
+    def visit(node: dict) -> int:
+        i = len(nodes)
+        nodes.append(node)
+        kids = [k for k in node if k is not END]
+        if END not in node:
+            finals.append(i)
+        others = A.ranges_difference(A.ANY_CHAR, A.ranges_of_chars("".join(kids)))
+        if others:
+            edges.append((i, A.Chars(others), FREE))
+        for ch in kids:
+            j = visit(node[ch])
+            edges.append((i, A.lit(ch), j))
+        return i
+
+    start = visit(root)
+    return A.Graph(len(nodes), start, tuple(finals), tuple(edges))
 
 
 def _number_spellings(v) -> A.Node:

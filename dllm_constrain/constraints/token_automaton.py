@@ -48,6 +48,9 @@ class TokenAutomaton:
         self._delta: dict[tuple[int, int], int] = {}
         self._lock = threading.RLock()
         self.max_token_len = self.trie.max_token_len
+        self._buf = np.zeros(self.trie.n_nodes + 1, dtype=np.int64)  # per-walk scratch (node -> state)
+        self._parent64 = self.trie.parent.astype(np.int64)
+        self._byte64 = self.trie.byte.astype(np.int64)
         singles = {b[0] for b in tok.token_bytes if b is not None and len(b) == 1}
         # every byte is a token of its own: a byte path of length d is spelled by d tokens
         self.single_byte_complete = len(singles) == 256
@@ -65,63 +68,96 @@ class TokenAutomaton:
         return r
 
     # ------------------------------------------------------------------ trie walk
-    def walk_trie(self, s: int) -> np.ndarray:
-        """DFA state reached at every trie node when starting from state s (DEAD = 0); index n_nodes is
-        a sentinel that stays DEAD."""
+    def walk_tokens(self, s: int) -> tuple[np.ndarray, np.ndarray]:
+        """(token ids, target states) of every token t with delta(s, t) != DEAD.
+
+        Level-by-level over the trie; a level is done densely (one numpy gather over the whole level)
+        when many nodes are live, else only the children of the live nodes are visited, so the cost is
+        proportional to the live part of the trie (tiny for states inside literals, keys, numbers)."""
         tr = self.trie
         dfa = self.dfa
-        st = np.zeros(tr.n_nodes + 1, dtype=np.int32)
-        st[0] = s
+        empty = np.zeros(0, dtype=np.int64)
         if s == DEAD:
-            return st
+            return empty, empty
         dfa.expand(s)
-        parent, byte, ls = tr.parent, tr.byte, tr.level_start
-        alive_prev: np.ndarray | None = np.array([0], dtype=np.int64)  # alive node ids of previous level
-        n_alive_prev = 1
+        buf = self._buf
+        parent, byte, ls = self._parent64, self._byte64, tr.level_start
+        node_token = tr.node_token
+        buf[0] = s
+        alive_prev = np.zeros(1, dtype=np.int64)  # live nodes of the previous level (sparse mode)
+        n_alive = 1
+        prev_size = 1
+        prev_dense = False
+        out_tok: list[np.ndarray] = []
+        out_tgt: list[np.ndarray] = []
         for lvl in range(1, len(ls) - 1):
             a, b = ls[lvl], ls[lvl + 1]
-            if a >= b:
+            if a >= b or n_alive == 0:
                 break
             size = b - a
-            if alive_prev is None:
-                # previous level was done densely; decide whether to go sparse
-                if n_alive_prev * 4 < size:
-                    prev_a = ls[lvl - 1]
-                    alive_prev = prev_a + np.flatnonzero(st[prev_a:a])
-            if alive_prev is not None:
+            dense = prev_dense and n_alive * 3 > prev_size
+            if not dense:
+                if prev_dense:
+                    alive_prev = ls[lvl - 1] + np.flatnonzero(buf[ls[lvl - 1]:a])
                 cs = tr.child_start[alive_prev]
-                ce = tr.child_end[alive_prev]
-                cnt = ce - cs
+                cnt = tr.child_end[alive_prev] - cs
                 tot = int(cnt.sum())
                 if tot == 0:
                     break
-                if tot * 2 < size:
-                    # sparse: gather only the children of live nodes
-                    nz = cnt > 0
-                    cs, cnt = cs[nz], cnt[nz]
-                    offs = np.repeat(cs - np.concatenate(([0], np.cumsum(cnt)[:-1])), cnt)
-                    idx = offs + np.arange(tot)
-                    par_states = st[parent[idx]]
-                    dfa.ensure_rows(par_states)
-                    vals = dfa.T.ravel()[par_states.astype(np.int64) * 256 + byte[idx]]
-                    st[idx] = vals
-                    live = vals != 0
-                    alive_prev = idx[live]
-                    n_alive_prev = alive_prev.size
-                    if n_alive_prev == 0:
-                        break
-                    continue
-            # dense level
-            par_states = st[parent[a:b]]
-            dfa.ensure_rows(par_states)
-            vals = dfa.T.ravel()[par_states.astype(np.int64) * 256 + byte[a:b]]
-            st[a:b] = vals
-            n_alive_prev = int(np.count_nonzero(vals))
-            alive_prev = None
-            if n_alive_prev == 0:
-                break
-        st[tr.n_nodes] = DEAD
-        return st
+                dense = tot * 3 >= size
+            if not dense:
+                nz = cnt > 0
+                cs, cnt = cs[nz], cnt[nz]
+                if cs.size == 1:
+                    idx = np.arange(int(cs[0]), int(cs[0]) + tot, dtype=np.int64)
+                else:
+                    offs = np.repeat(cs.astype(np.int64) - np.concatenate(([0], np.cumsum(cnt)[:-1])), cnt)
+                    idx = offs + np.arange(tot, dtype=np.int64)
+                par_states = buf[parent[idx]]
+                dfa.ensure_rows(par_states)
+                vals = dfa.T.ravel()[par_states * 256 + byte[idx]]
+                live = vals != 0
+                alive_prev = idx[live]
+                v = vals[live]
+                buf[alive_prev] = v
+                n_alive = alive_prev.size
+                prev_dense = False
+                t = node_token[alive_prev]
+                h = t >= 0
+                out_tok.append(t[h])
+                out_tgt.append(v[h])
+            else:
+                if not prev_dense:
+                    # the previous level was written sparsely: clear its dead nodes
+                    pa = ls[lvl - 1]
+                    keep = buf[alive_prev].copy()
+                    buf[pa:a] = 0
+                    buf[alive_prev] = keep
+                par_states = buf[parent[a:b]]
+                dfa.ensure_rows(par_states)
+                vals = dfa.T.ravel()[par_states * 256 + byte[a:b]]
+                buf[a:b] = vals
+                live = vals != 0
+                n_alive = int(np.count_nonzero(live))
+                prev_dense = True
+                t = node_token[a:b]
+                h = live & (t >= 0)
+                out_tok.append(t[h])
+                out_tgt.append(vals[h])
+            prev_size = size
+        if not out_tok:
+            return empty, empty
+        tok_ids = np.concatenate(out_tok).astype(np.int64)
+        tgts = np.concatenate(out_tgt)
+        if tr.dup_nodes.size:
+            # nodes spelling several tokens (identical bytes): add the extra ids
+            live_nodes = tr.token_node[tok_ids]
+            m = np.isin(tr.dup_nodes, live_nodes)
+            if m.any():
+                dn = tr.dup_nodes[m]
+                tok_ids = np.concatenate((tok_ids, tr.dup_tokens[m].astype(np.int64)))
+                tgts = np.concatenate((tgts, buf[dn]))
+        return tok_ids, tgts
 
     def trans(self, s: int) -> TokTrans:
         tt = self._trans.get(s)
@@ -139,47 +175,29 @@ class TokenAutomaton:
         tt = TokTrans(s)
         if s == DEAD:
             return tt
-        st = self.walk_trie(s)
-        nxt = st[self.trie.token_node]  # [vocab_size]
-        idx = np.flatnonzero(nxt)
+        idx, tg = self.walk_tokens(s)
         tt.n_allowed = int(idx.size)
         if idx.size == 0:
             return tt
-        tg = nxt[idx]
-        if idx.size <= DENSE_MIN:
+        big: list[int] = []
+        if idx.size > DENSE_MIN:
+            counts = np.bincount(tg)
+            big = np.flatnonzero(counts > DENSE_MIN).tolist()
+            for u in big:
+                bits = np.zeros(self.vocab_size, dtype=bool)
+                bits[idx[tg == u]] = True
+                tt.dense[u] = np.packbits(bits, bitorder="little")
+            if big:
+                rest = ~np.isin(tg, big) if len(big) > 1 else tg != big[0]
+                idx, tg = idx[rest], tg[rest]
+        if idx.size:
             order = np.argsort(tg, kind="stable")
             tg_s, idx_s = tg[order], idx[order]
             cuts = np.flatnonzero(np.diff(tg_s)) + 1
-            starts = np.concatenate(([0], cuts))
-            ends = np.concatenate((cuts, [tg_s.size]))
-            for a, b in zip(starts.tolist(), ends.tolist()):
-                tt.sparse[int(tg_s[a])] = idx_s[a:b]
-        else:
-            counts = np.bincount(tg)
-            targets = np.flatnonzero(counts)
-            if targets.size > 8:
-                key = tg.astype(np.uint16) if self.dfa.n_states < 65536 else tg
-                order = np.argsort(key, kind="stable")
-                tg_s, idx_s = tg[order], idx[order]
-                cuts = np.flatnonzero(np.diff(tg_s)) + 1
-                starts = np.concatenate(([0], cuts)).tolist()
-                ends = np.concatenate((cuts, [tg_s.size])).tolist()
-                for a, b in zip(starts, ends):
-                    u = int(tg_s[a])
-                    ids = idx_s[a:b]
-                    if b - a > DENSE_MIN:
-                        bits = np.zeros(self.vocab_size, dtype=bool)
-                        bits[ids] = True
-                        tt.dense[u] = np.packbits(bits, bitorder="little")
-                    else:
-                        tt.sparse[u] = ids
-            else:
-                for u in targets.tolist():
-                    eq = nxt == u
-                    if counts[u] > DENSE_MIN:
-                        tt.dense[u] = np.packbits(eq, bitorder="little")
-                    else:
-                        tt.sparse[u] = np.flatnonzero(eq)
+            starts = np.concatenate(([0], cuts)).tolist()
+            ends = np.concatenate((cuts, [tg_s.size])).tolist()
+            for a, b in zip(starts, ends):
+                tt.sparse[int(tg_s[a])] = np.sort(idx_s[a:b])
         tt.targets = tuple(sorted(list(tt.dense) + list(tt.sparse)))
         tt.succ = frozenset(tt.targets)
         return tt

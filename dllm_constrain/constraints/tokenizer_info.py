@@ -51,6 +51,9 @@ class TokenTrie:
     child_start: np.ndarray  # int32 [n_nodes]
     child_end: np.ndarray  # int32 [n_nodes]
     token_node: np.ndarray  # int32 [vocab_size]
+    node_token: np.ndarray  # int32 [n_nodes + 1]: a token spelled by the node, -1 if none
+    dup_nodes: np.ndarray  # int32: nodes spelling more than one token ...
+    dup_tokens: np.ndarray  # int32: ... and the extra tokens
     n_nodes: int
     max_depth: int
     max_token_len: int
@@ -297,9 +300,19 @@ def _build_trie(token_bytes: Sequence[bytes | None], vocab_size: int) -> TokenTr
         child_start[:] = np.searchsorted(pk, nodes, side="left") + 1
         child_end[:] = np.searchsorted(pk, nodes, side="right") + 1
     token_node = np.full(vocab_size, n, dtype=np.int32)
+    node_token = np.full(n + 1, -1, dtype=np.int32)
+    dup_n: list[int] = []
+    dup_t: list[int] = []
     for t, b in enumerate(token_bytes):
         if b:
-            token_node[t] = index[b]
+            k = index[b]
+            token_node[t] = k
+            if node_token[k] < 0:
+                node_token[k] = t
+            else:
+                dup_n.append(k)
+                dup_t.append(t)
     return TokenTrie(parent=parent, byte=byte, level_start=level_start, child_start=child_start,
-                     child_end=child_end, token_node=token_node, n_nodes=n, max_depth=len(level_start) - 2,
-                     max_token_len=maxlen)
+                     child_end=child_end, token_node=token_node, node_token=node_token,
+                     dup_nodes=np.array(dup_n, dtype=np.int32), dup_tokens=np.array(dup_t, dtype=np.int32),
+                     n_nodes=n, max_depth=len(level_start) - 2, max_token_len=maxlen)

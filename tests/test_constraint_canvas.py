@@ -1,0 +1,255 @@
+"""Per-position canvas masks for regular constraints: exactness against brute force on tiny vocabularies,
+joint commits, forced tokens, lengths, and random decoding that always ends valid."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from dllm_constrain.constraints import CanvasConstraint, ConstraintCompiler
+from dllm_constrain.errors import ConstraintTooLongError, InvalidRegexError
+
+from test_constraint_support import (brute_force_allowed, brute_force_completable, canvas_text, regex_accepts,
+                                     small_regexes, tiny_info, tiny_vocabularies)
+
+
+@st.composite
+def canvases(draw, n_tokens: int, eos: int, mask: int, max_len: int = 5, max_open: int = 4):
+    n = draw(st.integers(1, max_len))
+    cells = []
+    for _ in range(n):
+        cells.append(draw(st.one_of(st.just(mask), st.integers(0, n_tokens - 1), st.just(eos))))
+    opens = [i for i, c in enumerate(cells) if c == mask]
+    assume(len(opens) <= max_open)
+    return cells
+
+
+def _compiled(pattern, tokens):
+    info = tiny_info(tokens)
+    return ConstraintCompiler(info).compile_regex(pattern), info
+
+
+def _allowed_sets(state, canvas, positions):
+    m = state.allowed_tokens(canvas, positions)
+    return [set(torch.nonzero(m[j]).flatten().tolist()) for j in range(len(positions))]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_every_mask_equals_the_brute_force_set_of_completable_tokens(data):
+    tokens = data.draw(tiny_vocabularies())
+    pattern = data.draw(small_regexes())
+    cc, info = _compiled(pattern, tokens)
+    canvas = data.draw(canvases(len(tokens), info.eos_id, info.mask_id))
+    try:
+        state = cc.new_canvas_state(len(canvas))
+    except ConstraintTooLongError:
+        assert not brute_force_completable([info.mask_id] * len(canvas), tokens, info.eos_id, info.mask_id,
+                                           regex_accepts(pattern))
+        return
+    opens = [i for i, c in enumerate(canvas) if c == info.mask_id]
+    expected = brute_force_allowed(canvas, tokens, info.eos_id, info.mask_id, regex_accepts(pattern))
+    got = _allowed_sets(state, canvas, opens)
+    for i, g in zip(opens, got):
+        assert g == expected[i], (pattern, tokens, canvas, i)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_is_completable_equals_brute_force(data):
+    tokens = data.draw(tiny_vocabularies())
+    pattern = data.draw(small_regexes())
+    cc, info = _compiled(pattern, tokens)
+    canvas = data.draw(canvases(len(tokens), info.eos_id, info.mask_id))
+    try:
+        state = cc.new_canvas_state(len(canvas))
+    except ConstraintTooLongError:
+        return
+    assert state.is_completable(canvas) == brute_force_completable(canvas, tokens, info.eos_id, info.mask_id,
+                                                                   regex_accepts(pattern))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_a_mask_is_never_empty_while_the_canvas_is_completable(data):
+    tokens = data.draw(tiny_vocabularies())
+    pattern = data.draw(small_regexes())
+    cc, info = _compiled(pattern, tokens)
+    canvas = data.draw(canvases(len(tokens), info.eos_id, info.mask_id, max_len=8, max_open=8))
+    try:
+        state = cc.new_canvas_state(len(canvas))
+    except ConstraintTooLongError:
+        return
+    opens = [i for i, c in enumerate(canvas) if c == info.mask_id]
+    if opens and state.is_completable(canvas):
+        assert all(_allowed_sets(state, canvas, opens))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_select_commits_keeps_a_jointly_consistent_greedy_subset(data):
+    tokens = data.draw(tiny_vocabularies())
+    pattern = data.draw(small_regexes())
+    cc, info = _compiled(pattern, tokens)
+    n = data.draw(st.integers(2, 5))
+    try:
+        state = cc.new_canvas_state(n)
+    except ConstraintTooLongError:
+        return
+    canvas = [info.mask_id] * n
+    allowed = _allowed_sets(state, canvas, list(range(n)))
+    proposals = []
+    for i in range(n):
+        if allowed[i] and data.draw(st.booleans()):
+            proposals.append((i, data.draw(st.sampled_from(sorted(allowed[i]))), data.draw(st.integers(0, 10**6))))
+    kept = state.select_commits(canvas, proposals)
+    if proposals:
+        assert kept, "never empty when each proposal was allowed alone"
+        assert kept[0] == max(proposals, key=lambda p: p[2])[:2]
+    c = list(canvas)
+    for p, t in kept:
+        c[p] = t
+    accepts = regex_accepts(pattern)
+    assert brute_force_completable(c, tokens, info.eos_id, info.mask_id, accepts)
+    # greedy maximality: every rejected proposal conflicts with the kept ones
+    for p, t, _ in proposals:
+        if (p, t) in kept:
+            continue
+        c2 = list(c)
+        if c2[p] == info.mask_id:
+            c2[p] = t
+            assert not brute_force_completable(c2, tokens, info.eos_id, info.mask_id, accepts)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_forced_tokens_are_exactly_the_positions_with_one_completion_token(data):
+    tokens = data.draw(tiny_vocabularies())
+    pattern = data.draw(small_regexes())
+    cc, info = _compiled(pattern, tokens)
+    canvas = data.draw(canvases(len(tokens), info.eos_id, info.mask_id))
+    try:
+        state = cc.new_canvas_state(len(canvas))
+    except ConstraintTooLongError:
+        return
+    expected = brute_force_allowed(canvas, tokens, info.eos_id, info.mask_id, regex_accepts(pattern))
+    want = {i: next(iter(s)) for i, s in expected.items() if len(s) == 1}
+    assert state.forced_tokens(canvas) == want
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data(), st.integers(0, 2**32 - 1))
+def test_random_decoding_with_random_commit_orders_always_ends_valid(data, seed):
+    rnd = random.Random(seed)
+    tokens = data.draw(tiny_vocabularies())
+    pattern = data.draw(small_regexes())
+    cc, info = _compiled(pattern, tokens)
+    n = data.draw(st.integers(1, 10))
+    try:
+        state = cc.new_canvas_state(n)
+    except ConstraintTooLongError:
+        return
+    canvas = [info.mask_id] * n
+    while info.mask_id in canvas:
+        opens = [i for i, c in enumerate(canvas) if c == info.mask_id]
+        pick = rnd.sample(opens, rnd.randint(1, len(opens)))
+        masks = state.allowed_tokens(canvas, pick)
+        proposals = []
+        for j, p in enumerate(pick):
+            ids = torch.nonzero(masks[j]).flatten().tolist()
+            assert ids, "an open position of a completable canvas always has an allowed token"
+            proposals.append((p, rnd.choice(ids), rnd.random()))  # random logits
+        kept = state.select_commits(canvas, proposals)
+        assert kept
+        for p, t in kept:
+            canvas[p] = t
+    text = canvas_text(canvas, tokens, info.eos_id)
+    assert text is not None and regex_accepts(pattern)(text)
+
+
+def test_canvas_state_satisfies_the_protocol():
+    cc, info = _compiled("ab", [b"a", b"b"])
+    assert isinstance(cc.new_canvas_state(3), CanvasConstraint)
+
+
+def test_a_constraint_longer_than_the_canvas_is_refused_with_its_minimum_length():
+    cc, info = _compiled("a{5}", [b"a", b"aa"])
+    assert cc.min_tokens() == 3
+    cc.new_canvas_state(3)
+    with pytest.raises(ConstraintTooLongError) as e:
+        cc.new_canvas_state(2)
+    assert e.value.min_tokens == 3 and e.value.max_new_tokens == 2
+
+
+def test_text_that_fills_the_whole_canvas_needs_no_eos():
+    cc, info = _compiled("abab", [b"a", b"b", b"ab"])
+    state = cc.new_canvas_state(2)
+    m = state.allowed_tokens([info.mask_id, info.mask_id], [0, 1])
+    assert set(torch.nonzero(m[0]).flatten().tolist()) == {2}
+    assert set(torch.nonzero(m[1]).flatten().tolist()) == {2}
+
+
+def test_eos_is_allowed_only_where_everything_to_its_right_can_be_eos():
+    cc, info = _compiled("a+", [b"a", b"b"])
+    eos, mask = info.eos_id, info.mask_id
+    state = cc.new_canvas_state(4)
+    # a committed text token at position 3 forbids EOS anywhere before it
+    m = state.allowed_tokens([mask, mask, mask, 0], [0, 1, 2])
+    assert not m[:, eos].any()
+    m = state.allowed_tokens([0, mask, mask, mask], [1, 2, 3])
+    assert m[:, eos].all()
+
+
+def test_committed_token_right_of_open_positions_constrains_them():
+    # "é" = c3 a9; a committed continuation byte at position 1 forces the lead byte at position 0
+    toks = [b"\xc3", b"\xa9", b"a", b"\xc3\xa9"]
+    cc, info = _compiled("(é|a)+", toks)
+    state = cc.new_canvas_state(3)
+    m = state.allowed_tokens([info.mask_id, 1, info.mask_id], [0, 2])
+    assert set(torch.nonzero(m[0]).flatten().tolist()) == {0}
+    # the last position cannot start a character it has no room to finish
+    assert set(torch.nonzero(m[1]).flatten().tolist()) == {2, 3, info.eos_id}
+
+
+def test_mask_width_is_the_model_vocab_and_extra_ids_are_never_allowed():
+    from dllm_constrain.constraints import TokenizerInfo
+
+    info = TokenizerInfo([b"a", b"b", None, None], eos_id=2, mask_id=3, vocab_size=10)
+    cc = ConstraintCompiler(info).compile_regex("[ab]*")
+    m = cc.new_canvas_state(2).allowed_tokens([3, 3], [0, 1])
+    assert m.shape == (2, 10)
+    assert not m[:, 3:].any() and not m[:, 3].any()
+    assert m[:, :3].all()
+
+
+def test_invalid_regex_is_a_typed_error():
+    with pytest.raises(InvalidRegexError):
+        _compiled("(a", [b"a"])
+
+
+def test_compiling_twice_returns_the_cached_constraint():
+    info = tiny_info([b"a", b"b"])
+    c1 = ConstraintCompiler(info).compile_regex("a+b")
+    c2 = ConstraintCompiler(info).compile_regex("a+b")
+    assert c1 is c2
+
+
+def test_tokens_splitting_a_multibyte_character_are_handled_exactly():
+    toks = [b"\xc3", b"\xa9", b"\xc3\xa9", b"x"]
+    cc, info = _compiled("é{2}", toks)
+    state = cc.new_canvas_state(3)
+    got = state.allowed_sets([info.mask_id] * 3)
+    assert got[0] == {0, 2}
+    assert got[1] == {0, 1, 2}  # [c3a9, c3, a9] / [c3, a9, c3a9] / [c3a9, c3a9, EOS]
+    assert got[2] == {1, 2, info.eos_id}
+    rnd = random.Random(0)
+    for _ in range(20):
+        c = [info.mask_id] * 3
+        while info.mask_id in c:
+            p = rnd.choice([i for i, x in enumerate(c) if x == info.mask_id])
+            opts = sorted(state.allowed_sets(c)[p])
+            c[p] = rnd.choice(opts)
+        assert canvas_text(c, toks, info.eos_id) == "éé".encode()

@@ -1,0 +1,138 @@
+"""Helpers shared by the constraint tests (no tests here): tiny vocabularies, brute-force oracles, a random
+regex grammar for hypothesis, and a greedy tokenizer for byte strings."""
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable, Sequence
+
+from hypothesis import strategies as st
+
+from dllm_constrain.constraints import TokenizerInfo
+
+# ---------------------------------------------------------------------------------- tiny vocabularies
+# "é" is two UTF-8 bytes (c3 a9): vocabularies below contain tokens that split it.
+TINY_ALPHABET = [b"a", b"b", b"c", b"\xc3", b"\xa9"]
+
+
+def tiny_info(tokens: Sequence[bytes]) -> TokenizerInfo:
+    """Text tokens 0..k-1, then EOS = k, MASK = k+1."""
+    k = len(tokens)
+    return TokenizerInfo(list(tokens) + [None, None], eos_id=k, mask_id=k + 1)
+
+
+@st.composite
+def tiny_vocabularies(draw, min_size: int = 4, max_size: int = 10) -> list[bytes]:
+    """Distinct tokens of 1-3 bytes over TINY_ALPHABET (always with the single bytes a and b)."""
+    pool = [b"".join(p) for n in (1, 2, 3) for p in itertools.product(TINY_ALPHABET, repeat=n)]
+    extra = draw(st.lists(st.sampled_from(pool), min_size=min_size - 2, max_size=max_size - 2, unique=True))
+    out = [b"a", b"b"] + [t for t in extra if t not in (b"a", b"b")]
+    return out
+
+
+# ---------------------------------------------------------------------------------- regex grammar
+_ATOMS = ["a", "b", "c", "é", "[ab]", "[^a]", "[a-c]", r"\d", "(?:ab|c)", "(?:é|b)", "."]
+
+
+@st.composite
+def small_regexes(draw, depth: int = 2) -> str:
+    """Regexes from a small grammar: atoms, concatenation, alternation, groups, quantifiers."""
+    if depth == 0:
+        return draw(st.sampled_from(_ATOMS))
+    kind = draw(st.sampled_from(["atom", "cat", "alt", "quant", "group"]))
+    if kind == "atom":
+        return draw(st.sampled_from(_ATOMS))
+    if kind == "cat":
+        return draw(small_regexes(depth - 1)) + draw(small_regexes(depth - 1))
+    if kind == "alt":
+        return "(?:" + draw(small_regexes(depth - 1)) + "|" + draw(small_regexes(depth - 1)) + ")"
+    if kind == "group":
+        return "(" + draw(small_regexes(depth - 1)) + ")"
+    q = draw(st.sampled_from(["?", "*", "+", "{2}", "{0,2}", "{1,3}", "{2,}", "*?"]))
+    return "(?:" + draw(small_regexes(depth - 1)) + ")" + q
+
+
+# ---------------------------------------------------------------------------------- oracles
+def canvas_text(canvas: Sequence[int], tokens: Sequence[bytes], eos: int) -> bytes | None:
+    """Bytes up to the first EOS, or None when a non-EOS follows an EOS."""
+    out = b""
+    ended = False
+    for t in canvas:
+        if ended:
+            if t != eos:
+                return None
+            continue
+        if t == eos:
+            ended = True
+            continue
+        out += tokens[t]
+    return out
+
+
+def regex_accepts(pattern: str) -> Callable[[bytes], bool]:
+    rx = re.compile(pattern)
+
+    def ok(data: bytes) -> bool:
+        try:
+            s = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        return rx.fullmatch(s) is not None
+
+    return ok
+
+
+def brute_force_allowed(canvas: Sequence[int], tokens: Sequence[bytes], eos: int, mask: int,
+                        accepts: Callable[[bytes], bool]) -> dict[int, set[int]]:
+    """For every open position: the tokens that appear in some valid completion (enumerates them all)."""
+    opens = [i for i, c in enumerate(canvas) if c == mask]
+    allowed: dict[int, set[int]] = {i: set() for i in opens}
+    choices = list(range(len(tokens))) + [eos]
+    for assign in itertools.product(choices, repeat=len(opens)):
+        c = list(canvas)
+        for i, t in zip(opens, assign):
+            c[i] = t
+        text = canvas_text(c, tokens, eos)
+        if text is not None and accepts(text):
+            for i, t in zip(opens, assign):
+                allowed[i].add(t)
+    return allowed
+
+
+def brute_force_completable(canvas: Sequence[int], tokens: Sequence[bytes], eos: int, mask: int,
+                            accepts: Callable[[bytes], bool]) -> bool:
+    opens = [i for i, c in enumerate(canvas) if c == mask]
+    if not opens:
+        text = canvas_text(canvas, tokens, eos)
+        return text is not None and accepts(text)
+    return any(brute_force_allowed(canvas, tokens, eos, mask, accepts).values())
+
+
+def greedy_tokenize(data: bytes, tokens: Sequence[bytes | None]) -> list[int]:
+    """Longest-match tokenization (every byte must be a token on its own or inside a longer one)."""
+    by_bytes = {b: i for i, b in enumerate(tokens) if b}
+    maxlen = max(len(b) for b in by_bytes)
+    out = []
+    i = 0
+    while i < len(data):
+        for n in range(min(maxlen, len(data) - i), 0, -1):
+            t = by_bytes.get(data[i:i + n])
+            if t is not None:
+                out.append(t)
+                i += n
+                break
+        else:
+            raise ValueError(f"byte {data[i]!r} has no token")
+    return out
+
+
+def json_test_vocabulary() -> list[bytes]:
+    """All 256 single bytes plus common JSON pieces: a stand-in for a byte-level BPE vocabulary."""
+    pieces = [b'{"', b'":', b'":"', b'","', b'"}', b'},{', b'"]', b'["', b'":[', b'":{', b'null', b'true',
+              b'false', b'00', b'10', b'20', b'.5', b'-1', b'name', b'id', b'type', b'value', b'data', b' ',
+              b'ing', b'tion', b'er', b'\xc3\xa9', b'e', b'le', b'an', b'20', b'-0', b'T1', b':00', b'Z"']
+    toks = [bytes([b]) for b in range(256)]
+    for p in pieces:
+        if p not in toks:
+            toks.append(p)
+    return toks
