@@ -116,11 +116,14 @@ class LLMEngine:
         self.special = model.special
         self.vocab_size = int(model.vocab_size)
         self.base_allowed = self._base_allowed()
+        # called with (states, hidden, offsets) after every KV cache Reuse forward (agreement measurements)
+        self.reuse_hook: Callable[[list[RequestState], torch.Tensor, list[int]], None] | None = None
         self._setup_call(self.config)
 
     def _setup_call(self, config: EngineConfig) -> None:
         """The per-call machinery: the forward runner (with its KV cache) and the budgeted logits path."""
         self.runner = ModelRunner(self.model, self.special.pad_id, config)
+        self.runner.on_reuse = self.reuse_hook
         self.logits_path = LogitsPath(self.model, budget_bytes=config.logits_budget_bytes,
                                       max_rows=config.max_logit_rows, budgeted=config.budgeted_logits,
                                       backend=config.backend)
