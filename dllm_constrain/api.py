@@ -203,8 +203,17 @@ class LLM:
         entropy_bound: float = 0.1,
         whitespace: Any = None,
         progress: ProgressCallback | None = None,
+        kv_cache: str | None = None,
+        refresh: str | None = None,
+        refresh_steps: int | None = None,
+        refresh_threshold: float | None = None,
+        keep_ratio: float | None = None,
+        logits_budget_bytes: int | None = None,
     ) -> list[GenerationResult]:
         """Generate for each prompt (one batch); returns one GenerationResult per prompt, in order.
+
+        kv_cache, refresh, refresh_steps, refresh_threshold, keep_ratio, logits_budget_bytes: engine settings for
+        this call (None keeps the engine's; see dllm_constrain.engine.config.EngineConfig).
 
         Raises InvalidRequestError (or its subclass PromptTooLongError) for bad input, a ConstraintError
         subclass for a constraint that cannot be compiled or cannot fit the canvas, all before any forward.
@@ -241,7 +250,10 @@ class LLM:
             ids = self.encode(self.format(p, schema))
             constraint = compiled.new_canvas_state(max_new_tokens) if compiled is not None else None
             requests.append(Request(ids, params, constraint))
-        return self.engine.generate(requests, progress=progress)
+        config = self.engine.config.with_overrides(
+            kv_cache=kv_cache, refresh=refresh, refresh_steps=refresh_steps, refresh_threshold=refresh_threshold,
+            keep_ratio=keep_ratio, logits_budget_bytes=logits_budget_bytes)
+        return self.engine.generate(requests, progress=progress, config=config)
 
 
 def _resolve_llm(model: Any) -> LLM:
@@ -285,6 +297,12 @@ def generate(
     whitespace: Any = None,
     return_result: bool = False,
     progress: Callable[..., None] | None = None,
+    kv_cache: str | None = None,
+    refresh: str | None = None,
+    refresh_steps: int | None = None,
+    refresh_threshold: float | None = None,
+    keep_ratio: float | None = None,
+    logits_budget_bytes: int | None = None,
 ) -> Any:
     """Generate text for a prompt (-> str) or a list of prompts (-> list[str], one batch).
 
@@ -295,7 +313,9 @@ def generate(
     results = llm.generate(
         prompt, schema=schema, regex=regex, grammar=grammar, max_new_tokens=max_new_tokens, steps=steps,
         block_length=block_length, temperature=temperature, seed=seed, policy=policy, threshold=threshold,
-        entropy_bound=entropy_bound, whitespace=whitespace, progress=progress,
+        entropy_bound=entropy_bound, whitespace=whitespace, progress=progress, kv_cache=kv_cache, refresh=refresh,
+        refresh_steps=refresh_steps, refresh_threshold=refresh_threshold, keep_ratio=keep_ratio,
+        logits_budget_bytes=logits_budget_bytes,
     )
     out: list[Any] = results if return_result else [r.text for r in results]
     return out[0] if isinstance(prompt, str) else out

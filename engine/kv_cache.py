@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 
 from dllm_constrain.engine.models.layers import attention_bias, bidirectional_attention
 from dllm_constrain.kernels.packed_kv_attention import PackedKV, packed_kv_attention, select_salient_keys
@@ -198,7 +199,10 @@ class KVCache:
             vc[bidx, :, slots] = v.permute(0, 2, 1, 3).to(vc.dtype)
             if q.dtype not in biases:
                 biases[q.dtype] = attention_bias(kpm, q.dtype)
-            return bidirectional_attention(q, kc, vc, biases[q.dtype])
+            if q.shape[1] == kc.shape[1]:
+                return bidirectional_attention(q, kc, vc, biases[q.dtype])
+            # grouped-query heads without materialising the cache n_rep times (it is re-read every Reuse step)
+            return F.scaled_dot_product_attention(q, kc, vc, attn_mask=biases[q.dtype], enable_gqa=True)
 
         return attend_dense
 
