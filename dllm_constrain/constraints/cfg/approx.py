@@ -40,6 +40,7 @@ class Approx:
         self._trans: dict[int, ApproxTrans] = {}
         self._ptypes: dict[int, frozenset[int]] = {}
         self._live: dict[int, bool] = {}
+        self._prow: dict[int, np.ndarray] = {}
 
     # ------------------------------------------------------------------ grammar relations
     @staticmethod
@@ -159,6 +160,26 @@ class Approx:
         r = frozenset(out)
         self._ptypes[q] = r
         return r
+
+    def ptype_row(self, q: int) -> np.ndarray:
+        """bool [types + 1]: the types the pending lexeme of q can still become (last column: ignored)."""
+        r = self._prow.get(q)
+        if r is None:
+            r = np.zeros(self.NT + 1, dtype=bool)
+            for t in self.possible_types(q):
+                r[self.NT if t == -1 else t] = True
+            self._prow[q] = r
+        return r
+
+    def end_ptypes(self, lt) -> np.ndarray:
+        m = lt.end_ptypes
+        if m is None:
+            ends = lt.g_end.tolist()
+            m = np.zeros((lt.n_groups, self.NT + 1), dtype=bool)
+            for g, e in enumerate(ends):
+                m[g] = self.ptype_row(e)
+            lt.end_ptypes = m
+        return m
 
     def lex_ok(self, q: int, p: int) -> bool:
         """The pending lexeme can end with a type that may follow p."""

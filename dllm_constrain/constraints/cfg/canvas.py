@@ -52,7 +52,8 @@ class _Analysis:
 
 class GrammarCanvasState:
     def __init__(self, cg: CompiledGrammar, canvas_len: int, *, set_cap: int = 600, search_budget: int = 3000,
-                 refine_groups: int = 48, refine_budget: int = 400, verify_with_lark: bool = True):
+                 refine_groups: int = 48, refine_budget: int = 400, cold_walks: int = 2,
+                 verify_with_lark: bool = True):
         if canvas_len <= 0:
             raise ValueError("canvas_len must be positive")
         self.cg = cg
@@ -65,6 +66,8 @@ class GrammarCanvasState:
         self.search_budget = search_budget
         self.refine_groups = refine_groups
         self.refine_budget = refine_budget
+        self.cold_walks = cold_walks
+        self._cold_left = cold_walks
         self.verify_with_lark = verify_with_lark
         self.stats = {"searches": 0, "search_nodes": 0, "search_failures": 0, "witness_forced": 0,
                       "lark_rejections": 0}
@@ -142,6 +145,8 @@ class GrammarCanvasState:
             if a == ENDED:
                 ended = True
                 continue
+            if not self._warm(a // ap.P):
+                return None  # not worth a cold vocabulary walk now: TOP (sound); not memoised
             out |= ap.succ(a)
             if not ended and ap.accepting(a):
                 ended = True
@@ -189,9 +194,12 @@ class GrammarCanvasState:
         frontier = {a}
         seen = {a}
         ok = False
+        lx = self.cg.lexer
         for _k in range(m):
             nxt = set()
             for s in frontier:
+                if not lx.has_trans(s // ap.P) and not self._warm(s // ap.P):
+                    return True  # undecided without a cold vocabulary walk: sound answer
                 for u in ap.succ(s):
                     if u in seen:
                         continue
@@ -270,6 +278,15 @@ class GrammarCanvasState:
         self._an = an
         return an
 
+    def _warm(self, q: int) -> bool:
+        """True if lexer state q's vocabulary walk is cached or may be computed now (a few per call)."""
+        if self.cg.lexer.has_trans(q):
+            return True
+        if self._cold_left > 0:
+            self._cold_left -= 1
+            return True
+        return False
+
     @staticmethod
     def _inB(B, i: int, a: int) -> bool:
         if i >= len(B):
@@ -327,6 +344,7 @@ class GrammarCanvasState:
     # ------------------------------------------------------------------ protocol
     def is_completable(self, canvas: Sequence[int]) -> bool:
         c = self._norm(canvas)
+        self._cold_left = self.cold_walks
         ok = self._completable(c)
         if not ok:
             self._stall = True
@@ -343,6 +361,7 @@ class GrammarCanvasState:
 
     def select_commits(self, canvas: Sequence[int], proposals: Sequence[tuple[int, int, float]]) -> list[tuple[int, int]]:
         c = list(self._norm(canvas))
+        self._cold_left = self.cold_walks
         order = sorted(range(len(proposals)), key=lambda k: -float(proposals[k][2]))
         kept: list[tuple[int, int]] = []
         for k in order:
@@ -361,6 +380,7 @@ class GrammarCanvasState:
 
     def forced_tokens(self, canvas: Sequence[int]) -> dict[int, int]:
         c = self._norm(canvas)
+        self._cold_left = self.cold_walks
         an = self._analyze(c, 0)
         if not an.valid or an.f >= self.n or c[an.f] is not None:
             return {}
@@ -380,6 +400,7 @@ class GrammarCanvasState:
 
     def allowed_tokens(self, canvas: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
         c = self._norm(canvas)
+        self._cold_left = self.cold_walks
         positions = [int(p) for p in positions]
         out = torch.zeros((len(positions), self.vocab_size), dtype=torch.bool)
         if not positions:
@@ -428,10 +449,17 @@ class GrammarCanvasState:
             # right of f the B sets are approximate: decide each group by a witness search from f+1
             srch = _Search(self, c, an, self.refine_budget)
             kept = []
+            total = 4 * self.refine_budget
             for g, nxt in passing:
+                if total <= 0:  # out of refinement budget: keep the rest (sound)
+                    kept.append((g, nxt))
+                    continue
                 srch.exhaustive = True
-                srch.budget = self.refine_budget
-                if srch.run(f + 1, nxt) is not None or not srch.exhaustive:
+                allot = min(self.refine_budget, total)
+                srch.budget = allot
+                found = srch.run(f + 1, nxt) is not None
+                total -= allot - max(srch.budget, 0) + 1
+                if found or not srch.exhaustive:
                     kept.append((g, nxt))
             passing = kept
         for g, _nxt in passing:
@@ -498,6 +526,12 @@ class GrammarCanvasState:
                 if ended_next and ap.accepting(a):
                     eos_ok = True
                 by_q.setdefault(a // ap.P, []).append(a)
+            cold = [q for q in by_q if not self.cg.lexer.has_trans(q)]
+            if cold and not all(self._warm(q) for q in cold):
+                row = self.cg.text_row.copy()  # TOP rather than many cold vocabulary walks (sound; not cached)
+                if an.last_text < p:
+                    row[self.eos] = True
+                return row
             bn_arr = None if Bn is None else np.fromiter((x for x in Bn if x >= 0), dtype=np.int64)
             for q, aa in by_q.items():
                 lt = self.cg.lexer.trans(q)

@@ -127,6 +127,8 @@ class CompiledGrammar:
         self._complete: dict[Config, bytes | None] = {}
         self._ctoks: dict[Config, list[int] | None] = {}
         self._succ: OrderedDict = OrderedDict()
+        self._accv: dict[int, np.ndarray] = {}
+        self._est: dict[Config, int] = {}
         self._min_tokens: int | None = None
         text_row = np.zeros(self.vocab_size, dtype=bool)
         for i, b in enumerate(tok.token_bytes):
@@ -377,8 +379,25 @@ class CompiledGrammar:
         self._ctoks[cfg] = r
         return r
 
+    def acc_vec(self, node: int) -> np.ndarray:
+        """bool [types + 1]: terminal types the stack accepts next (last column, ignored lexemes: always)."""
+        r = self._accv.get(node)
+        if r is None:
+            nt = self.approx.NT
+            r = np.zeros(nt + 1, dtype=bool)
+            r[nt] = True
+            par = self.parser
+            for t in par.action[par.state[node]]:
+                if t < nt and par.feed(node, t) >= 0:
+                    r[t] = True
+            if len(self._accv) > 200_000:
+                self._accv.clear()
+            self._accv[node] = r
+        return r
+
     def successors(self, cfg: Config):
-        """(LexTrans of cfg's lexer state, [(group, next config)]) over the token groups acceptable from cfg."""
+        """(LexTrans of cfg's lexer state, [(group, next config)]) over the token groups acceptable from cfg:
+        the parser accepts what the group emits and its pending lexeme can still end as an acceptable type."""
         r = self._succ.get(cfg)
         if r is not None:
             self._succ.move_to_end(cfg)
@@ -386,20 +405,24 @@ class CompiledGrammar:
         lt = self.lexer.trans(cfg[1])
         out = []
         node, _q, p = cfg
-        seqs = lt.g_seq.tolist()
-        ends = lt.g_end.tolist()
-        by_seq: dict[int, int] = {}
-        for g in range(lt.n_groups):
-            sq = seqs[g]
-            n2 = by_seq.get(sq)
-            if n2 is None:
+        if lt.n_groups:
+            ept = self.approx.end_ptypes(lt)
+            ends = lt.g_end
+            ap = self.approx
+            lx = self.lexer
+            for k, sq in enumerate(lt.useq):
                 n2 = self.feed_seq(node, sq)
-                by_seq[sq] = n2
-            if n2 < 0:
-                continue
-            nxt = self.step_seq(cfg, sq, ends[g])
-            if nxt is not None:
-                out.append((g, nxt))
+                if n2 < 0:
+                    continue
+                gs = lt.useq_groups[k]
+                ok = gs[(ept[gs] & self.acc_vec(n2)).any(axis=1)]
+                if ok.size == 0:
+                    continue
+                p2 = ap.seq_p(p, sq) if sq else p
+                if p2 < 0:
+                    p2 = lx.seq_type[sq]
+                for g, e in zip(ok.tolist(), ends[ok].tolist()):
+                    out.append((g, (n2, e, p2)))
         r = (lt, out)
         self._succ[cfg] = r
         if len(self._succ) > 4096:
@@ -437,6 +460,15 @@ class CompiledGrammar:
 
     def completion_estimate(self, cfg: Config) -> int:
         """Cheap byte estimate of the completion length (for ordering and quick length checks)."""
+        r = self._est.get(cfg)
+        if r is None:
+            r = self._completion_estimate(cfg)
+            if len(self._est) > 200_000:
+                self._est.clear()
+            self._est[cfg] = r
+        return r
+
+    def _completion_estimate(self, cfg: Config) -> int:
         node, q, _p = cfg
         par = self.parser
         if q == START:

@@ -68,7 +68,8 @@ class _KwTrie:
 class LexTrans:
     """Token transitions out of one lexer state, grouped by (emitted seq, end state)."""
 
-    __slots__ = ("q", "tokens", "offsets", "g_seq", "g_end", "group_of", "n_groups")
+    __slots__ = ("q", "tokens", "offsets", "g_seq", "g_end", "group_of", "n_groups", "useq", "useq_groups",
+                 "end_ptypes")
 
     def __init__(self, q: int, tokens: np.ndarray, offsets: np.ndarray, g_seq: np.ndarray, g_end: np.ndarray):
         self.q = q
@@ -78,6 +79,13 @@ class LexTrans:
         self.g_end = g_end  # int64 [n_groups]
         self.n_groups = int(g_seq.size)
         self.group_of = np.repeat(np.arange(self.n_groups, dtype=np.int32), np.diff(offsets))
+        useq, inv = np.unique(g_seq, return_inverse=True)
+        inv = inv.reshape(-1)
+        order = np.argsort(inv, kind="stable")
+        cuts = np.searchsorted(inv[order], np.arange(useq.size + 1))
+        self.useq = useq.tolist()  # distinct emitted sequences
+        self.useq_groups = [order[cuts[k]:cuts[k + 1]] for k in range(useq.size)]  # groups per sequence
+        self.end_ptypes = None  # bool [n_groups, types + 1]: what each group's pending lexeme can still become
 
     def group_tokens(self, g: int) -> np.ndarray:
         return self.tokens[self.offsets[g]:self.offsets[g + 1]]
@@ -323,6 +331,9 @@ class Lexer:
         return r
 
     # ------------------------------------------------------------------ token level
+    def has_trans(self, q: int) -> bool:
+        return q in self._trans
+
     def trans(self, q: int) -> LexTrans:
         tt = self._trans.get(q)
         if tt is not None:
