@@ -169,8 +169,19 @@ class LLM:
             self._compiler = ConstraintCompiler(info)
         return self._compiler
 
-    def compile(self, *, schema: Any = None, regex: str | None = None, whitespace: Any = None) -> Any:
-        """The compiled constraint for a schema or a regex, compiled once per LLM (hence per tokenizer)."""
+    def compile(self, *, schema: Any = None, regex: str | None = None, whitespace: Any = None,
+                grammar: str | None = None) -> Any:
+        """The compiled constraint for a schema, a regex or a Lark grammar (a shipped name, a .lark path or
+        grammar text), compiled once per LLM (hence per tokenizer)."""
+        if grammar is not None:
+            from dllm_constrain.constraints.cfg import GrammarCompiler
+            from dllm_constrain.grammars import load_grammar
+
+            gkey = ("grammar", str(grammar))
+            if gkey not in self._compiled:
+                info = self._constraint_compiler().tokenizer_info
+                self._compiled[gkey] = GrammarCompiler(info).compile(load_grammar(grammar), name=str(grammar)[:40])
+            return self._compiled[gkey]
         if regex is not None:
             key: tuple[Any, ...] = ("regex", regex)
         else:
@@ -230,8 +241,6 @@ class LLM:
                 raise InvalidRequestError(f"prompt {i} is empty")
         if sum(x is not None for x in (schema, regex, grammar)) > 1:
             raise InvalidRequestError("pass at most one of schema=, regex= and grammar=")
-        if grammar is not None:
-            raise NotImplementedError(f"Lark grammar constraints (grammar=) are implemented in the issue '{GRAMMAR_ISSUE}'")
         max_new_tokens = self.defaults.max_new_tokens if max_new_tokens is None else max_new_tokens
         block_length = self.defaults.block_length if block_length is None else block_length
         steps = self.defaults.steps if steps is None else steps
@@ -240,8 +249,8 @@ class LLM:
                                 entropy_bound=entropy_bound)
         params.validate()
         compiled = None
-        if schema is not None or regex is not None:
-            compiled = self.compile(schema=schema, regex=regex, whitespace=whitespace)
+        if schema is not None or regex is not None or grammar is not None:
+            compiled = self.compile(schema=schema, regex=regex, whitespace=whitespace, grammar=grammar)
             min_tokens = int(compiled.min_tokens())
             if min_tokens > max_new_tokens:
                 raise ConstraintTooLongError(min_tokens, max_new_tokens)
