@@ -18,6 +18,10 @@ a token-level shortest path, bounded below by the byte distance).
 Token t is allowed at open position i  iff  exists q in B[i], delta(q, t) in B[i+1];
 EOS is allowed at i  iff  ENDED in B[i+1] and some q in B[i] accepts (or is ENDED).
 The canvas is completable iff B[0] is non-empty.
+
+State sets are Python ints used as bitsets: bit q = DFA state q, and bit 0 (DEAD never belongs to a set)
+stands for ENDED. Unions/intersections are then single big-int operations; every set-level step is
+memoised per compiled constraint, so a canvas that changes by a few commits per step recomputes little.
 """
 from __future__ import annotations
 
@@ -31,9 +35,19 @@ from .deriv import DEAD, START
 from .nfa import INF
 from .token_automaton import TokenAutomaton
 
-ENDED = -1
+ENDED = 0  # bit 0 of a state set
+ENDED_BIT = 1
+START_BIT = 1 << START
 
-_EMPTY: frozenset[int] = frozenset()
+
+def bits_of(x: int) -> list[int]:
+    """Indices of the set bits of x, ascending."""
+    out = []
+    while x:
+        low = x & -x
+        out.append(low.bit_length() - 1)
+        x ^= low
+    return out
 
 
 class SetAlgebra:
@@ -43,61 +57,142 @@ class SetAlgebra:
         self.ta = ta
         self.dfa = ta.dfa
         self.eos = ta.eos_id
-        self._open: dict[frozenset[int], frozenset[int]] = {}
-        self._tok: dict[tuple[frozenset[int], int], frozenset[int]] = {}
+        self._bits: dict[int, list[int]] = {}
+        self._open: dict[int, int] = {}
+        self._tok: dict[tuple[int, int], int] = {}
+        self._back_open: dict[tuple[int, int], int] = {}
+        self._back_tok: dict[tuple[int, int, int], int] = {}
         # can-finish memo per state: (largest m known False, smallest m known True)
         self._fin_false: dict[int, int] = {}
         self._fin_true: dict[int, int] = {}
-        self.rows: OrderedDict = OrderedDict()  # mask-row cache: key -> bool numpy row
+        self.rows: OrderedDict = OrderedDict()  # mask-row cache: (Bi, Bn) -> bool numpy row
         self.max_rows = 64
+
+    # ------------------------------------------------------------------ basics
+    def members(self, F: int) -> list[int]:
+        r = self._bits.get(F)
+        if r is None:
+            r = bits_of(F)
+            if len(self._bits) > 200_000:
+                self._bits.clear()
+            self._bits[F] = r
+        return r
 
     def accepting(self, q: int) -> bool:
         return q == ENDED or bool(self.dfa.accepting[q])
 
-    def step_open(self, F: frozenset[int]) -> frozenset[int]:
+    def acc_bits(self) -> int:
+        return self.ta.acc_bits | ENDED_BIT
+
+    def any_accepting(self, F: int) -> bool:
+        if F & ENDED_BIT:
+            return True
+        acc = self.dfa.accepting
+        return any(acc[q] for q in self.members(F))
+
+    def succ_bits(self, q: int) -> int:
+        return self.ta.trans(q).succ_bits
+
+    # ------------------------------------------------------------------ forward
+    def step_open(self, F: int) -> int:
         r = self._open.get(F)
         if r is not None:
             return r
-        parts = []
-        ended = False
-        for q in F:
+        r = 0
+        sget = self.ta.succ_bits.get
+        trans = self.ta.trans
+        acc = self.dfa.accepting
+        ended = bool(F & ENDED_BIT)
+        for q in self.members(F):
             if q == ENDED:
-                ended = True
                 continue
-            parts.append(self.ta.succ(q))
-            if not ended and self.dfa.accepting[q]:
+            sb = sget(q)
+            r |= sb if sb is not None else trans(q).succ_bits
+            if not ended and acc[q]:
                 ended = True
-        r = frozenset().union(*parts) if parts else _EMPTY
         if ended:
-            r = r | {ENDED}
+            r |= ENDED_BIT
         self._open[F] = r
         return r
 
-    def step_tok(self, F: frozenset[int], t: int) -> frozenset[int]:
+    def step_tok(self, F: int, t: int) -> int:
         key = (F, t)
         r = self._tok.get(key)
         if r is not None:
             return r
         if t == self.eos:
-            r = frozenset({ENDED}) if any(self.accepting(q) for q in F) else _EMPTY
+            r = ENDED_BIT if self.any_accepting(F) else 0
         else:
             d = self.ta.delta
-            r = frozenset(u for u in (d(q, t) for q in F if q != ENDED) if u != DEAD)
+            r = 0
+            for q in self.members(F):
+                if q != ENDED:
+                    u = d(q, t)
+                    if u != DEAD:
+                        r |= 1 << u
         self._tok[key] = r
         return r
 
-    def step(self, F: frozenset[int], c: int | None) -> frozenset[int]:
+    def step(self, F: int, c: int | None) -> int:
         return self.step_open(F) if c is None else self.step_tok(F, c)
 
+    # ------------------------------------------------------------------ backward
+    def back_open(self, F: int, X: int) -> int:
+        """{q in F : an open position takes q into X}."""
+        key = (F, X)
+        r = self._back_open.get(key)
+        if r is not None:
+            return r
+        trans = self.ta.trans
+        sget = self.ta.succ_bits.get
+        acc = self.dfa.accepting
+        ended_ok = bool(X & ENDED_BIT)
+        r = 0
+        for q in self.members(F):
+            if q == ENDED:
+                if ended_ok:
+                    r |= ENDED_BIT
+                continue
+            sb = sget(q)
+            if sb is None:
+                sb = trans(q).succ_bits
+            if (sb & X) or (ended_ok and acc[q]):
+                r |= 1 << q
+        self._back_open[key] = r
+        return r
+
+    def back_tok(self, F: int, t: int, X: int) -> int:
+        """{q in F : committed token t takes q into X}."""
+        key = (F, t, X)
+        r = self._back_tok.get(key)
+        if r is not None:
+            return r
+        r = 0
+        if t == self.eos:
+            if X & ENDED_BIT:
+                acc = self.dfa.accepting
+                for q in self.members(F):
+                    if q == ENDED or acc[q]:
+                        r |= 1 << q
+        else:
+            d = self.ta.delta
+            for q in self.members(F):
+                if q != ENDED:
+                    u = d(q, t)
+                    if u != DEAD and (X >> u) & 1:
+                        r |= 1 << q
+        self._back_tok[key] = r
+        return r
+
+    # ------------------------------------------------------------------ lengths
     def can_finish(self, q: int, m: int) -> bool:
         """q can reach a valid end within m further (open) positions."""
         if q == ENDED or self.dfa.accepting[q]:
             return True
         if m <= 0:
             return False
-        if int(self.dfa.dist[q]) <= m:  # spell the shortest byte path with single-byte tokens... if they exist
-            if self.ta.single_byte_complete:
-                return True
+        if self.ta.single_byte_complete and int(self.dfa.dist[q]) <= m:
+            return True  # spell the shortest byte path with single-byte tokens
         t = self._fin_true.get(q)
         if t is not None and t <= m:
             return True
@@ -138,6 +233,71 @@ class SetAlgebra:
             frontier = nxt
         return False
 
+    def finishers(self, F: int, m: int) -> int:
+        r = 0
+        for q in self.members(F):
+            if self.can_finish(q, m):
+                r |= 1 << q
+        return r
+
+    # ------------------------------------------------------------------ rows
+    def row(self, Bi: int, Bn: int, vocab_size: int) -> np.ndarray:
+        key = (Bi, Bn)
+        row = self.rows.get(key)
+        if row is not None:
+            self.rows.move_to_end(key)
+            return row
+        row = np.zeros(vocab_size, dtype=bool)
+        full: list[int] = []
+        partial: list[tuple[int, int]] = []
+        eos_ok = False
+        acc = self.dfa.accepting
+        ended_in_next = bool(Bn & ENDED_BIT)
+        notBn = ~Bn
+        trans = self.ta.trans
+        sget = self.ta.succ_bits.get
+        for q in self.members(Bi):
+            if q == ENDED:
+                eos_ok = eos_ok or ended_in_next
+                continue
+            if ended_in_next and acc[q]:
+                eos_ok = True
+            sb = sget(q)
+            if sb is None:
+                sb = trans(q).succ_bits
+            if not sb & notBn:
+                full.append(q)
+            else:
+                inter = sb & Bn
+                if inter:
+                    partial.extend((q, u) for u in self.members(inter))
+        self.ta.mask_row(full, partial, eos_ok, row)
+        self.rows[key] = row
+        if len(self.rows) > self.max_rows:
+            self.rows.popitem(last=False)
+        return row
+
+    def count(self, Bi: int, Bn: int) -> tuple[int, int | None, bool]:
+        """(allowed text tokens capped at 2, the token if exactly one, EOS allowed)."""
+        full: list[int] = []
+        partial: list[tuple[int, int]] = []
+        eos_ok = False
+        acc = self.dfa.accepting
+        ended_in_next = bool(Bn & ENDED_BIT)
+        for q in self.members(Bi):
+            if q == ENDED:
+                eos_ok = eos_ok or ended_in_next
+                continue
+            if ended_in_next and acc[q]:
+                eos_ok = True
+            sb = self.ta.trans(q).succ_bits
+            if not sb & ~Bn:
+                full.append(q)
+            else:
+                partial.extend((q, u) for u in self.members(sb & Bn))
+        cnt, tok = self.ta.count_allowed(full, partial)
+        return cnt, tok, eos_ok
+
 
 class Analysis:
     __slots__ = ("canvas", "F", "B", "H")
@@ -160,18 +320,18 @@ class CanvasState:
         self.vocab_size = vocab_size
         self.eos = algebra.eos
         self._fwd_canvas: tuple | None = None
-        self._fwd: list[frozenset[int]] = [frozenset({START})]
+        self._fwd: list[int] = [START_BIT]
 
     # ------------------------------------------------------------------ helpers
     def _norm(self, canvas: Sequence[int]) -> tuple:
+        if isinstance(canvas, torch.Tensor):
+            canvas = canvas.tolist()
         if len(canvas) != self.n:
             raise ValueError(f"canvas has length {len(canvas)}, this constraint state was made for {self.n}")
         m = self.mask_id
-        if isinstance(canvas, torch.Tensor):
-            canvas = canvas.tolist()
         return tuple(None if (c == m) else int(c) for c in canvas)
 
-    def _forward(self, c: tuple, upto: int) -> list[frozenset[int]]:
+    def _forward(self, c: tuple, upto: int) -> list[int]:
         """F[0..upto] for canvas c, reusing the previous call's prefix."""
         prev = self._fwd_canvas
         F = self._fwd
@@ -203,55 +363,23 @@ class CanvasState:
         H = min(H, self.n)
         F = self._forward(c, H)
         alg = self.alg
-        rem = self.n - H
-        B: list[frozenset[int]] = [_EMPTY] * (H + 1)
-        B[H] = frozenset(q for q in F[H] if alg.can_finish(q, rem))
-        succ = self.ta.succ
+        B = [0] * (H + 1)
+        B[H] = alg.finishers(F[H], self.n - H)
+        back_open, back_tok = alg.back_open, alg.back_tok
         for i in range(H - 1, -1, -1):
             nb = B[i + 1]
             if not nb:
                 break  # B[<=i] all empty
             ci = c[i]
-            Fi = F[i]
-            if ci is None:
-                ended_ok = ENDED in nb
-                B[i] = frozenset(
-                    q for q in Fi
-                    if (q == ENDED and ended_ok)
-                    or (q != ENDED and ((ended_ok and alg.accepting(q)) or not succ(q).isdisjoint(nb)))
-                )
-            elif ci == self.eos:
-                B[i] = frozenset(q for q in Fi if alg.accepting(q)) if ENDED in nb else _EMPTY
-            else:
-                d = self.ta.delta
-                B[i] = frozenset(q for q in Fi if q != ENDED and d(q, ci) in nb)
+            B[i] = back_open(F[i], nb) if ci is None else back_tok(F[i], ci, nb)
         return Analysis(c, F, B, H)
 
-    def _pairs(self, Bi: frozenset[int], Bn: frozenset[int]):
-        succ = self.ta.succ
-        out = []
-        for q in Bi:
-            if q == ENDED:
-                continue
-            for u in succ(q) & Bn:
-                out.append((q, u))
-        return out
-
-    def _row(self, Bi: frozenset[int], Bn: frozenset[int]) -> np.ndarray:
-        alg = self.alg
-        eos_ok = ENDED in Bn and any(alg.accepting(q) for q in Bi)
-        key = (Bi, Bn)
-        row = alg.rows.get(key)
-        if row is not None:
-            alg.rows.move_to_end(key)
-            return row
-        row = np.zeros(self.vocab_size, dtype=bool)
-        if Bi:
-            self.ta.row(self._pairs(Bi, Bn), eos_ok, row[: self.ta.vocab_size])
-        alg.rows[key] = row
-        if len(alg.rows) > alg.max_rows:
-            alg.rows.popitem(last=False)
-        return row
+    def _completable(self, c: tuple) -> bool:
+        H = self._last_committed(c) + 1
+        F = self._forward(c, H)
+        rem = self.n - H
+        can = self.alg.can_finish
+        return any(can(q, rem) for q in self.alg.members(F[H]))
 
     # ------------------------------------------------------------------ protocol
     def allowed_tokens(self, canvas: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
@@ -260,32 +388,26 @@ class CanvasState:
         out = torch.zeros((len(positions), self.vocab_size), dtype=torch.bool)
         if not positions:
             return out
-        horizon = max(positions) + 1
-        an = self._analyze(c, horizon)
-        o = out.numpy()
-        B = an.B
-        for j, p in enumerate(positions):
+        for p in positions:
             if not 0 <= p < self.n:
                 raise IndexError(f"position {p} outside the canvas of length {self.n}")
+        an = self._analyze(c, max(positions) + 1)
+        o = out.numpy()
+        B = an.B
+        V = self.vocab_size
+        for j, p in enumerate(positions):
             if c[p] is not None:
                 # committed position: only its own token keeps the canvas as it is
-                if B[0]:
+                if B[0] and 0 <= c[p] < V:
                     o[j, c[p]] = True
                 continue
             if not B[p] or not B[p + 1]:
                 continue
-            o[j] = self._row(B[p], B[p + 1])
+            o[j] = self.alg.row(B[p], B[p + 1], V)
         return out
 
     def is_completable(self, canvas: Sequence[int]) -> bool:
-        c = self._norm(canvas)
-        return self._completable(c)
-
-    def _completable(self, c: tuple) -> bool:
-        H = self._last_committed(c) + 1
-        F = self._forward(c, H)
-        rem = self.n - H
-        return any(self.alg.can_finish(q, rem) for q in F[H])
+        return self._completable(self._norm(canvas))
 
     def select_commits(self, canvas: Sequence[int], proposals: Sequence[tuple[int, int, float]]) -> list[tuple[int, int]]:
         c = list(self._norm(canvas))
@@ -310,13 +432,10 @@ class CanvasState:
         out: dict[int, int] = {}
         if not B[0]:
             return out
-        alg = self.alg
         for i in range(self.n):
             if c[i] is not None:
                 continue
-            Bi, Bn = B[i], B[i + 1]
-            eos_ok = ENDED in Bn and any(alg.accepting(q) for q in Bi)
-            cnt, tok = self.ta.count_allowed(self._pairs(Bi, Bn), limit=2)
+            cnt, tok, eos_ok = self.alg.count(B[i], B[i + 1])
             if eos_ok:
                 if cnt == 0:
                     out[i] = self.eos
@@ -327,17 +446,15 @@ class CanvasState:
 
     # ------------------------------------------------------------------ extras
     def allowed_sets(self, canvas: Sequence[int]) -> list[set[int] | None]:
-        """Debug/test helper: allowed token ids per position (None for committed positions)."""
+        """Test helper: allowed token ids per position (None for committed positions)."""
         c = self._norm(canvas)
         an = self._analyze(c, self.n)
         res: list[set[int] | None] = []
         for i in range(self.n):
             if c[i] is not None:
                 res.append(None)
-                continue
-            if not an.B[i] or not an.B[i + 1]:
+            elif not an.B[i] or not an.B[i + 1]:
                 res.append(set())
-                continue
-            row = self._row(an.B[i], an.B[i + 1])
-            res.append(set(np.flatnonzero(row).tolist()))
+            else:
+                res.append(set(np.flatnonzero(self.alg.row(an.B[i], an.B[i + 1], self.vocab_size)).tolist()))
         return res

@@ -148,9 +148,7 @@ class LeftToRightMatcher:
         cc = self.cc
         row = np.zeros(cc.vocab_size, dtype=bool)
         if not self.ended and self.state != DEAD:
-            tt = cc.ta.trans(self.state)
-            cc.ta.row([(self.state, u) for u in tt.targets], bool(cc.dfa.accepting[self.state]),
-                      row[: cc.ta.vocab_size])
+            cc.ta.mask_row([self.state], [], bool(cc.dfa.accepting[self.state]), row)
         self._mask = row
         return row
 

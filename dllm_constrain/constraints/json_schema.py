@@ -50,7 +50,8 @@ class SchemaOptions:
     whitespace: str = "compact"  # "compact" | "flexible"
     flexible_whitespace_max: int = 4  # max whitespace chars between tokens in "flexible" mode
     max_recursion_depth: int = 3  # $ref recursion unrolled this many times
-    any_json_depth: int = 3  # nesting depth of unconstrained JSON values
+    any_json_depth: int = 3  # nesting depth of unconstrained JSON values (schema `true` / `{}`)
+    additional_value_depth: int = 1  # nesting depth of the values of undeclared (additional) properties
     additional_properties: str = "allow"  # when the schema does not say: "allow" (spec) | "forbid"
     unknown_keywords: str = "ignore"  # "ignore" | "error"
     unique_items: str = "narrow"  # "narrow" | "error"
@@ -135,6 +136,7 @@ SUPPORTED = (OBJECT_KW | ARRAY_KW | STRING_KW | NUMBER_KW | APPLICATORS | {"type
 KNOWN_UNSUPPORTED = frozenset({"contains", "minContains", "maxContains", "unevaluatedItems", "dependentSchemas",
                                "$dynamicRef", "$recursiveRef", "extends", "disallow", "divisibleBy"})
 ALL_TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
+_SHALLOW_ANY: dict = {"description": "any JSON value, nested at most additional_value_depth levels"}
 
 _SPECIAL_STRING_CHARS = tuple(range(0x20)) + (0x22, 0x5C)
 
@@ -453,6 +455,8 @@ class SchemaCompiler:
         self.check_deadline()
         if s is True:
             return self.any_value(self.opts.any_json_depth)
+        if s is _SHALLOW_ANY:
+            return self.any_value(self.opts.additional_value_depth)
         if s is False:
             return A.NOTHING
         if not isinstance(s, dict):
@@ -1346,6 +1350,8 @@ class SchemaCompiler:
                 raise UnsupportedSchemaError("unevaluatedProperties", path, "combined with applicators")
         else:
             addl = True if self.opts.additional_properties == "allow" else False
+        if addl is True or addl == {}:
+            addl = _SHALLOW_ANY
         pnames = s.get("propertyNames")
         mnp = int(s.get("minProperties", 0) or 0)
         mxp = s.get("maxProperties")

@@ -25,15 +25,18 @@ DENSE_MIN = 2048  # groups larger than this are stored as packed bitsets
 class TokTrans:
     """Token transitions out of one DFA state."""
 
-    __slots__ = ("state", "targets", "dense", "sparse", "succ", "n_allowed", "_lookup")
+    __slots__ = ("state", "targets", "dense", "sparse", "succ", "succ_bits", "n_allowed", "all_dense", "all_sparse")
 
     def __init__(self, state: int):
         self.state = state
         self.targets: tuple[int, ...] = ()
-        self.dense: dict[int, np.ndarray] = {}  # target -> packed uint8 bits (little bit order)
+        self.dense: dict[int, int] = {}  # target -> row of TokenAutomaton.allp (packed bits, interned)
         self.sparse: dict[int, np.ndarray] = {}  # target -> int64 sorted token ids
         self.succ: frozenset[int] = frozenset()
+        self.succ_bits = 0  # the targets as an int bitset
         self.n_allowed = 0
+        self.all_dense: tuple[int, ...] = ()  # allp rows of every dense group
+        self.all_sparse: np.ndarray | None = None  # every token of the sparse groups
 
 
 class TokenAutomaton:
@@ -49,6 +52,11 @@ class TokenAutomaton:
         self._lock = threading.RLock()
         self.max_token_len = self.trie.max_token_len
         self._buf = np.zeros(self.trie.n_nodes + 1, dtype=np.int64)  # per-walk scratch (node -> state)
+        self.allp = np.zeros((8, self.nbytes), dtype=np.uint8)  # packed "every allowed token" rows
+        self.n_allp = 0
+        self._row_ids: dict[int, int] = {}
+        self.succ_bits: dict[int, int] = {}  # state -> successor bitset (filled by trans)
+        self.acc_bits = 1 << 1 if dfa.accepting[1] else 0  # accepting states seen so far (bitset)
         self._parent64 = self.trie.parent.astype(np.int64)
         self._byte64 = self.trie.byte.astype(np.int64)
         singles = {b[0] for b in tok.token_bytes if b is not None and len(b) == 1}
@@ -177,7 +185,9 @@ class TokenAutomaton:
             return tt
         idx, tg = self.walk_tokens(s)
         tt.n_allowed = int(idx.size)
+        all_idx = idx
         if idx.size == 0:
+            tt.all_sparse = idx
             return tt
         big: list[int] = []
         if idx.size > DENSE_MIN:
@@ -186,7 +196,7 @@ class TokenAutomaton:
             for u in big:
                 bits = np.zeros(self.vocab_size, dtype=bool)
                 bits[idx[tg == u]] = True
-                tt.dense[u] = np.packbits(bits, bitorder="little")
+                tt.dense[u] = self._intern_row(np.packbits(bits, bitorder="little"))
             if big:
                 rest = ~np.isin(tg, big) if len(big) > 1 else tg != big[0]
                 idx, tg = idx[rest], tg[rest]
@@ -200,48 +210,93 @@ class TokenAutomaton:
                 tt.sparse[int(tg_s[a])] = np.sort(idx_s[a:b])
         tt.targets = tuple(sorted(list(tt.dense) + list(tt.sparse)))
         tt.succ = frozenset(tt.targets)
+        b = 0
+        acc = self.dfa.accepting
+        for u in tt.targets:
+            b |= 1 << u
+            if acc[u]:
+                self.acc_bits |= 1 << u
+        tt.succ_bits = b
+        self.succ_bits[s] = b
+        # every allowed token = the (interned) dense groups + the sparse groups
+        tt.all_dense = tuple(sorted(set(tt.dense.values())))
+        sp = list(tt.sparse.values())
+        tt.all_sparse = np.sort(np.concatenate(sp)) if len(sp) > 1 else (sp[0] if sp else np.zeros(0, dtype=np.int64))
         return tt
+
+    def _intern_row(self, row: np.ndarray) -> int:
+        key = hash(row.tobytes())
+        hit = self._row_ids.get(key)
+        if hit is not None and np.array_equal(self.allp[hit], row):
+            return hit
+        k = self._add_allp(row)
+        self._row_ids[key] = k
+        return k
+
+    def _add_allp(self, row: np.ndarray) -> int:
+        k = self.n_allp
+        if k >= self.allp.shape[0]:
+            grown = np.zeros((max(8, 2 * self.allp.shape[0]), self.nbytes), dtype=np.uint8)
+            grown[:k] = self.allp[:k]
+            self.allp = grown
+        self.allp[k] = row
+        self.n_allp = k + 1
+        return k
 
     def succ(self, s: int) -> frozenset[int]:
         return self.trans(s).succ
 
     # ------------------------------------------------------------------ masks
-    def allowed_packed(self, pairs) -> tuple[np.ndarray | None, list[np.ndarray]]:
-        """OR of the groups (s, u) in `pairs`: (packed dense bits or None, list of sparse id arrays)."""
-        acc = None
+    def mask_row(self, full: list[int], partial: list[tuple[int, int]], eos: bool, out: np.ndarray) -> None:
+        """Write into `out` (bool [>= vocab_size], zeroed) the union of: every token allowed from the
+        states in `full`, the groups (state, target) in `partial`, and EOS if asked."""
+        dense: set[int] = set()
         sparse: list[np.ndarray] = []
-        for s, u in pairs:
-            tt = self.trans(s)
+        trans = self.trans
+        for q in full:
+            tt = trans(q)
+            if tt.all_dense:
+                dense.update(tt.all_dense)
+            if tt.all_sparse is not None and tt.all_sparse.size:
+                sparse.append(tt.all_sparse)
+        for q, u in partial:
+            tt = trans(q)
             d = tt.dense.get(u)
             if d is not None:
-                if acc is None:
-                    acc = d.copy()
-                else:
-                    np.bitwise_or(acc, d, out=acc)
+                dense.add(d)
                 continue
             sp = tt.sparse.get(u)
             if sp is not None:
                 sparse.append(sp)
-        return acc, sparse
-
-    def row(self, pairs, eos: bool, out: np.ndarray) -> None:
-        """Write the boolean row for `pairs` (+EOS) into `out` (bool [vocab_size], zeroed by caller)."""
-        acc, sparse = self.allowed_packed(pairs)
-        if acc is not None:
-            out[:] = np.unpackbits(acc, bitorder="little", count=self.vocab_size).view(bool)
-        for sp in sparse:
-            out[sp] = True
+        V = self.vocab_size
+        if dense:
+            ids = sorted(dense)
+            acc = np.bitwise_or.reduce(self.allp[ids], axis=0) if len(ids) > 1 else self.allp[ids[0]]
+            out[:V] = np.unpackbits(acc, bitorder="little", count=V).view(bool)
+        if sparse:
+            out[np.concatenate(sparse) if len(sparse) > 1 else sparse[0]] = True
         if eos:
             out[self.eos_id] = True
 
-    def count_allowed(self, pairs, limit: int = 2) -> tuple[int, int | None]:
-        """(number of allowed tokens capped at `limit`, the token if exactly one)."""
-        acc, sparse = self.allowed_packed(pairs)
-        if acc is not None:
-            return limit, None
+    def count_allowed(self, full: list[int], partial: list[tuple[int, int]]) -> tuple[int, int | None]:
+        """(number of allowed text tokens capped at 2, the token if exactly one)."""
+        sparse: list[np.ndarray] = []
+        for q in full:
+            tt = self.trans(q)
+            if tt.all_dense:
+                return 2, None
+            if tt.all_sparse is not None and tt.all_sparse.size:
+                sparse.append(tt.all_sparse)
+        for q, u in partial:
+            tt = self.trans(q)
+            if u in tt.dense:
+                return 2, None
+            sp = tt.sparse.get(u)
+            if sp is not None:
+                sparse.append(sp)
         if not sparse:
             return 0, None
         u = np.unique(np.concatenate(sparse)) if len(sparse) > 1 else sparse[0]
         if u.size == 1:
             return 1, int(u[0])
-        return min(int(u.size), limit), None
+        return 2, None
