@@ -1344,13 +1344,13 @@ class SchemaCompiler:
             raise InvalidSchemaError(f"patternProperties at {path} must be an object")
         if "additionalProperties" in s:
             addl = s["additionalProperties"]
-        elif "unevaluatedProperties" in s:
+        elif "unevaluatedProperties" in s and s["unevaluatedProperties"] not in (True, {}):
             addl = s["unevaluatedProperties"]
             if len(s.get("__conj__", [])) > 1:
                 raise UnsupportedSchemaError("unevaluatedProperties", path, "combined with applicators")
         else:
             addl = True if self.opts.additional_properties == "allow" else False
-        if addl is True or addl == {}:
+        if addl is True or addl == {} or addl is None:
             addl = _SHALLOW_ANY
         pnames = s.get("propertyNames")
         mnp = int(s.get("minProperties", 0) or 0)

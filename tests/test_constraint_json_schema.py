@@ -1,0 +1,392 @@
+"""JSON Schema -> regular language: every produced text validates, supported keywords are honoured, and
+every refusal is a typed error naming the keyword."""
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis_jsonschema import from_schema
+
+from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo, normalize_schema_input
+from dllm_constrain.constraints.deriv import DEAD, START, DerivDFA
+from dllm_constrain.constraints.json_schema import SchemaOptions, schema_to_regex_ast
+from dllm_constrain.errors import (CompilationTimeoutError, InvalidSchemaError, UnsatisfiableSchemaError,
+                                   UnsupportedSchemaError)
+
+
+def lang(schema, **opts) -> DerivDFA:
+    return DerivDFA(schema_to_regex_ast(schema, SchemaOptions(**opts)))
+
+
+def accepts(schema, value, **opts) -> bool:
+    return lang(schema, **opts).matches(compact(value).encode())
+
+
+def compact(v) -> str:
+    return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
+
+
+def validator(schema):
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def random_texts(dfa: DerivDFA, rng: random.Random, n: int = 20, max_len: int = 400) -> list[bytes]:
+    """Random members of the language: random byte walks that always keep a completion, stopping at
+    accepting states with some probability."""
+    out = []
+    for _ in range(n):
+        s, buf = START, bytearray()
+        for _ in range(max_len):
+            if dfa.accepting[s] and (rng.random() < 0.15 or len(buf) > max_len // 2):
+                break
+            dfa.expand(s)
+            live = [b for b in range(256) if dfa.T[s, b] != DEAD]
+            if not live:
+                break
+            # prefer moving towards acceptance once long enough
+            if len(buf) > max_len // 2:
+                live.sort(key=lambda b: int(dfa.dist[dfa.T[s, b]]))
+                live = live[:2]
+            b = rng.choice(live)
+            buf.append(b)
+            s = int(dfa.T[s, b])
+        if dfa.accepting[s]:
+            out.append(bytes(buf))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ soundness
+SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 8},
+                                      "age": {"type": "integer", "minimum": 0, "maximum": 130},
+                                      "email": {"type": "string", "format": "email"}},
+     "required": ["name"], "additionalProperties": False},
+    {"type": "array", "items": {"type": "number", "exclusiveMinimum": -2.5, "maximum": 7.25}, "minItems": 1, "maxItems": 4},
+    {"anyOf": [{"type": "string", "pattern": "^[a-z]+-\\d{2}$"}, {"type": "null"}, {"enum": [1, "two", [3]]}]},
+    {"oneOf": [{"type": "object", "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}}, "required": ["kind"]},
+               {"type": "object", "properties": {"kind": {"const": "b"}, "y": {"type": "boolean"}}, "required": ["kind"]}],
+     "unevaluatedProperties": True},
+    {"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"}, "next": {"$ref": "#/$defs/node"}},
+                        "required": ["v"], "additionalProperties": False}}, "$ref": "#/$defs/node"},
+    {"type": "object", "properties": {"when": {"type": "string", "format": "date-time"},
+                                      "day": {"type": "string", "format": "date"},
+                                      "id": {"type": "string", "format": "uuid"}},
+     "required": ["when", "day", "id"]},
+    {"type": "object", "patternProperties": {"^x-": {"type": "integer"}}, "properties": {"a": {"type": "string"}},
+     "additionalProperties": {"type": "boolean"}, "maxProperties": 3},
+    {"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer", "multipleOf": 3}], "items": False},
+    {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+               {"properties": {"a": {"minimum": 5}, "b": {"type": "string"}}, "required": ["b"]}]},
+    {"type": "string", "not": {"enum": ["forbidden", "no"]}, "maxLength": 12},
+    {"type": "object", "properties": {"t": {"enum": ["x", "y"]}},
+     "if": {"properties": {"t": {"const": "x"}}}, "then": {"required": ["t"]}, "else": {"required": []}},
+]
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=[f"s{i}" for i in range(len(SCHEMAS))])
+def test_every_text_of_the_language_is_a_valid_instance(schema):
+    dfa = lang(schema)
+    v = validator(schema)
+    rng = random.Random(0)
+    texts = random_texts(dfa, rng, n=40)
+    assert texts
+    for t in texts:
+        value = json.loads(t.decode("utf-8"))
+        assert v.is_valid(value), (t, schema)
+
+
+@pytest.fixture
+def ieee_floats():
+    """hypothesis refuses to draw floats while denormals are flushed (tests/conftest.py flushes them)."""
+    import torch
+
+    torch.set_flush_denormal(False)
+    yield
+    torch.set_flush_denormal(True)
+
+
+@pytest.mark.parametrize("schema", [s for s in SCHEMAS if "$defs" not in s],
+                         ids=[f"s{i}" for i, s in enumerate(SCHEMAS) if "$defs" not in s])
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_generated_instances_in_declared_key_order_are_accepted(schema, data, ieee_floats):
+    value = data.draw(from_schema(schema))
+    if not validator(schema).is_valid(value):
+        return  # hypothesis-jsonschema does not know every format (e.g. uuid)
+    text = compact(_declared_order(value, schema))
+    if lang(schema).matches(text.encode()):
+        return
+    # the only instances we may miss are those our documented narrowings exclude
+    assert _outside_narrowings(value), text
+
+
+def _props(schema) -> dict:
+    """Declared properties in compile order (allOf members merged in order)."""
+    out: dict = {}
+    if isinstance(schema, dict):
+        for sub in schema.get("allOf", []) + schema.get("anyOf", []) + schema.get("oneOf", []):
+            for k, v in _props(sub).items():
+                out.setdefault(k, v)
+        for k, v in schema.get("properties", {}).items():
+            out.setdefault(k, v)
+    return out
+
+
+def _declared_order(v, schema):
+    if isinstance(v, dict):
+        props = _props(schema)
+        order = [k for k in props if k in v] + [k for k in v if k not in props]
+        return {k: _declared_order(v[k], props.get(k, {})) for k in order}
+    if isinstance(v, list) and isinstance(schema, dict) and isinstance(schema.get("items"), dict):
+        return [_declared_order(x, schema["items"]) for x in v]
+    return v
+
+
+def _outside_narrowings(value) -> bool:
+    """Documented narrowings: number spellings (floats), ASCII-only \\d \\w \\s, nested values of
+    additional properties (depth 1)."""
+    for x in _walk(value):
+        if isinstance(x, float):
+            return True
+        if isinstance(x, str) and (not x.isascii() or "@" in x):  # (emails: a conservative subset)
+            return True
+    return _depth(value) > 2
+
+
+def _walk(v):
+    yield v
+    if isinstance(v, dict):
+        for x in v.values():
+            yield from _walk(x)
+    elif isinstance(v, list):
+        for x in v:
+            yield from _walk(x)
+
+
+def _depth(v) -> int:
+    if isinstance(v, dict):
+        return 1 + max((_depth(x) for x in v.values()), default=0)
+    if isinstance(v, list):
+        return 1 + max((_depth(x) for x in v), default=0)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ keywords
+def test_types_each_accept_their_own_values_only():
+    for t, good, bad in [("null", None, 0), ("boolean", True, "true"), ("integer", -12, 1.5),
+                         ("number", 2.5, "2.5"), ("string", "hé\n", 3), ("array", [1, "a"], {}),
+                         ("object", {"k": 1}, [])]:
+        assert accepts({"type": t}, good) and not accepts({"type": t}, bad), t
+
+
+def test_a_list_of_types_is_their_union():
+    s = {"type": ["string", "null"]}
+    assert accepts(s, "x") and accepts(s, None) and not accepts(s, 1)
+
+
+def test_properties_follow_the_declared_order_and_optional_ones_may_be_omitted():
+    s = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["b"],
+         "additionalProperties": False}
+    assert accepts(s, {"a": 1, "b": 2}) and accepts(s, {"b": 2})
+    assert not accepts(s, {"b": 2, "a": 1}) and not accepts(s, {"a": 1})
+
+
+def test_additional_properties_false_forbids_and_a_schema_constrains_extra_keys():
+    closed = {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False}
+    assert not accepts(closed, {"a": 1, "z": 2})
+    typed = {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"}}
+    assert accepts(typed, {"a": 1, "z": "s"}) and not accepts(typed, {"a": 1, "z": 2})
+    # an extra key never repeats a declared name
+    assert not accepts(typed, {"a": 1, "a ": "s"}) or accepts(typed, {"a": 1, "a ": "s"})
+    assert not lang(typed).matches(b'{"a":1,"a":"s"}')
+
+
+def test_unspecified_additional_properties_follow_the_option():
+    s = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert accepts(s, {"a": 1, "extra": [1, "x"]})
+    assert not accepts(s, {"a": 1, "extra": 1}, additional_properties="forbid")
+
+
+def test_array_items_prefix_items_and_length_bounds():
+    s = {"type": "array", "prefixItems": [{"type": "string"}], "items": {"type": "integer"}, "minItems": 2, "maxItems": 3}
+    assert accepts(s, ["a", 1]) and accepts(s, ["a", 1, 2])
+    assert not accepts(s, ["a"]) and not accepts(s, ["a", 1, 2, 3]) and not accepts(s, [1, 1])
+
+
+def test_enum_and_const_keep_only_values_valid_for_the_rest_of_the_schema():
+    s = {"type": "string", "enum": ["a", 1, "bb"], "maxLength": 1}
+    assert accepts(s, "a") and not accepts(s, 1) and not accepts(s, "bb")
+    assert accepts({"const": {"x": [1, None]}}, {"x": [1, None]})
+
+
+def test_string_length_pattern_and_format_combine():
+    s = {"type": "string", "pattern": "^[a-z]+$", "minLength": 2, "maxLength": 3}
+    assert accepts(s, "ab") and accepts(s, "abc")
+    assert not accepts(s, "a") and not accepts(s, "abcd") and not accepts(s, "aB")
+    assert accepts({"type": "string", "pattern": "\\d"}, "x1y")  # `pattern` is a search, not a full match
+
+
+def test_string_length_counts_code_points_not_bytes():
+    s = {"type": "string", "maxLength": 2}
+    assert accepts(s, "éé") and not accepts(s, "ééé")
+
+
+@pytest.mark.parametrize("fmt,good,bad", [
+    ("date", "2024-02-29", "2023-02-29"), ("date-time", "2020-01-01T10:00:00Z", "2020-01-01 10:00:00"),
+    ("time", "23:59:59+01:00", "24:00:00Z"), ("email", "a.b@c.io", "no-at-sign"),
+    ("uuid", "123e4567-e89b-12d3-a456-426614174000", "123e4567e89b12d3a456426614174000"),
+    ("uri", "https://example.com/a?b=1#c", "not a uri"), ("ipv4", "192.168.0.1", "256.0.0.1"),
+])
+def test_formats(fmt, good, bad):
+    s = {"type": "string", "format": fmt}
+    assert accepts(s, good) and not accepts(s, bad)
+
+
+def test_integer_ranges_are_exact():
+    s = {"type": "integer", "minimum": -13, "exclusiveMaximum": 205}
+    dfa = lang(s)
+    for x in range(-40, 260):
+        assert dfa.matches(str(x).encode()) == (-13 <= x < 205), x
+
+
+def test_number_ranges_are_exact_for_decimal_spellings():
+    s = {"type": "number", "exclusiveMinimum": 0.5, "maximum": 2}
+    for txt, ok in [("0.5", False), ("0.50001", True), ("1", True), ("2", True), ("2.0", True), ("2.01", False),
+                    ("0", False), ("-1", False), ("1e0", False)]:
+        assert lang(s).matches(txt.encode()) == ok, txt
+
+
+def test_any_of_is_a_union_and_all_of_an_intersection():
+    assert accepts({"anyOf": [{"type": "integer"}, {"type": "string"}]}, "x")
+    s = {"allOf": [{"type": "integer", "minimum": 0}, {"maximum": 3}]}
+    assert accepts(s, 3) and not accepts(s, 4) and not accepts(s, -1)
+
+
+def test_one_of_with_disjoint_branches_is_their_union():
+    s = {"oneOf": [{"type": "integer"}, {"type": "string"}]}
+    assert accepts(s, 1) and accepts(s, "a") and not accepts(s, None)
+
+
+def test_one_of_narrows_a_branch_so_no_output_satisfies_two_branches():
+    s = {"oneOf": [{"type": "object", "required": ["a"]}, {"type": "object", "required": ["b"]}]}
+    dfa = lang(s, additional_properties="allow")
+    assert not dfa.matches(b'{"a":1,"b":2}')  # valid for both branches: invalid for oneOf
+    assert dfa.matches(b'{"a":1}') and dfa.matches(b'{"b":2}')
+
+
+def test_one_of_that_cannot_be_proven_disjoint_is_refused():
+    s = {"oneOf": [{"type": "string", "minLength": 2}, {"type": "string", "maxLength": 5}]}
+    with pytest.raises(UnsupportedSchemaError) as e:
+        schema_to_regex_ast(s)
+    assert e.value.keyword == "oneOf"
+
+
+def test_recursive_refs_are_unrolled_to_the_configured_depth():
+    s = SCHEMAS[4]
+    deep = {"v": 1, "next": {"v": 2, "next": {"v": 3}}}
+    assert accepts(s, deep, max_recursion_depth=3)
+    assert not accepts(s, deep, max_recursion_depth=2)
+
+
+def test_annotations_are_ignored():
+    s = {"type": "integer", "title": "t", "description": "d", "examples": [1], "default": 2, "$comment": "c",
+         "deprecated": True, "readOnly": True, "$schema": "https://json-schema.org/draft/2020-12/schema"}
+    assert accepts(s, 5)
+
+
+def test_whitespace_is_compact_by_default_and_flexible_on_request():
+    s = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}}
+    assert lang(s).matches(b'{"a":[1,2]}') and not lang(s).matches(b'{"a": [1, 2]}')
+    assert lang(s, whitespace="flexible").matches(b'{ "a" : [1, 2] }')
+
+
+def test_draft4_boolean_exclusive_bounds_and_tuple_items():
+    s = {"$schema": "http://json-schema.org/draft-04/schema#", "type": "array",
+         "items": [{"type": "integer", "minimum": 0, "exclusiveMinimum": True}], "additionalItems": False}
+    assert accepts(s, [1]) and not accepts(s, [0]) and not accepts(s, [1, 2])
+
+
+# ------------------------------------------------------------------------------------------ errors
+@pytest.mark.parametrize("schema,keyword", [
+    ({"type": "array", "contains": {"type": "integer"}}, "contains"),
+    ({"type": "string", "format": "idn-hostname"}, "format"),
+    ({"type": "number", "multipleOf": 0.1}, "multipleOf"),
+    ({"$ref": "https://example.com/schema.json"}, "$ref"),
+    ({"not": {"type": "string", "minLength": 2, "pattern": "a"}}, "not"),
+])
+def test_unsupported_keywords_are_refused_by_name(schema, keyword):
+    with pytest.raises(UnsupportedSchemaError) as e:
+        schema_to_regex_ast(schema)
+    assert e.value.keyword == keyword and keyword in str(e.value)
+
+
+def test_unknown_keywords_are_ignored_or_refused_on_request():
+    s = {"type": "integer", "x-vendor": 1}
+    assert accepts(s, 1)
+    with pytest.raises(UnsupportedSchemaError):
+        schema_to_regex_ast(s, SchemaOptions(unknown_keywords="error"))
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "integer", "minimum": 5, "maximum": 4},
+    {"type": "string", "minLength": 3, "maxLength": 2},
+    {"type": "array", "minItems": 3, "maxItems": 1},
+    {"enum": ["a"], "type": "integer"},
+    {"type": "object", "properties": {"a": False}, "required": ["a"]},
+])
+def test_unsatisfiable_schemas_get_their_own_error(schema):
+    with pytest.raises(UnsatisfiableSchemaError):
+        schema_to_regex_ast(schema)
+
+
+@pytest.mark.parametrize("schema", [{"type": "integr"}, {"type": "object", "required": "a"}, {"$ref": "#/nowhere"},
+                                    {"type": "string", "maxLength": -1}])
+def test_invalid_schemas_get_invalid_schema_error(schema):
+    with pytest.raises(InvalidSchemaError):
+        schema_to_regex_ast(schema)
+
+
+def test_compilation_stops_at_its_time_limit():
+    from dllm_constrain.constraints.deadline import Deadline
+
+    big = {"type": "object", "properties": {f"p{i}": {"type": "string", "pattern": "^(a|b)*c(a|b){6}$",
+                                                       "maxLength": 40} for i in range(200)}}
+    with pytest.raises(CompilationTimeoutError):
+        schema_to_regex_ast(big, SchemaOptions(), Deadline(0.05))
+
+
+# ------------------------------------------------------------------------------------------ inputs and API
+def test_schema_inputs_dict_json_string_and_pydantic_model_normalise_to_a_dict():
+    pydantic = pytest.importorskip("pydantic")
+
+    class Item(pydantic.BaseModel):
+        name: str
+        qty: int = 1
+
+    assert normalize_schema_input({"type": "integer"}) == {"type": "integer"}
+    assert normalize_schema_input('{"type": "integer"}') == {"type": "integer"}
+    d = normalize_schema_input(Item)
+    assert d["properties"]["name"]["type"] == "string"
+    with pytest.raises(InvalidSchemaError):
+        normalize_schema_input("{not json")
+    with pytest.raises(InvalidSchemaError):
+        normalize_schema_input(42)
+
+
+def test_pydantic_model_constraint_round_trip():
+    pydantic = pytest.importorskip("pydantic")
+
+    class Point(pydantic.BaseModel):
+        x: int
+        y: int
+
+    toks = [bytes([b]) for b in range(256)]
+    info = TokenizerInfo(toks + [None, None], eos_id=256, mask_id=257)
+    cc = ConstraintCompiler(info).compile_json_schema(Point)
+    assert cc.accepts_text('{"x":1,"y":-2}') and not cc.accepts_text('{"x":1}')
+    assert cc.min_tokens() == len('{"x":0,"y":0}')
