@@ -208,8 +208,7 @@ class SetAlgebra:
 
     def _bfs_finish(self, q: int, m: int) -> bool:
         L = max(1, self.ta.max_token_len)
-        dist = self.dfa.dist
-        acc = self.dfa.accepting
+        dfa = self.dfa  # (its arrays grow while successors are computed: index them freshly)
         frontier = {q}
         seen = {q}
         for k in range(1, m + 1):
@@ -220,9 +219,9 @@ class SetAlgebra:
                     if u in seen:
                         continue
                     seen.add(u)
-                    if acc[u]:
+                    if dfa.accepting[u]:
                         return True
-                    du = int(dist[u])
+                    du = int(dfa.dist[u])
                     if (du + L - 1) // L > rem:  # cannot make it even with the longest tokens
                         continue
                     if self.ta.single_byte_complete and du <= rem:
