@@ -17,14 +17,22 @@ from .lexer import DEAD, START, Lexer
 
 
 class ApproxTrans:
-    __slots__ = ("a", "lt", "g_target", "succ")
+    __slots__ = ("a", "lt", "g_target", "succ", "targets", "tidx")
 
     def __init__(self, a: int, lt, g_target: np.ndarray):
         self.a = a
         self.lt = lt  # the LexTrans of q
         self.g_target = g_target  # int64 [n_groups]: target approx id or -1
-        t = g_target[g_target >= 0]
-        self.succ = frozenset(np.unique(t).tolist())
+        u, inv = np.unique(g_target, return_inverse=True)
+        self.targets = u.tolist()  # distinct targets (-1 first when present)
+        self.tidx = inv.reshape(-1)  # group -> index into targets
+        self.succ = frozenset(t for t in self.targets if t >= 0)
+
+    def select(self, allowed_targets) -> np.ndarray:
+        """bool [n_groups]: groups whose target is in allowed_targets (a set; None = any live target)."""
+        ok = np.array([t >= 0 and (allowed_targets is None or t in allowed_targets) for t in self.targets],
+                      dtype=bool)
+        return ok[self.tidx] if ok.size else np.zeros(0, dtype=bool)
 
 
 class Approx:

@@ -19,9 +19,9 @@ grammar, everything after it is EOS.
   only ever reported completable with a witness in hand, so a committed canvas can always be finished, and
   the final canvas is the witness itself: it parses. When the search gives up (budget) the answer is False
   (conservative): the engine then re-masks or backtracks the step.
-* Termination: when a step's proposals are all refused, the next `forced_tokens` call forces the witness's
-  token at the frontier (counted in `stats["witness_forced"]`), so the frontier advances at least every
-  other step.
+* Termination: when a step's proposals are all refused, the next mask at the frontier is narrowed to the
+  witness's token (counted in `stats["witness_forced"]`), which the engine commits as a forced token (and
+  `forced_tokens` reports it too), so the frontier advances at least every other step.
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ class _Analysis:
 
 class GrammarCanvasState:
     def __init__(self, cg: CompiledGrammar, canvas_len: int, *, set_cap: int = 600, search_budget: int = 3000,
-                 refine_groups: int = 48, refine_budget: int = 400, cold_walks: int = 2,
+                 refine_groups: int = 32, refine_budget: int = 150, cold_walks: int = 2,
                  verify_with_lark: bool = True):
         if canvas_len <= 0:
             raise ValueError("canvas_len must be positive")
@@ -77,6 +77,7 @@ class GrammarCanvasState:
         self._stall = False
         self._rows: OrderedDict = OrderedDict()
         self._open_memo: dict = {}
+        self._back_memo: dict = {}
         self._fin_true: dict[int, int] = {}
         self._fin_false: dict[int, int] = {}
         w = self._search(tuple([None] * self.n))
@@ -268,8 +269,15 @@ class GrammarCanvasState:
             ci = c[i]
             ended_ok = ENDED in nb
             if ci is None:
-                B[i] = frozenset(a for a in Fi if (a == ENDED and ended_ok) or (
-                    a != ENDED and ((ended_ok and ap.accepting(a)) or not ap.succ(a).isdisjoint(nb))))
+                bk = (Fi, nb)
+                r = self._back_memo.get(bk)
+                if r is None:
+                    r = frozenset(a for a in Fi if (a == ENDED and ended_ok) or (
+                        a != ENDED and ((ended_ok and ap.accepting(a)) or not ap.succ(a).isdisjoint(nb))))
+                    if len(self._back_memo) > 4096:
+                        self._back_memo.clear()
+                    self._back_memo[bk] = r
+                B[i] = r
             elif ci == self.eos:
                 B[i] = frozenset(a for a in Fi if a == ENDED or ap.accepting(a)) if ended_ok else frozenset()
             else:
@@ -418,6 +426,13 @@ class GrammarCanvasState:
             if p < an.f:
                 continue
             if p == an.f:
+                if self._stall and self._consistent(c) and self.witness[p] != self.mask_id:
+                    # the previous step's proposals were all refused: narrow the frontier to the witness's
+                    # token, which the engine then commits as forced (progress at least every other step)
+                    self._stall = False
+                    self.stats["witness_forced"] += 1
+                    o[j, self.witness[p]] = True
+                    continue
                 o[j] = self._frontier_row(c, an)
             else:
                 o[j] = self._approx_row(an, p)
@@ -532,18 +547,13 @@ class GrammarCanvasState:
                 if an.last_text < p:
                     row[self.eos] = True
                 return row
-            bn_arr = None if Bn is None else np.fromiter((x for x in Bn if x >= 0), dtype=np.int64)
             for q, aa in by_q.items():
                 lt = self.cg.lexer.trans(q)
                 if lt.n_groups == 0:
                     continue
                 sel = np.zeros(lt.n_groups, dtype=bool)
                 for a in aa:
-                    tg = ap.trans(a).g_target
-                    if bn_arr is None:
-                        sel |= tg >= 0
-                    else:
-                        sel |= np.isin(tg, bn_arr)
+                    sel |= ap.trans(a).select(Bn)
                 if sel.any():
                     row[lt.tokens[sel[lt.group_of]]] = True
             if eos_ok and an.last_text < p:
@@ -588,25 +598,31 @@ class _Search:
             return None
 
     def candidates(self, cfg: Config, i: int):
+        """[(key, token, next config)] for open position i: the witness's token group first, then the others by
+        completion estimate; pruned by B[i+1]."""
         cg = self.cg
-        lt, succ = cg.successors(cfg)
+        ranked = cg.ranked_successors(cfg)  # [(estimate, group, token, next config, approx id)], cached
         B = self.an.B
+        b = B[i + 1] if i + 1 < len(B) else None
         prefer = self.prefer[i] if self.prefer is not None else None
-        pref_group = -1
+        first = []
         if prefer is not None and prefer != self.eos:
+            lt = cg.lexer.trans(cfg[1])
             pos = np.flatnonzero(lt.tokens == prefer)
             if pos.size:
-                pref_group = int(lt.group_of[pos[0]])
-        out = []
-        for g, nxt in succ:
-            if not GrammarCanvasState._inB(B, i + 1, cg.approx_id(nxt)):
-                continue
-            if g == pref_group:
-                out.append((-1, prefer, nxt))
-            else:
-                out.append((cg.completion_estimate(nxt), int(lt.tokens[lt.offsets[g]]), nxt))
-        out.sort(key=lambda x: x[0])
-        return out
+                pg = int(lt.group_of[pos[0]])
+                for est, g, _tok, nxt, a in ranked:
+                    if g == pg:
+                        if b is None or a in b:
+                            first.append((-1, prefer, nxt))
+                        break
+        if b is None:
+            rest = [(est, tok, nxt) for est, g, tok, nxt, a in ranked]
+        else:
+            rest = [(est, tok, nxt) for est, g, tok, nxt, a in ranked if a in b]
+        if first:
+            rest = [x for x in rest if x[2] != first[0][2]]
+        return first + rest
 
     def fill(self, i: int, cfg: Config) -> list[int] | None:
         an, c, n = self.an, self.c, self.n
@@ -640,7 +656,14 @@ class _Search:
         key = (i, cfg)
         if key in self.failed:
             return None
+        nxt_c = c[i + 1] if i + 1 < n else None
+        step = self.cg.step
         for _k, tok, nxt in self.candidates(cfg, i):
+            if nxt_c is not None and nxt_c != self.eos and i + 1 <= an.last_text:
+                # the next position is committed: refute cheaply before spending budget on this candidate
+                nn = step(nxt, nxt_c)
+                if nn is None or not GrammarCanvasState._inB(an.B, i + 2, self.cg.approx_id(nn)):
+                    continue
             self.budget -= 1
             self.st.stats["search_nodes"] += 1
             if self.budget < 0:

@@ -127,6 +127,7 @@ class CompiledGrammar:
         self._complete: dict[Config, bytes | None] = {}
         self._ctoks: dict[Config, list[int] | None] = {}
         self._succ: OrderedDict = OrderedDict()
+        self._ranked: OrderedDict = OrderedDict()
         self._accv: dict[int, np.ndarray] = {}
         self._est: dict[Config, int] = {}
         self._min_tokens: int | None = None
@@ -427,6 +428,22 @@ class CompiledGrammar:
         self._succ[cfg] = r
         if len(self._succ) > 4096:
             self._succ.popitem(last=False)
+        return r
+
+    def ranked_successors(self, cfg: Config) -> list:
+        """successors() as [(completion estimate, group, representative token, next config, approx id)], by
+        estimate (cached)."""
+        r = self._ranked.get(cfg)
+        if r is not None:
+            self._ranked.move_to_end(cfg)
+            return r
+        lt, succ = self.successors(cfg)
+        P = self.P
+        r = sorted(((self.completion_estimate(nxt), g, int(lt.tokens[lt.offsets[g]]), nxt, nxt[1] * P + nxt[2])
+                    for g, nxt in succ), key=lambda x: x[0])
+        self._ranked[cfg] = r
+        if len(self._ranked) > 4096:
+            self._ranked.popitem(last=False)
         return r
 
     def token_completion(self, cfg: Config, max_tokens: int, budget: int = 2000) -> tuple[list[int] | None, bool, int]:
