@@ -222,14 +222,15 @@ def section_generate(args, report: dict, eth: bool) -> None:
     print(f"\n## Generation: {desc}\n")
     print(f"max_new_tokens {args.max_new_tokens}, block_length {args.gen_block}, policy quota, temperature "
           f"{args.temperature}, {args.prompts} prompts x {len(args.grammars)} grammars, batch of 1.\n")
-    cols = ("| grammar | unconstrained s | constrained s | ratio | parses (constrained) | parses (unconstrained) |"
-            " remasks/gen | backtracks/gen | witness forced/gen |")
+    cols = ("| grammar | unconstrained s | constrained s | ratio | s/forward ratio | parses (constrained) |"
+            " parses (unconstrained) | remasks/gen | backtracks/gen | witness forced/gen |")
     if eth:
         cols += " ETH-style parses w/o fill-in | ETH-style s |"
     print(cols)
     print("|" + "---|" * (cols.count("|") - 1))
     rows = {}
     tot_u = tot_c = 0.0
+    tot_nu = tot_nc = 0
     for name in args.grammars:
         text = load_grammar(name)
         lk = lark.Lark(text, parser="lalr", lexer="basic")
@@ -239,17 +240,20 @@ def section_generate(args, report: dict, eth: bool) -> None:
         t_u = t_c = t_e = 0.0
         ok_c = ok_u = ok_e = 0
         rem = back = wf = 0
+        nfe_u = nfe_c = 0
         for i in range(args.prompts):
             prompt = PROMPTS[name] + (f" Variant {i}." if i else "")
             t0 = time.perf_counter()
             ru = run(llm, prompt, None, args, i)
             t_u += time.perf_counter() - t0
             ok_u += parses(lk, ru.text)
+            nfe_u += ru.nfe
             t0 = time.perf_counter()
             state = GrammarCanvasState(cg, args.max_new_tokens)  # what generate(grammar=...) attaches
             rc = run(llm, prompt, state, args, i)
             t_c += time.perf_counter() - t0
             ok_c += parses(lk, rc.text)
+            nfe_c += rc.nfe
             rem += rc.remasks
             back += rc.backtracks
             wf += state.stats["witness_forced"]
@@ -262,7 +266,11 @@ def section_generate(args, report: dict, eth: bool) -> None:
         row = {"unconstrained_s": t_u, "constrained_s": t_c, "ratio": t_c / t_u if t_u else None,
                "parse_rate": ok_c / P, "parse_rate_unconstrained": ok_u / P, "remasks_per_gen": rem / P,
                "backtracks_per_gen": back / P, "witness_forced_per_gen": wf / P}
-        line = (f"| {name} | {t_u:.2f} | {t_c:.2f} | {t_c / t_u:.2f}x | {ok_c}/{P} | {ok_u}/{P} | {rem / P:.1f} | "
+        per_fwd = (t_c / max(1, nfe_c)) / (t_u / max(1, nfe_u))
+        row["per_forward_ratio"] = per_fwd
+        row["nfe"] = {"unconstrained": nfe_u / P, "constrained": nfe_c / P}
+        line = (f"| {name} | {t_u:.2f} | {t_c:.2f} | {t_c / t_u:.2f}x | {per_fwd:.2f}x | {ok_c}/{P} | {ok_u}/{P} | "
+                f"{rem / P:.1f} | "
                 f"{back / P:.1f} | {wf / P:.1f} |")
         if eth:
             row.update({"eth_parse_rate": ok_e / P, "eth_s": t_e})
@@ -271,8 +279,12 @@ def section_generate(args, report: dict, eth: bool) -> None:
         rows[name] = row
         tot_u += t_u
         tot_c += t_c
-    print(f"\nTotal: unconstrained {tot_u:.2f} s, constrained {tot_c:.2f} s, ratio {tot_c / tot_u:.2f}x")
-    report["generate"] = {"model": desc, "rows": rows, "total_ratio": tot_c / tot_u}
+        tot_nu += nfe_u
+        tot_nc += nfe_c
+    pf = (tot_c / max(1, tot_nc)) / (tot_u / max(1, tot_nu))
+    print(f"\nTotal: unconstrained {tot_u:.2f} s ({tot_nu} forwards), constrained {tot_c:.2f} s ({tot_nc} forwards), "
+          f"ratio {tot_c / tot_u:.2f}x, per forward {pf:.2f}x")
+    report["generate"] = {"model": desc, "rows": rows, "total_ratio": tot_c / tot_u, "per_forward_ratio": pf}
 
 
 # ----------------------------------------------------------------------------------------- ETH-style
