@@ -111,6 +111,36 @@ def test_a_model_argument_of_the_wrong_type_is_refused() -> None:
         dc.generate("x", model=42)
 
 
+class FakeCompiled:
+    """Stands in for helper B's CompiledConstraint: a digits-only language with a minimum length."""
+
+    def __init__(self, min_len: int) -> None:
+        self.min_len = min_len
+
+    def min_tokens(self) -> int:
+        return self.min_len
+
+    def new_canvas_state(self, canvas_len: int) -> DigitsConstraint:
+        return DigitsConstraint(digits=DIGIT_IDS, vocab_size=260)
+
+
+DIGIT_IDS = list(range(19, 29))  # '0'..'9' in the tiny byte-level tokenizer
+
+
+class FakeCompiler:
+    def __init__(self, min_len: int = 1) -> None:
+        self.min_len = min_len
+        self.compiled: list[str] = []
+
+    def compile_regex(self, pattern: str) -> FakeCompiled:
+        self.compiled.append(pattern)
+        return FakeCompiled(self.min_len)
+
+    def compile_json_schema(self, schema, **kwargs) -> FakeCompiled:
+        self.compiled.append(repr(schema))
+        return FakeCompiled(self.min_len)
+
+
 def test_a_regex_constraint_is_compiled_once_and_attached_to_every_request(llm, tiny_tokenizer) -> None:
     assert [tiny_tokenizer.token_to_id(str(d)) for d in range(10)] == DIGIT_IDS
     llm._compiler = FakeCompiler()
