@@ -49,6 +49,7 @@ class Approx:
         self._ptypes: dict[int, frozenset[int]] = {}
         self._live: dict[int, bool] = {}
         self._prow: dict[int, np.ndarray] = {}
+        self._delta: dict[tuple[int, int], int] = {}
 
     # ------------------------------------------------------------------ grammar relations
     @staticmethod
@@ -223,6 +224,16 @@ class Approx:
         return self.trans(a).succ
 
     def delta(self, a: int, t: int) -> int:
+        k = (a, t)
+        r = self._delta.get(k)
+        if r is None:
+            r = self._delta_uncached(a, t)
+            if len(self._delta) > 500_000:
+                self._delta.clear()
+            self._delta[k] = r
+        return r
+
+    def _delta_uncached(self, a: int, t: int) -> int:
         q, p = divmod(a, self.P)
         q2, s = self.lexer.delta(q, t)
         if q2 == DEAD:

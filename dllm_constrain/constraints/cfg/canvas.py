@@ -78,6 +78,7 @@ class GrammarCanvasState:
         self._rows: OrderedDict = OrderedDict()
         self._open_memo: dict = {}
         self._back_memo: dict = {}
+        self._tok_memo: dict = {}
         self._fin_true: dict[int, int] = {}
         self._fin_false: dict[int, int] = {}
         w = self._search(tuple([None] * self.n))
@@ -161,6 +162,18 @@ class GrammarCanvasState:
         return r
 
     def _step_tok(self, F, t: int):
+        if F is not None:
+            k = (F, t)
+            r = self._tok_memo.get(k)
+            if r is None:
+                r = self._step_tok_uncached(F, t)
+                if len(self._tok_memo) > 8192:
+                    self._tok_memo.clear()
+                self._tok_memo[k] = r
+            return r
+        return self._step_tok_uncached(F, t)
+
+    def _step_tok_uncached(self, F, t: int):
         ap = self.approx
         if t == self.eos:
             if F is None:
@@ -530,7 +543,7 @@ class GrammarCanvasState:
             if an.last_text < p:
                 row[self.eos] = True
         else:
-            row = np.zeros(self.vocab_size, dtype=bool)
+            packed = None
             by_q: dict[int, list[int]] = {}
             eos_ok = False
             ended_next = Bn is None or ENDED in Bn
@@ -555,7 +568,15 @@ class GrammarCanvasState:
                 for a in aa:
                     sel |= ap.trans(a).select(Bn)
                 if sel.any():
-                    row[lt.tokens[sel[lt.group_of]]] = True
+                    bits = self.cg.group_bits(q, lt, sel)
+                    if packed is None:
+                        packed = bits.copy()
+                    else:
+                        np.bitwise_or(packed, bits, out=packed)
+            if packed is None:
+                row = np.zeros(self.vocab_size, dtype=bool)
+            else:
+                row = np.unpackbits(packed, bitorder="little", count=self.vocab_size).view(bool)
             if eos_ok and an.last_text < p:
                 row[self.eos] = True
         self._rows[key] = row

@@ -128,6 +128,7 @@ class CompiledGrammar:
         self._ctoks: dict[Config, list[int] | None] = {}
         self._succ: OrderedDict = OrderedDict()
         self._ranked: OrderedDict = OrderedDict()
+        self._bits: OrderedDict = OrderedDict()
         self._accv: dict[int, np.ndarray] = {}
         self._est: dict[Config, int] = {}
         self._min_tokens: int | None = None
@@ -378,6 +379,22 @@ class CompiledGrammar:
         if len(self._ctoks) > 200_000:
             self._ctoks.clear()
         self._ctoks[cfg] = r
+        return r
+
+    def group_bits(self, q: int, lt, sel: np.ndarray) -> np.ndarray:
+        """Packed vocabulary bitset of the tokens of the selected groups of lexer state q (LRU-cached by the
+        selection: positions deep in a gap ask for the same few selections again and again)."""
+        key = (q, sel.tobytes())
+        r = self._bits.get(key)
+        if r is not None:
+            self._bits.move_to_end(key)
+            return r
+        row = np.zeros(self.vocab_size, dtype=bool)
+        row[lt.tokens[sel[lt.group_of]]] = True
+        r = np.packbits(row, bitorder="little")
+        self._bits[key] = r
+        if len(self._bits) > 512:
+            self._bits.popitem(last=False)
         return r
 
     def acc_vec(self, node: int) -> np.ndarray:
