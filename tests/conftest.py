@@ -1,7 +1,17 @@
-"""Shared test set-up: the machine is small and shared, so every test runs single-threaded."""
+"""Shared test set-up: the machine is small and shared, so every test runs single-threaded.
+
+Triton decides at decoration time whether a @triton.jit function is compiled or interpreted, so the
+interpreter flag must be set before anything imports Triton (torch._dynamo does, when a checkpoint loads).
+Tests have no GPU: every Triton kernel they run goes through the interpreter. backend="auto" still takes
+the torch path on CPU, so this costs the other tests nothing.
+"""
 from __future__ import annotations
 
-import torch
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
 
 torch.set_num_threads(1)
 torch.set_flush_denormal(True)
