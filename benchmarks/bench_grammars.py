@@ -49,6 +49,7 @@ from dllm_constrain.constraints import TokenizerInfo  # noqa: E402
 from dllm_constrain.constraints.cfg import GrammarCompiler, clear_cache  # noqa: E402
 from dllm_constrain.constraints.cfg.canvas import GrammarCanvasState  # noqa: E402
 from dllm_constrain.constraints.cfg.sample import random_sentence  # noqa: E402
+from dllm_constrain.errors import DllmConstrainError  # noqa: E402
 from dllm_constrain.grammars import examples, list_grammars, load_grammar  # noqa: E402
 
 
@@ -251,6 +252,7 @@ def section_generate(args, report: dict, eth: bool) -> None:
         ok_c = ok_u = ok_e = 0
         rem = back = wf = 0
         nfe_u = nfe_c = 0
+        to_e = 0
         for i in range(args.prompts):
             prompt = PROMPTS[name] + (f" Variant {i}." if i else "")
             t0 = time.perf_counter()
@@ -269,9 +271,12 @@ def section_generate(args, report: dict, eth: bool) -> None:
             wf += state.stats["witness_forced"]
             if eth:
                 t0 = time.perf_counter()
-                re_ = run(llm, prompt, EthStyleState(cg, args.max_new_tokens), args, i)
+                try:
+                    re_ = run(llm, prompt, EthStyleState(cg, args.max_new_tokens), args, i)
+                    ok_e += parses(lk, re_.text)
+                except DllmConstrainError:  # e.g. the engine's step bound: no termination argument there
+                    to_e += 1
                 t_e += time.perf_counter() - t0
-                ok_e += parses(lk, re_.text)
         P = args.prompts
         row = {"unconstrained_s": t_u, "constrained_s": t_c, "ratio": t_c / t_u if t_u else None,
                "parse_rate": ok_c / P, "parse_rate_unconstrained": ok_u / P, "remasks_per_gen": rem / P,
@@ -283,8 +288,8 @@ def section_generate(args, report: dict, eth: bool) -> None:
                 f"{rem / P:.1f} | "
                 f"{back / P:.1f} | {wf / P:.1f} |")
         if eth:
-            row.update({"eth_parse_rate": ok_e / P, "eth_s": t_e})
-            line += f" {ok_e}/{P} | {t_e:.2f} |"
+            row.update({"eth_parse_rate": ok_e / P, "eth_s": t_e, "eth_errors": to_e})
+            line += f" {ok_e}/{P}{f' ({to_e} errors)' if to_e else ''} | {t_e:.2f} |"
         print(line)
         rows[name] = row
         tot_u += t_u
