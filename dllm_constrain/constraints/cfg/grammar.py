@@ -229,6 +229,8 @@ class CompiledGrammar:
         lx = self.lexer
         base = self.feed_seq(node, lx.seq_parent[s])
         r = -1 if base < 0 else self.parser.feed(base, lx.seq_type[s])
+        if len(self._seqfeed) > 1_000_000:
+            self._seqfeed.clear()
         self._seqfeed[k] = r
         return r
 
@@ -245,6 +247,8 @@ class CompiledGrammar:
             if t == -1 or self.parser.feed(node, t) >= 0:
                 r = True
                 break
+        if len(self._viable) > 1_000_000:
+            self._viable.clear()
         self._viable[k] = r
         return r
 
@@ -316,6 +320,8 @@ class CompiledGrammar:
         if r is not False:
             return r  # type: ignore[return-value]
         r = self._complete_bytes(cfg)
+        if len(self._complete) > 200_000:
+            self._complete.clear()
         self._complete[cfg] = r
         return r
 
@@ -519,7 +525,12 @@ class CompiledGrammar:
         """Tokens of the shortest concrete output (an upper bound of the true minimum; EOS not counted)."""
         if self._min_tokens is None:
             toks = self.complete_tokens(self.initial)
-            self._min_tokens = INF if toks is None else len(toks)
+            m = INF if toks is None else len(toks)
+            if 1 < m < INF:  # a shorter token spelling may exist: a bounded breadth-first look
+                shorter, _exh, _used = self.token_completion(self.initial, m - 1, budget=3000)
+                if shorter is not None:
+                    m = len(shorter)
+            self._min_tokens = m
         return self._min_tokens
 
     # ------------------------------------------------------------------ whole texts

@@ -327,6 +327,8 @@ class Lexer:
             tb = self.tok.token_bytes
             b = tb[t] if 0 <= t < len(tb) else None
             r = (DEAD, 0) if b is None or q == DEAD else self.walk_bytes(q, b)
+            if len(self._delta) > 2_000_000:
+                self._delta.clear()
             self._delta[key] = r
         return r
 

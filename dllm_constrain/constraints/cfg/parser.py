@@ -75,6 +75,10 @@ class LRParser:
         if r is not None:
             return r
         r = self._feed_uncached(node, t)
+        if len(self._feed) > 2_000_000:  # memo tables only grow: bound them (stacks stay interned)
+            self._feed.clear()
+            self._acc.clear()
+            self._comp.clear()
         self._feed[k] = r
         return r
 
