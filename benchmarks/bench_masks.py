@@ -118,6 +118,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=600, help="skip canvas walks of longer instances")
     ap.add_argument("--timeout", type=float, default=10.0, help="compile time limit (s)")
     ap.add_argument("--json", default=None, help="write per-schema rows here")
+    ap.add_argument("--verbose", action="store_true", help="one line per schema on stderr")
     args = ap.parse_args()
 
     import torch
@@ -155,6 +156,7 @@ def main() -> int:
     comp.compile_json_schema({"type": "object", "properties": {"a": {"type": "integer"}}}).matcher().fill_mask()
     for k, r in enumerate(items):
         sub = r["subset"]
+        t_schema = time.perf_counter()
         row = {"id": r["id"], "subset": sub}
         per_sub[sub]["n"] += 1
         clear_cache()
@@ -222,7 +224,11 @@ def main() -> int:
         per_sub[sub]["invalid_rej"] += rej
         row["dfa_states"] = cc.dfa.n_states
         rows.append(row)
-        if (k + 1) % 20 == 0:
+        if args.verbose:
+            print(f"  {k + 1}/{len(items)} {r['id'][:50]:50s} compile {row.get('compile_ms', 0):8.1f} ms  "
+                  f"canvas TTFM {row.get('ttfm_canvas_ms', 0):9.1f} ms  states {row.get('dfa_states')}  "
+                  f"walk {time.perf_counter() - t_schema:6.1f} s", file=sys.stderr, flush=True)
+        elif (k + 1) % 20 == 0:
             print(f"  {k + 1}/{len(items)} schemas", file=sys.stderr)
 
     comp_ms = [r["compile_ms"] for r in rows if "compile_ms" in r]

@@ -253,3 +253,32 @@ def test_tokens_splitting_a_multibyte_character_are_handled_exactly():
             opts = sorted(state.allowed_sets(c)[p])
             c[p] = rnd.choice(opts)
         assert canvas_text(c, toks, info.eos_id) == "éé".encode()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data(), st.integers(0, 2**32 - 1), st.integers(0, 3))
+def test_under_a_tiny_expansion_budget_masks_stay_sound_and_never_empty(data, seed, budget):
+    rnd = random.Random(seed)
+    tokens = data.draw(tiny_vocabularies())
+    pattern = data.draw(small_regexes())
+    cc, info = _compiled(pattern, tokens)
+    n = data.draw(st.integers(1, 6))
+    try:
+        state = cc.new_canvas_state(n, expand_budget=budget)
+    except ConstraintTooLongError:
+        return
+    accepts = regex_accepts(pattern)
+    canvas = [info.mask_id] * n
+    while info.mask_id in canvas:
+        opens = [i for i, c in enumerate(canvas) if c == info.mask_id]
+        masks = _allowed_sets(state, canvas, opens)
+        exact = brute_force_allowed(canvas, tokens, info.eos_id, info.mask_id, accepts)
+        for i, m in zip(opens, masks):
+            assert m <= exact[i]  # sound: only tokens of some valid completion
+            assert m, "never empty while completable (the spine)"
+        p = rnd.choice(opens)
+        t = rnd.choice(sorted(masks[opens.index(p)]))
+        assert state.select_commits(canvas, [(p, t, 1.0)]) == [(p, t)]
+        canvas[p] = t
+    text = canvas_text(canvas, tokens, info.eos_id)
+    assert text is not None and accepts(text)

@@ -22,6 +22,17 @@ The canvas is completable iff B[0] is non-empty.
 State sets are Python ints used as bitsets: bit q = DFA state q, and bit 0 (DEAD never belongs to a set)
 stands for ENDED. Unions/intersections are then single big-int operations; every set-level step is
 memoised per compiled constraint, so a canvas that changes by a few commits per step recomputes little.
+
+Expansion budget. The successors of a state over "any token" need its token transitions (one trie walk).
+Large schemas reach tens of thousands of DFA states within a 32-token open block, so each call may
+compute at most `expand_budget` new token transitions (left to right: the positions next to the
+committed frontier first). States whose transitions are not known yet are not followed: the sets are
+then the states reachable through known states only, a subset of the exact ones, so every allowed token
+is still part of a valid completion (sound), and select_commits verifies in the same system. One state of
+minimal distance to acceptance is always followed (a "spine"), so an open position keeps at least one
+allowed token. The transition cache is shared by all requests of the compiled constraint and never
+shrinks, so masks become exact once the reachable part is known; with a budget that covers it (always for
+small constraints) they are exact from the first call.
 """
 from __future__ import annotations
 
@@ -50,6 +61,18 @@ def bits_of(x: int) -> list[int]:
     return out
 
 
+class Budget:
+    """How many new token-transition computations one call may still do."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, n: int):
+        self.left = n
+
+
+UNLIMITED = 1 << 62
+
+
 class SetAlgebra:
     """Memoised set-level steps for one compiled constraint (shared by all its canvases)."""
 
@@ -65,6 +88,7 @@ class SetAlgebra:
         # can-finish memo per state: (largest m known False, smallest m known True)
         self._fin_false: dict[int, int] = {}
         self._fin_true: dict[int, int] = {}
+        self.last_partial = False  # did the last step follow only part of its members (budget)?
         self.rows: OrderedDict = OrderedDict()  # mask-row cache: (Bi, Bn) -> bool numpy row
         self.max_rows = 64
 
@@ -94,25 +118,50 @@ class SetAlgebra:
         return self.ta.trans(q).succ_bits
 
     # ------------------------------------------------------------------ forward
-    def step_open(self, F: int) -> int:
+    def known(self, q: int) -> bool:
+        return q in self.ta.succ_bits
+
+    def _expand(self, q: int, budget: Budget | None) -> int | None:
+        """succ bits of q, computing them if the budget allows (None = unknown)."""
+        sb = self.ta.succ_bits.get(q)
+        if sb is not None:
+            return sb
+        if budget is None or budget.left > 0:
+            if budget is not None:
+                budget.left -= 1
+            return self.ta.trans(q).succ_bits
+        return None
+
+    def step_open(self, F: int, budget: Budget | None = None) -> int:
         r = self._open.get(F)
         if r is not None:
             return r
         r = 0
-        sget = self.ta.succ_bits.get
-        trans = self.ta.trans
         acc = self.dfa.accepting
         ended = bool(F & ENDED_BIT)
+        partial = False
+        unknown: list[int] = []
         for q in self.members(F):
             if q == ENDED:
                 continue
-            sb = sget(q)
-            r |= sb if sb is not None else trans(q).succ_bits
             if not ended and acc[q]:
                 ended = True
+            sb = self._expand(q, budget)
+            if sb is None:
+                partial = True
+                unknown.append(q)
+            else:
+                r |= sb
+        self.last_partial = partial
+        if partial and not r and not ended:
+            # keep a spine: follow the member closest to acceptance even past the budget
+            dist = self.dfa.dist
+            q = min(unknown, key=lambda x: int(dist[x]))
+            r |= self.ta.trans(q).succ_bits
         if ended:
             r |= ENDED_BIT
-        self._open[F] = r
+        if not partial:
+            self._open[F] = r
         return r
 
     def step_tok(self, F: int, t: int) -> int:
@@ -133,32 +182,37 @@ class SetAlgebra:
         self._tok[key] = r
         return r
 
-    def step(self, F: int, c: int | None) -> int:
-        return self.step_open(F) if c is None else self.step_tok(F, c)
+    def step(self, F: int, c: int | None, budget: Budget | None = None) -> int:
+        self.last_partial = False
+        return self.step_open(F, budget) if c is None else self.step_tok(F, c)
 
     # ------------------------------------------------------------------ backward
     def back_open(self, F: int, X: int) -> int:
-        """{q in F : an open position takes q into X}."""
+        """{q in F : an open position takes q into X} (through known transitions)."""
         key = (F, X)
         r = self._back_open.get(key)
         if r is not None:
             return r
-        trans = self.ta.trans
         sget = self.ta.succ_bits.get
         acc = self.dfa.accepting
         ended_ok = bool(X & ENDED_BIT)
         r = 0
+        partial = False
         for q in self.members(F):
             if q == ENDED:
                 if ended_ok:
                     r |= ENDED_BIT
                 continue
+            if ended_ok and acc[q]:
+                r |= 1 << q
+                continue
             sb = sget(q)
             if sb is None:
-                sb = trans(q).succ_bits
-            if (sb & X) or (ended_ok and acc[q]):
+                partial = True
+            elif sb & X:
                 r |= 1 << q
-        self._back_open[key] = r
+        if not partial:
+            self._back_open[key] = r
         return r
 
     def back_tok(self, F: int, t: int, X: int) -> int:
@@ -185,8 +239,9 @@ class SetAlgebra:
         return r
 
     # ------------------------------------------------------------------ lengths
-    def can_finish(self, q: int, m: int) -> bool:
-        """q can reach a valid end within m further (open) positions."""
+    def can_finish(self, q: int, m: int, budget: Budget | None = None) -> bool:
+        """q can reach a valid end within m further (open) positions (False when undecided within the
+        budget: sound)."""
         if q == ENDED or self.dfa.accepting[q]:
             return True
         if m <= 0:
@@ -199,14 +254,16 @@ class SetAlgebra:
         f = self._fin_false.get(q)
         if f is not None and f >= m:
             return False
-        ok = self._bfs_finish(q, m)
+        ok = self._bfs_finish(q, m, budget)
+        if ok is None:
+            return False
         if ok:
             self._fin_true[q] = min(m, self._fin_true.get(q, INF))
         else:
             self._fin_false[q] = max(m, self._fin_false.get(q, -1))
         return ok
 
-    def _bfs_finish(self, q: int, m: int) -> bool:
+    def _bfs_finish(self, q: int, m: int, budget: Budget | None) -> bool | None:
         L = max(1, self.ta.max_token_len)
         dfa = self.dfa  # (its arrays grow while successors are computed: index them freshly)
         frontier = {q}
@@ -215,7 +272,10 @@ class SetAlgebra:
             nxt = set()
             rem = m - k
             for s in frontier:
-                for u in self.ta.succ(s):
+                sb = self._expand(s, budget)
+                if sb is None:
+                    return None  # undecided within the budget
+                for u in bits_of(sb):
                     if u in seen:
                         continue
                     seen.add(u)
@@ -232,10 +292,10 @@ class SetAlgebra:
             frontier = nxt
         return False
 
-    def finishers(self, F: int, m: int) -> int:
+    def finishers(self, F: int, m: int, budget: Budget | None = None) -> int:
         r = 0
         for q in self.members(F):
-            if self.can_finish(q, m):
+            if self.can_finish(q, m, budget):
                 r |= 1 << q
         return r
 
@@ -255,6 +315,7 @@ class SetAlgebra:
         notBn = ~Bn
         trans = self.ta.trans
         sget = self.ta.succ_bits.get
+        partial_row = False
         for q in self.members(Bi):
             if q == ENDED:
                 eos_ok = eos_ok or ended_in_next
@@ -263,7 +324,8 @@ class SetAlgebra:
                 eos_ok = True
             sb = sget(q)
             if sb is None:
-                sb = trans(q).succ_bits
+                partial_row = True  # in B only through EOS so far
+                continue
             if not sb & notBn:
                 full.append(q)
             else:
@@ -271,6 +333,8 @@ class SetAlgebra:
                 if inter:
                     partial.extend((q, u) for u in self.members(inter))
         self.ta.mask_row(full, partial, eos_ok, row)
+        if partial_row:
+            return row
         self.rows[key] = row
         if len(self.rows) > self.max_rows:
             self.rows.popitem(last=False)
@@ -289,7 +353,9 @@ class SetAlgebra:
                 continue
             if ended_in_next and acc[q]:
                 eos_ok = True
-            sb = self.ta.trans(q).succ_bits
+            sb = self.ta.succ_bits.get(q)
+            if sb is None:
+                continue
             if not sb & ~Bn:
                 full.append(q)
             else:
@@ -311,7 +377,10 @@ class Analysis:
 class CanvasState:
     """CanvasConstraint for one request (one canvas length) of a regular compiled constraint."""
 
-    def __init__(self, algebra: SetAlgebra, canvas_len: int, mask_id: int | None, vocab_size: int):
+    def __init__(self, algebra: SetAlgebra, canvas_len: int, mask_id: int | None, vocab_size: int,
+                 expand_budget: int | None = 256):
+        self.expand_budget = expand_budget  # None = unlimited (always exact)
+        self._budget: Budget | None = None
         self.alg = algebra
         self.ta = algebra.ta
         self.n = int(canvas_len)
@@ -320,6 +389,7 @@ class CanvasState:
         self.eos = algebra.eos
         self._fwd_canvas: tuple | None = None
         self._fwd: list[int] = [START_BIT]
+        self._fwd_ok: list[bool] = [True]
 
     # ------------------------------------------------------------------ helpers
     def _norm(self, canvas: Sequence[int]) -> tuple:
@@ -331,22 +401,30 @@ class CanvasState:
         return tuple(None if (c == m) else int(c) for c in canvas)
 
     def _forward(self, c: tuple, upto: int) -> list[int]:
-        """F[0..upto] for canvas c, reusing the previous call's prefix."""
+        """F[0..upto] for canvas c, reusing the previous call's prefix (up to the first entry that was
+        computed under a budget cut, so that sets grow back to exact as transitions become known)."""
         prev = self._fwd_canvas
         F = self._fwd
+        ok = self._fwd_ok
         if prev is not None:
             k = 0
             lim = min(len(F) - 1, upto)
-            while k < lim and prev[k] == c[k]:
+            while k < lim and prev[k] == c[k] and ok[k + 1]:
                 k += 1
             F = F[: k + 1]
+            ok = ok[: k + 1]
         else:
             F = F[:1]
-        step = self.alg.step
+            ok = ok[:1]
+        alg = self.alg
+        step = alg.step
+        budget = self._budget
         while len(F) <= upto:
             i = len(F) - 1
-            F.append(step(F[i], c[i]))
+            F.append(step(F[i], c[i], budget))
+            ok.append(ok[i] and not alg.last_partial)
         self._fwd = F
+        self._fwd_ok = ok
         self._fwd_canvas = c
         return F
 
@@ -363,7 +441,7 @@ class CanvasState:
         F = self._forward(c, H)
         alg = self.alg
         B = [0] * (H + 1)
-        B[H] = alg.finishers(F[H], self.n - H)
+        B[H] = alg.finishers(F[H], self.n - H, self._budget)
         back_open, back_tok = alg.back_open, alg.back_tok
         for i in range(H - 1, -1, -1):
             nb = B[i + 1]
@@ -378,7 +456,10 @@ class CanvasState:
         F = self._forward(c, H)
         rem = self.n - H
         can = self.alg.can_finish
-        return any(can(q, rem) for q in self.alg.members(F[H]))
+        return any(can(q, rem, self._budget) for q in self.alg.members(F[H]))
+
+    def _new_budget(self) -> None:
+        self._budget = None if self.expand_budget is None else Budget(self.expand_budget)
 
     # ------------------------------------------------------------------ protocol
     def allowed_tokens(self, canvas: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
@@ -390,6 +471,7 @@ class CanvasState:
         for p in positions:
             if not 0 <= p < self.n:
                 raise IndexError(f"position {p} outside the canvas of length {self.n}")
+        self._new_budget()
         an = self._analyze(c, max(positions) + 1)
         o = out.numpy()
         B = an.B
@@ -406,10 +488,12 @@ class CanvasState:
         return out
 
     def is_completable(self, canvas: Sequence[int]) -> bool:
+        self._new_budget()
         return self._completable(self._norm(canvas))
 
     def select_commits(self, canvas: Sequence[int], proposals: Sequence[tuple[int, int, float]]) -> list[tuple[int, int]]:
         c = list(self._norm(canvas))
+        self._new_budget()
         order = sorted(range(len(proposals)), key=lambda k: -float(proposals[k][2]))
         kept: list[tuple[int, int]] = []
         for k in order:
@@ -426,6 +510,7 @@ class CanvasState:
 
     def forced_tokens(self, canvas: Sequence[int]) -> dict[int, int]:
         c = self._norm(canvas)
+        self._new_budget()
         an = self._analyze(c, self.n)
         B = an.B
         out: dict[int, int] = {}
@@ -447,6 +532,7 @@ class CanvasState:
     def allowed_sets(self, canvas: Sequence[int]) -> list[set[int] | None]:
         """Test helper: allowed token ids per position (None for committed positions)."""
         c = self._norm(canvas)
+        self._new_budget()
         an = self._analyze(c, self.n)
         res: list[set[int] | None] = []
         for i in range(self.n):

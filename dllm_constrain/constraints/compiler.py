@@ -81,7 +81,9 @@ class CompiledConstraint:
                 self._min_tokens = self._compute_min_tokens()
         return self._min_tokens
 
-    def _compute_min_tokens(self) -> int:
+    def _compute_min_tokens(self, budget: int = 4000) -> int:
+        """Breadth-first search over token successors. Exact when it finishes within `budget` token-
+        transition computations; otherwise a lower bound (so that a request that fits is never refused)."""
         dfa, ta = self.dfa, self.ta
         if self.empty_language:
             return INF
@@ -91,10 +93,18 @@ class CompiledConstraint:
         seen = {START}
         k = 0
         bound = int(dfa.dist[START]) if ta.single_byte_complete else INF
+        L = max(1, ta.max_token_len)
+        spent = 0
         while frontier and k < bound:
             k += 1
             nxt = set()
             for s in frontier:
+                if s not in ta.succ_bits:
+                    spent += 1
+                    if spent > budget:
+                        # lower bound: k tokens so far, and no token is longer than L bytes
+                        lb = max(k, -(-int(min(dfa.dist[x] for x in frontier)) // L) + k - 1)
+                        return min(lb, bound)
                 for u in ta.succ(s):
                     if u not in seen:
                         if dfa.accepting[u]:
@@ -105,18 +115,29 @@ class CompiledConstraint:
         return bound if bound < INF else INF
 
     def fits(self, canvas_len: int) -> bool:
-        return self.algebra.can_finish(START, int(canvas_len))
+        """False only when provably no accepted text fits in canvas_len tokens."""
+        n = int(canvas_len)
+        if self.empty_language:
+            return False
+        if self.ta.single_byte_complete and int(self.dfa.dist[START]) <= n:
+            return True
+        from .canvas import Budget
+
+        r = self.algebra._bfs_finish(START, n, Budget(4000)) if not self.dfa.accepting[START] else True
+        return r is None or bool(r)
 
     # ------------------------------------------------------------------ requests
-    def new_canvas_state(self, canvas_len: int) -> CanvasState:
+    def new_canvas_state(self, canvas_len: int, expand_budget: int | None = 256) -> CanvasState:
         """Per-request CanvasConstraint for a canvas of `canvas_len` positions.
-        Raises ConstraintTooLongError when even the shortest accepted text does not fit."""
+        Raises ConstraintTooLongError when even the shortest accepted text does not fit.
+        expand_budget: new token-transition computations allowed per call (None: unlimited, always
+        exact; see canvas.py)."""
         canvas_len = int(canvas_len)
         if canvas_len <= 0:
             raise ValueError("canvas_len must be positive")
         if not self.fits(canvas_len):
-            raise ConstraintTooLongError(self.min_tokens(), canvas_len)
-        return CanvasState(self.algebra, canvas_len, self.mask_id, self.vocab_size)
+            raise ConstraintTooLongError(max(self.min_tokens(), canvas_len + 1), canvas_len)
+        return CanvasState(self.algebra, canvas_len, self.mask_id, self.vocab_size, expand_budget)
 
     def matcher(self) -> "LeftToRightMatcher":
         """Autoregressive (left-to-right, unbounded length) matcher, for benchmarks and debugging."""
