@@ -176,6 +176,8 @@ def run(suite: str, records: list[dict[str, Any]], engines: list[str], tokdir: P
                         bar.update(1)
             finally:
                 w.close()
+                if getattr(w, "restarts", 0):
+                    meta.setdefault("worker_restarts", {})[name] = w.restarts
     if bar is not None:
         bar.close()
     meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")

@@ -262,7 +262,7 @@ class WorkerProcess:
 
     def __init__(self, engine: str, tokdir: str, timeout: float, max_tokens: int = 10000,
                  mem_limit_gb: float = 6.0, model: str | None = None, gen_params: dict | None = None,
-                 gen_timeout: float = 600.0, start_timeout: float = 600.0):
+                 gen_timeout: float = 600.0, start_timeout: float = 180.0):
         self.engine, self.tokdir = engine, str(tokdir)
         self.timeout, self.max_tokens, self.mem_limit_gb = timeout, max_tokens, mem_limit_gb
         self.model, self.gen_params, self.gen_timeout = model, gen_params or {}, gen_timeout
@@ -343,9 +343,11 @@ class WorkerProcess:
 
     def run(self, task: dict[str, Any]) -> dict[str, Any]:
         if self.p is None or self.p.poll() is not None:
-            if self.p is not None:
-                self.restarts += 1
-            self.start()
+            self.restarts += self.info is not None
+            try:
+                self.start()
+            except WorkerError:  # one more try (a loaded machine can be slow to start a process)
+                self.start()
         t0 = time.monotonic()
         phase, compile_s, t_gen, t_walk, walked = "compile", None, t0, t0, {}
         try:
