@@ -88,6 +88,7 @@ class SetAlgebra:
         # can-finish memo per state: (largest m known False, smallest m known True)
         self._fin_false: dict[int, int] = {}
         self._fin_true: dict[int, int] = {}
+        self._fin_sets: dict[tuple[int, int], int] = {}
         self.last_partial = False  # did the last step follow only part of its members (budget)?
         self.rows: OrderedDict = OrderedDict()  # mask-row cache: (Bi, Bn) -> bool numpy row
         self.max_rows = 64
@@ -293,10 +294,24 @@ class SetAlgebra:
         return False
 
     def finishers(self, F: int, m: int, budget: Budget | None = None) -> int:
+        key = (F, m)
+        r = self._fin_sets.get(key)
+        if r is not None:
+            return r
         r = 0
+        dist = self.dfa.dist
+        acc = self.dfa.accepting
+        easy = self.ta.single_byte_complete
+        complete = True
         for q in self.members(F):
-            if self.can_finish(q, m, budget):
+            if q == ENDED or acc[q] or (easy and int(dist[q]) <= m):
                 r |= 1 << q
+            elif self.can_finish(q, m, budget):
+                r |= 1 << q
+            elif not (q in self._fin_false and self._fin_false[q] >= m):
+                complete = False
+        if complete:
+            self._fin_sets[key] = r
         return r
 
     # ------------------------------------------------------------------ rows
@@ -436,14 +451,17 @@ class CanvasState:
         return -1
 
     def _analyze(self, c: tuple, horizon: int) -> Analysis:
-        H = max(self._last_committed(c) + 1, horizon)
-        H = min(H, self.n)
+        J = self._last_committed(c)
+        H = min(max(J + 1, horizon), self.n)
         F = self._forward(c, H)
         alg = self.alg
         B = [0] * (H + 1)
-        B[H] = alg.finishers(F[H], self.n - H, self._budget)
+        # right of the last committed position everything is open: membership in B is "can finish in
+        # the positions left", a property of the state alone (no backward chain needed)
+        for i in range(H, J, -1):
+            B[i] = alg.finishers(F[i], self.n - i, self._budget)
         back_open, back_tok = alg.back_open, alg.back_tok
-        for i in range(H - 1, -1, -1):
+        for i in range(J, -1, -1):
             nb = B[i + 1]
             if not nb:
                 break  # B[<=i] all empty

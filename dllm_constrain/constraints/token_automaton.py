@@ -40,7 +40,7 @@ class TokTrans:
 
 
 class TokenAutomaton:
-    def __init__(self, dfa: DerivDFA, tok: TokenizerInfo):
+    def __init__(self, dfa: DerivDFA, tok: TokenizerInfo, use_c: bool = True):
         self.dfa = dfa
         self.tok = tok
         self.trie = tok.trie()
@@ -52,6 +52,10 @@ class TokenAutomaton:
         self._lock = threading.RLock()
         self.max_token_len = self.trie.max_token_len
         self._buf = np.zeros(self.trie.n_nodes + 1, dtype=np.int64)  # per-walk scratch (node -> state)
+        from . import _cwalk
+
+        lib = _cwalk.load() if use_c else None
+        self._cwalker = _cwalk.CWalker(lib, tok.preorder_trie(), self.vocab_size) if lib is not None else None
         self.allp = np.zeros((8, self.nbytes), dtype=np.uint8)  # packed "every allowed token" rows
         self.n_allp = 0
         self._row_ids: dict[int, int] = {}
@@ -77,6 +81,22 @@ class TokenAutomaton:
 
     # ------------------------------------------------------------------ trie walk
     def walk_tokens(self, s: int) -> tuple[np.ndarray, np.ndarray]:
+        if self._cwalker is not None and s != DEAD:
+            tok_ids, tgts = self._cwalker.walk(self.dfa, s)
+            tr = self.trie
+            if tr.dup_nodes.size and tok_ids.size:
+                live_nodes = tr.token_node[tok_ids]
+                m = np.isin(tr.dup_nodes, live_nodes)
+                if m.any():
+                    extra_t = tr.dup_tokens[m].astype(np.int64)
+                    extra_s = np.array([self.dfa.walk(s, self.tok.token_bytes[t]) for t in extra_t.tolist()],
+                                       dtype=np.int64)
+                    tok_ids = np.concatenate((tok_ids, extra_t))
+                    tgts = np.concatenate((tgts, extra_s))
+            return tok_ids, tgts
+        return self._walk_tokens_numpy(s)
+
+    def _walk_tokens_numpy(self, s: int) -> tuple[np.ndarray, np.ndarray]:
         """(token ids, target states) of every token t with delta(s, t) != DEAD.
 
         Level-by-level over the trie; a level is done densely (one numpy gather over the whole level)

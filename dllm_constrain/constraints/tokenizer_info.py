@@ -99,6 +99,7 @@ class TokenizerInfo:
             h.update(b"\x00N" if b is None else len(b).to_bytes(2, "little") + b)
         self.fingerprint = h.hexdigest()[:16]
         self._trie: TokenTrie | None = None
+        self._pre = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -193,6 +194,17 @@ class TokenizerInfo:
                 if self._trie is None:
                     self._trie = _build_trie(self.token_bytes, self.vocab_size)
         return self._trie
+
+
+    def preorder_trie(self):
+        """The trie in DFS preorder for the C walker (built once, cached)."""
+        if self._pre is None:
+            with self._lock:
+                if self._pre is None:
+                    from ._cwalk import PreorderTrie
+
+                    self._pre = PreorderTrie(self.token_bytes, self.vocab_size)
+        return self._pre
 
 
 _INFO_CACHE: dict = {}
