@@ -7,21 +7,25 @@ allowed in every row):
   unbudgeted  logits = hidden [B, L, D] @ W^T -> [B, L, V] float32, then one reduction over all B*L rows
               (`reference_masked_row_stats_from_hidden` on all rows: the leanest form of "materialize, then reduce")
   budgeted    `budgeted_row_stats_from_hidden(..., budget_bytes)`: rows in chunks whose workspace fits the budget;
-              each chunk's logits are reduced and freed before the next (on CUDA the fused Triton kernel runs and
-              the logits never exist; on CPU the torch path materializes one chunk at a time)
+              each chunk is reduced before the next one overwrites its logits in a shared workspace (on CUDA the
+              fused Triton kernel runs and the logits never exist; on CPU the torch path holds one chunk at a time)
 
 Method: every (path, config) runs in its own subprocess. After building the inputs (hidden, LM head, packed mask)
 the worker resets the kernel's peak-RSS counter (writing "5" to /proc/self/clear_refs resets VmHWM), notes VmRSS,
 runs the path, and reports VmHWM - VmRSS-before: the peak resident memory the logits path added, under the default
 allocator. (The budgeted path reuses one RowStatsWorkspace across chunks; when each chunk allocated and freed its
 own tensors, glibc's dynamic mmap threshold kept freed blocks resident and this figure reached 0.7-2.6 GB at 4,096
-rows instead of 75 MiB.) Where the unbudgeted path would
-not fit (its predicted peak, N * V * 8 bytes = float32 logits + their exp, 20 bytes when sampling, exceeds --max-run-gib or half
-the available memory), it is not run: the table shows the analytic figure, marked "(a)", and the ratio is taken
-against the float32 logits alone (N * V * 4 bytes), a lower bound for any unbudgeted path. Where both paths run,
-the worker saves its outputs and the driver checks they are identical.
+rows instead of 75 MiB.) Where the unbudgeted path would not fit (its predicted peak, N * V * 8 bytes = float32
+logits + their exp, 20 bytes when sampling, exceeds --max-run-gib or half the available memory), it is not run:
+the table shows the analytic figure, marked "(a)", and the ratio is taken against the float32 logits alone
+(N * V * 4 bytes), a lower bound for any unbudgeted path. Where both paths run, the worker saves its outputs and
+the driver checks they are identical. The seconds columns are wall time (meaningless on a loaded machine).
 
-  python benchmarks/bench_logits_memory.py                  # full table, greedy (several minutes on one core)
+Figures on the shared 2-core CPU box (greedy, budget 64 MiB): budgeted peak 72-88 MiB for every vocab, batch and
+canvas; unbudgeted measured 255 MiB .. 3.9 GiB where it ran (within 3% of N * V * 8), 7.9 / 16 GiB of logits alone at
+batch 16 x canvas 1,024 (vocab 126,464 / 262,144): 106x / 186x lower; outputs bitwise identical where both ran.
+
+  python benchmarks/bench_logits_memory.py                  # full table, greedy (~10 min on one idle core)
   python benchmarks/bench_logits_memory.py --temperature 0.8 --batch 1 4 --canvas 256   # seeded sampling
 """
 from __future__ import annotations
