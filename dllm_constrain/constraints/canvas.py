@@ -64,10 +64,11 @@ def bits_of(x: int) -> list[int]:
 class Budget:
     """How many new token-transition computations one call may still do."""
 
-    __slots__ = ("left",)
+    __slots__ = ("left", "undecided")
 
     def __init__(self, n: int):
         self.left = n
+        self.undecided: set[tuple[int, int]] = set()  # (state, m) found undecided in this call
 
 
 UNLIMITED = 1 << 62
@@ -89,6 +90,7 @@ class SetAlgebra:
         self._fin_false: dict[int, int] = {}
         self._fin_true: dict[int, int] = {}
         self._fin_sets: dict[tuple[int, int], int] = {}
+        self._succ_sorted: dict[int, list[int]] = {}
         self.last_partial = False  # did the last step follow only part of its members (budget)?
         self.rows: OrderedDict = OrderedDict()  # mask-row cache: (Bi, Bn) -> bool numpy row
         self.max_rows = 64
@@ -243,6 +245,14 @@ class SetAlgebra:
     def can_finish(self, q: int, m: int, budget: Budget | None = None) -> bool:
         """q can reach a valid end within m further (open) positions (False when undecided within the
         budget: sound)."""
+        return self.finish3(q, m, budget) is True
+
+    def finish3(self, q: int, m: int, budget: Budget | None = None) -> bool | None:
+        """Tri-state can-finish: True / False (proven) / None (undecided within the budget).
+
+        d(q) <= m  with  d(q) = 0 for accepting q, else 1 + min over token successors u of d(u); decided
+        depth-first (successors closest to acceptance first) with per-state thresholds memoised: the
+        smallest m known to suffice and the largest m known not to."""
         if q == ENDED or self.dfa.accepting[q]:
             return True
         if m <= 0:
@@ -255,43 +265,40 @@ class SetAlgebra:
         f = self._fin_false.get(q)
         if f is not None and f >= m:
             return False
-        ok = self._bfs_finish(q, m, budget)
-        if ok is None:
-            return False
-        if ok:
-            self._fin_true[q] = min(m, self._fin_true.get(q, INF))
-        else:
-            self._fin_false[q] = max(m, self._fin_false.get(q, -1))
-        return ok
-
-    def _bfs_finish(self, q: int, m: int, budget: Budget | None) -> bool | None:
+        if budget is not None and (q, m) in budget.undecided:
+            return None
         L = max(1, self.ta.max_token_len)
-        dfa = self.dfa  # (its arrays grow while successors are computed: index them freshly)
-        frontier = {q}
-        seen = {q}
-        for k in range(1, m + 1):
-            nxt = set()
-            rem = m - k
-            for s in frontier:
-                sb = self._expand(s, budget)
-                if sb is None:
-                    return None  # undecided within the budget
-                for u in bits_of(sb):
-                    if u in seen:
-                        continue
-                    seen.add(u)
-                    if dfa.accepting[u]:
-                        return True
-                    du = int(dfa.dist[u])
-                    if (du + L - 1) // L > rem:  # cannot make it even with the longest tokens
-                        continue
-                    if self.ta.single_byte_complete and du <= rem:
-                        return True
-                    nxt.add(u)
-            if not nxt:
-                return False
-            frontier = nxt
+        if -(-int(self.dfa.dist[q]) // L) > m:  # not even with the longest tokens
+            self._fin_false[q] = max(m, self._fin_false.get(q, -1))
+            return False
+        succ = self._succ_by_dist(q, budget)
+        if succ is None:
+            budget.undecided.add((q, m))
+            return None
+        undecided = False
+        for u in succ:
+            r = self.finish3(u, m - 1, budget)
+            if r is True:
+                self._fin_true[q] = min(m, self._fin_true.get(q, INF))
+                return True
+            if r is None:
+                undecided = True
+        if undecided:
+            budget.undecided.add((q, m))
+            return None
+        self._fin_false[q] = max(m, self._fin_false.get(q, -1))
         return False
+
+    def _succ_by_dist(self, q: int, budget: Budget | None) -> list[int] | None:
+        r = self._succ_sorted.get(q)
+        if r is None:
+            sb = self._expand(q, budget)
+            if sb is None:
+                return None
+            dist = self.dfa.dist
+            r = sorted(bits_of(sb), key=lambda u: int(dist[u]))
+            self._succ_sorted[q] = r
+        return r
 
     def finishers(self, F: int, m: int, budget: Budget | None = None) -> int:
         key = (F, m)

@@ -123,7 +123,7 @@ class CompiledConstraint:
             return True
         from .canvas import Budget
 
-        r = self.algebra._bfs_finish(START, n, Budget(4000)) if not self.dfa.accepting[START] else True
+        r = self.algebra.finish3(START, n, Budget(4000))
         return r is None or bool(r)
 
     # ------------------------------------------------------------------ requests
