@@ -6,6 +6,7 @@ twice costs a dictionary lookup. Errors are cached too (re-raised as-is).
 """
 from __future__ import annotations
 
+import gc
 import json
 import threading
 from collections import OrderedDict
@@ -227,6 +228,8 @@ class ConstraintCompiler:
                 if isinstance(hit, BaseException):
                     raise hit
                 return hit
+        gc_was_enabled = gc.isenabled()
+        gc.disable()  # compilation allocates many small acyclic objects: skip the cyclic collector
         try:
             res = build()
         except (InvalidRegexError, UnsatisfiableSchemaError) as e:
@@ -238,6 +241,9 @@ class ConstraintCompiler:
                 res = e
             else:
                 raise
+        finally:
+            if gc_was_enabled:
+                gc.enable()
         if self.cache:
             with _CACHE_LOCK:
                 _CACHE[full_key] = res

@@ -1570,6 +1570,11 @@ def pname_lang_is_trivial(pnames) -> bool:
 
 def strings_except(names: list[str]) -> A.Node:
     """Char-level language of all strings except the given ones (a complemented trie)."""
+    return _strings_except(tuple(names))
+
+
+@functools.lru_cache(maxsize=4096)
+def _strings_except(names: tuple[str, ...]) -> A.Node:
     root: dict = {}
     END = object()
     for n in names:
