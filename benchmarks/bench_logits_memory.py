@@ -11,15 +11,16 @@ allowed in every row):
               fused Triton kernel runs and the logits never exist; on CPU the torch path holds one chunk at a time)
 
 Method: every (path, config) runs in its own subprocess. After building the inputs (hidden, LM head, packed mask)
-the worker resets the kernel's peak-RSS counter (writing "5" to /proc/self/clear_refs resets VmHWM), notes VmRSS,
-runs the path, and reports VmHWM - VmRSS-before: the peak resident memory the logits path added, under the default
-allocator. (The budgeted path reuses one RowStatsWorkspace across chunks; when each chunk allocated and freed its
-own tensors, glibc's dynamic mmap threshold kept freed blocks resident and this figure reached 0.7-2.6 GB at 4,096
-rows instead of 75 MiB.) Where the unbudgeted path would not fit (its predicted peak, N * V * 8 bytes = float32
-logits + their exp, 20 bytes when sampling, exceeds --max-run-gib or half the available memory), it is not run:
-the table shows the analytic figure, marked "(a)", and the ratio is taken against the float32 logits alone
-(N * V * 4 bytes), a lower bound for any unbudgeted path. Where both paths run, the worker saves its outputs and
-the driver checks they are identical. The seconds columns are wall time (meaningless on a loaded machine).
+the worker trims the heap (glibc malloc_trim), resets the kernel's peak-RSS counter (writing "5" to
+/proc/self/clear_refs resets VmHWM), notes VmRSS, runs the path, and reports VmHWM - VmRSS-before: the peak resident
+memory the logits path added, under the default allocator. (The budgeted path reuses one RowStatsWorkspace across
+chunks; when each chunk allocated and freed its own tensors, glibc's dynamic mmap threshold kept freed blocks
+resident and this figure reached 0.7-2.6 GB at 4,096 rows instead of 75 MiB.) Where the unbudgeted path would not
+fit (its predicted peak, N * V * 8 bytes = float32 logits + their exp, 20 bytes when sampling, exceeds --max-run-gib
+or half the available memory), it is not run: the table shows the analytic figure, marked "(a)", and the ratio is
+taken against the float32 logits alone (N * V * 4 bytes), a lower bound for any unbudgeted path. Where both paths
+run, the worker saves its outputs and the driver checks they are identical. The seconds columns are wall time
+(meaningless on a loaded machine).
 
 Figures on the shared 2-core CPU box (greedy, budget 64 MiB): budgeted peak 72-88 MiB for every vocab, batch and
 canvas; unbudgeted measured 255 MiB .. 3.9 GiB where it ran (within 3% of N * V * 8), 7.9 / 16 GiB of logits alone at
@@ -58,6 +59,16 @@ def _reset_peak() -> bool:
         return False
 
 
+def _trim_heap() -> None:
+    """Return freed heap memory to the OS (glibc malloc_trim), so the baseline holds only live data."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def worker(args: argparse.Namespace) -> None:
     import gc
 
@@ -79,6 +90,7 @@ def worker(args: argparse.Namespace) -> None:
     flat = hidden.view(rows, args.hidden)
     gen = torch.Generator().manual_seed(args.seed + 1)
     gc.collect()
+    _trim_heap()  # set-up garbage kept in the heap would be reused by the run and hide part of its peak
 
     exact_peak = _reset_peak()
     before_kb = _status_kb("VmRSS")

@@ -582,9 +582,10 @@ def budgeted_row_stats_from_hidden(
     """`masked_row_stats_from_hidden` over row chunks whose transient workspace stays under `budget_bytes`.
 
     Each chunk's statistics are computed before the next chunk overwrites its logits in the shared workspace, so
-    the peak is flat in the number of rows. Noise at T > 0: `noise_fn(start, stop)` gives the chunk's float64 Gumbel noise, else it is drawn
-    from `generator` chunk after chunk (on CPU torch's generator yields the same stream as one [rows, V] draw, so
-    the result equals the unchunked call; on CUDA pass a noise_fn that is a function of the row index).
+    the peak is flat in the number of rows. Noise at T > 0: `noise_fn(start, stop)` gives the chunk's float64
+    Gumbel noise, else it is drawn from `generator` chunk after chunk (on CPU torch's generator yields the same
+    stream as one [rows, V] draw, so the result equals the unchunked call; on CUDA pass a noise_fn that is a
+    function of the row index).
     """
     rows, vocab = hidden.shape[0], weight.shape[0]
     chosen = resolve_backend(backend, hidden.device)

@@ -348,7 +348,8 @@ def test_workspace_reuse_gives_fresh_results():
     """One workspace across calls of different sizes, masks and temperatures: same results as fresh buffers."""
     ws = RowStatsWorkspace()
     g = torch.Generator().manual_seed(12)
-    for rows, vocab, t, kind in ((6, 300, 0.0, "packed"), (2, 37, 1.0, "bool"), (9, 300, 0.5, None), (3, 1, 0.0, "bool")):
+    cases = ((6, 300, 0.0, "packed"), (2, 37, 1.0, "bool"), (9, 300, 0.5, None), (3, 1, 0.0, "bool"))
+    for rows, vocab, t, kind in cases:
         logits = torch.randn(rows, vocab, generator=g)
         allowed = torch.rand(rows, vocab, generator=g) < 0.5
         allowed[:, 0] = True
