@@ -249,6 +249,17 @@ def section_bundled(args, log) -> dict[str, Any]:
     for name, (cfg, over) in engine_configs(args).items():
         params = SamplingParams(**{**base, **over})
         loops[name] = engine_loop(llm.engine, [Request(p, params) for p in prompts], cfg, args.batch)
+    if args.constrained:
+        # the schema as a constraint too (compiled once per schema outside the timed loop, as an LLM caches it)
+        compiled = [llm.compile(schema=e["schema"]) for e in examples]
+        params = SamplingParams(**base)
+
+        def constrained_requests() -> list[Request]:
+            return [Request(p, params, c.new_canvas_state(args.max_new_tokens)) for p, c in zip(prompts, compiled)]
+
+        def constrained_loop() -> LoopResult:
+            return engine_loop(llm.engine, constrained_requests(), EngineConfig(), args.batch)()
+        loops["engine, defaults, schema-constrained"] = constrained_loop
     log(f"bundled: {args.n} held-out requests, batch {args.batch}, canvas {args.max_new_tokens}, block "
         f"{args.block_length}, steps {steps}, prompt tokens median {statistics.median(map(len, prompts))}")
     rows = run_side_by_side(loops, args.runs, log)
@@ -517,6 +528,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--block-length", type=int, default=32)
     ap.add_argument("--steps", type=int, default=None, help="default: max_new_tokens (LLaDA's one token per step)")
     ap.add_argument("--threshold", type=float, default=0.9)
+    ap.add_argument("--constrained", action="store_true", help="bundled: add a schema-constrained engine row")
     ap.add_argument("--mid-d-model", type=int, default=512)
     ap.add_argument("--mid-layers", type=int, default=8)
     ap.add_argument("--mid-heads", type=int, default=8)
