@@ -25,8 +25,9 @@ memoised per compiled constraint, so a canvas that changes by a few commits per 
 
 Expansion budget. The successors of a state over "any token" need its token transitions (one trie walk).
 Large schemas reach tens of thousands of DFA states within a 32-token open block, so each call may
-compute at most `expand_budget` new token transitions (left to right: the positions next to the
-committed frontier first). States whose transitions are not known yet are not followed: the sets are
+compute at most `expand_budget` new token transitions and spend at most `expand_time_s` on them
+(defaults: 128 computations, no time limit, so the result does not depend on the machine's speed;
+left to right: the positions next to the committed frontier first). States whose transitions are not known yet are not followed: the sets are
 then the states reachable through known states only, a subset of the exact ones, so every allowed token
 is still part of a valid completion (sound), and select_commits verifies in the same system. One state of
 minimal distance to acceptance is always followed (a "spine"), so an open position keeps at least one
@@ -36,6 +37,7 @@ small constraints) they are exact from the first call.
 """
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -62,13 +64,20 @@ def bits_of(x: int) -> list[int]:
 
 
 class Budget:
-    """How many new token-transition computations one call may still do."""
+    """How many new token-transition computations one call may still do, and until when."""
 
-    __slots__ = ("left", "undecided")
+    __slots__ = ("left", "t_end", "undecided")
 
-    def __init__(self, n: int):
-        self.left = n
+    def __init__(self, n: int | None = None, seconds: float | None = None):
+        self.left = UNLIMITED if n is None else n
+        self.t_end = None if seconds is None else time.perf_counter() + seconds
         self.undecided: set[tuple[int, int]] = set()  # (state, m) found undecided in this call
+
+    def take(self) -> bool:
+        if self.left <= 0 or (self.t_end is not None and time.perf_counter() > self.t_end):
+            return False
+        self.left -= 1
+        return True
 
 
 UNLIMITED = 1 << 62
@@ -91,6 +100,7 @@ class SetAlgebra:
         self._fin_true: dict[int, int] = {}
         self._fin_sets: dict[tuple[int, int], int] = {}
         self._succ_sorted: dict[int, list[int]] = {}
+        self._greedy: dict[int, int] = {}
         self.last_partial = False  # did the last step follow only part of its members (budget)?
         self.rows: OrderedDict = OrderedDict()  # mask-row cache: (Bi, Bn) -> bool numpy row
         self.max_rows = 64
@@ -129,9 +139,7 @@ class SetAlgebra:
         sb = self.ta.succ_bits.get(q)
         if sb is not None:
             return sb
-        if budget is None or budget.left > 0:
-            if budget is not None:
-                budget.left -= 1
+        if budget is None or budget.take():
             return self.ta.trans(q).succ_bits
         return None
 
@@ -265,6 +273,9 @@ class SetAlgebra:
         f = self._fin_false.get(q)
         if f is not None and f >= m:
             return False
+        if self.greedy_tokens_to_accept(q) <= m:
+            self._fin_true[q] = min(m, self._fin_true.get(q, INF))
+            return True
         if budget is not None and (q, m) in budget.undecided:
             return None
         L = max(1, self.ta.max_token_len)
@@ -288,6 +299,33 @@ class SetAlgebra:
             return None
         self._fin_false[q] = max(m, self._fin_false.get(q, -1))
         return False
+
+    def greedy_tokens_to_accept(self, q: int) -> int:
+        """An upper bound on the tokens q needs: the shortest byte continuation (lowest byte first at each
+        step), tokenized by longest match. Needs DFA rows only, no token transitions."""
+        r = self._greedy.get(q)
+        if r is not None:
+            return r
+        dfa = self.dfa
+        path = bytearray()
+        s = q
+        while not dfa.accepting[s]:
+            dfa.expand(s)
+            row = dfa.T[s]
+            d = int(dfa.dist[s])
+            nxt = -1
+            for b in np.flatnonzero(row).tolist():
+                if int(dfa.dist[row[b]]) == d - 1:
+                    nxt = b
+                    break
+            if nxt < 0 or len(path) > 100_000:
+                self._greedy[q] = INF
+                return INF
+            path.append(nxt)
+            s = int(row[nxt])
+        r = self.ta.count_longest_match(bytes(path))
+        self._greedy[q] = r
+        return r
 
     def _succ_by_dist(self, q: int, budget: Budget | None) -> list[int] | None:
         r = self._succ_sorted.get(q)
@@ -400,8 +438,11 @@ class CanvasState:
     """CanvasConstraint for one request (one canvas length) of a regular compiled constraint."""
 
     def __init__(self, algebra: SetAlgebra, canvas_len: int, mask_id: int | None, vocab_size: int,
-                 expand_budget: int | None = 256):
-        self.expand_budget = expand_budget  # None = unlimited (always exact)
+                 expand_budget: int | None = 128, expand_time_s: float | None = None):
+        # per call: at most expand_budget new token-transition computations and expand_time_s seconds
+        # spent on them (None, None = unlimited: always exact)
+        self.expand_budget = expand_budget
+        self.expand_time_s = expand_time_s
         self._budget: Budget | None = None
         self.alg = algebra
         self.ta = algebra.ta
@@ -484,7 +525,10 @@ class CanvasState:
         return any(can(q, rem, self._budget) for q in self.alg.members(F[H]))
 
     def _new_budget(self) -> None:
-        self._budget = None if self.expand_budget is None else Budget(self.expand_budget)
+        if self.expand_budget is None and self.expand_time_s is None:
+            self._budget = None
+        else:
+            self._budget = Budget(self.expand_budget, self.expand_time_s)
 
     # ------------------------------------------------------------------ protocol
     def allowed_tokens(self, canvas: Sequence[int], positions: Sequence[int]) -> torch.Tensor:

@@ -82,7 +82,7 @@ class CompiledConstraint:
                 self._min_tokens = self._compute_min_tokens()
         return self._min_tokens
 
-    def _compute_min_tokens(self, budget: int = 4000) -> int:
+    def _compute_min_tokens(self, budget: int = 256) -> int:
         """Breadth-first search over token successors. Exact when it finishes within `budget` token-
         transition computations; otherwise a lower bound (so that a request that fits is never refused)."""
         dfa, ta = self.dfa, self.ta
@@ -124,21 +124,22 @@ class CompiledConstraint:
             return True
         from .canvas import Budget
 
-        r = self.algebra.finish3(START, n, Budget(4000))
+        r = self.algebra.finish3(START, n, Budget(4000, 2.0))
         return r is None or bool(r)
 
     # ------------------------------------------------------------------ requests
-    def new_canvas_state(self, canvas_len: int, expand_budget: int | None = 256) -> CanvasState:
+    def new_canvas_state(self, canvas_len: int, expand_budget: int | None = 128,
+                         expand_time_s: float | None = None) -> CanvasState:
         """Per-request CanvasConstraint for a canvas of `canvas_len` positions.
         Raises ConstraintTooLongError when even the shortest accepted text does not fit.
-        expand_budget: new token-transition computations allowed per call (None: unlimited, always
-        exact; see canvas.py)."""
+        expand_budget / expand_time_s: new token-transition computations / seconds spent on them per
+        call (both None: unlimited, always exact; see canvas.py)."""
         canvas_len = int(canvas_len)
         if canvas_len <= 0:
             raise ValueError("canvas_len must be positive")
         if not self.fits(canvas_len):
             raise ConstraintTooLongError(max(self.min_tokens(), canvas_len + 1), canvas_len)
-        return CanvasState(self.algebra, canvas_len, self.mask_id, self.vocab_size, expand_budget)
+        return CanvasState(self.algebra, canvas_len, self.mask_id, self.vocab_size, expand_budget, expand_time_s)
 
     def matcher(self) -> "LeftToRightMatcher":
         """Autoregressive (left-to-right, unbounded length) matcher, for benchmarks and debugging."""

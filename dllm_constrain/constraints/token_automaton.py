@@ -263,6 +263,21 @@ class TokenAutomaton:
         self.n_allp = k + 1
         return k
 
+    def count_longest_match(self, data: bytes) -> int:
+        """Number of tokens of a longest-match tokenization of data (INF when some byte has no token)."""
+        vocab = self.tok.byte_set()
+        L = self.max_token_len
+        i, n, k = 0, len(data), 0
+        while i < n:
+            for j in range(min(n, i + L), i, -1):
+                if data[i:j] in vocab:
+                    i = j
+                    k += 1
+                    break
+            else:
+                return 1 << 30
+        return k
+
     def succ(self, s: int) -> frozenset[int]:
         return self.trans(s).succ
 

@@ -100,6 +100,7 @@ class TokenizerInfo:
         self.fingerprint = h.hexdigest()[:16]
         self._trie: TokenTrie | None = None
         self._pre = None
+        self._byte_set: frozenset[bytes] | None = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -195,6 +196,12 @@ class TokenizerInfo:
                     self._trie = _build_trie(self.token_bytes, self.vocab_size)
         return self._trie
 
+
+    def byte_set(self) -> frozenset[bytes]:
+        """The set of token byte strings (for longest-match tokenization)."""
+        if self._byte_set is None:
+            self._byte_set = frozenset(b for b in self.token_bytes if b)
+        return self._byte_set
 
     def preorder_trie(self):
         """The trie in DFS preorder for the C walker (built once, cached)."""
