@@ -390,3 +390,95 @@ def test_pydantic_model_constraint_round_trip():
     cc = ConstraintCompiler(info).compile_json_schema(Point)
     assert cc.accepts_text('{"x":1,"y":-2}') and not cc.accepts_text('{"x":1}')
     assert cc.min_tokens() == len('{"x":0,"y":0}')
+
+
+# ------------------------------------------------------------------------------------------ random schemas
+_SCALARS = st.one_of(
+    st.just({"type": "null"}), st.just({"type": "boolean"}),
+    st.builds(lambda lo, w: {"type": "integer", "minimum": lo, "maximum": lo + w}, st.integers(-50, 50), st.integers(0, 300)),
+    st.builds(lambda lo: {"type": "number", "exclusiveMinimum": lo / 4}, st.integers(-20, 20)),
+    st.builds(lambda a, b: {"type": "string", "minLength": a, "maxLength": a + b}, st.integers(0, 3), st.integers(0, 5)),
+    st.builds(lambda p: {"type": "string", "pattern": p}, st.sampled_from(["^[a-c]+$", "^x\\d?$", "é", "^(ab|c)*$"])),
+    st.builds(lambda f: {"type": "string", "format": f}, st.sampled_from(["date", "uuid", "ipv4", "time"])),
+    st.builds(lambda vs: {"enum": vs}, st.lists(st.one_of(st.integers(-3, 3), st.sampled_from(["a", "b", "é"]), st.none()),
+                                                  min_size=1, max_size=4)),
+)
+
+
+def _schemas(depth: int = 2):
+    if depth == 0:
+        return _SCALARS
+    sub = _schemas(depth - 1)
+    names = st.sampled_from(["a", "b", "id", "name", "é"])
+    obj = st.builds(
+        lambda props, req, addl: {"type": "object", "properties": props,
+                                  "required": [k for k in props if k in req],
+                                  **({} if addl is None else {"additionalProperties": addl})},
+        st.dictionaries(names, sub, max_size=3), st.sets(names), st.sampled_from([None, False, {"type": "integer"}]))
+    arr = st.builds(lambda it, lo, w: {"type": "array", "items": it, "minItems": lo, "maxItems": lo + w},
+                    sub, st.integers(0, 2), st.integers(0, 3))
+    any_of = st.builds(lambda xs: {"anyOf": xs}, st.lists(sub, min_size=1, max_size=3))
+    return st.one_of(_SCALARS, obj, arr, any_of)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(schema=_schemas(), seed=st.integers(0, 2**32 - 1))
+def test_random_schemas_every_text_of_the_language_validates(schema, seed):
+    try:
+        dfa = lang(schema)
+    except UnsatisfiableSchemaError:
+        return
+    v = validator(schema)
+    for t in random_texts(dfa, random.Random(seed), n=10, max_len=200):
+        assert v.is_valid(json.loads(t.decode("utf-8"))), (schema, t)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(schema=_schemas(), data=st.data())
+def test_random_schemas_accept_their_instances_in_declared_order(schema, data, ieee_floats):
+    try:
+        dfa = lang(schema)
+    except UnsatisfiableSchemaError:
+        return
+    value = data.draw(from_schema(schema))
+    if not validator(schema).is_valid(value):
+        return
+    if not dfa.matches(compact(_declared_order(value, schema)).encode()):
+        assert _outside_narrowings(value), (schema, value)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(schema=_schemas(depth=1), seed=st.integers(0, 2**32 - 1), n=st.integers(8, 40))
+def test_random_schemas_random_canvas_decoding_always_ends_valid(schema, seed, n):
+    """Random commit orders and random scores on a canvas over a byte-level vocabulary with multi-byte
+    JSON pieces: the decoded text always validates (or the schema is refused as too long)."""
+    import torch
+
+    from dllm_constrain.errors import ConstraintTooLongError
+
+    from test_constraint_support import canvas_text, json_test_vocabulary
+
+    toks = json_test_vocabulary()
+    info = TokenizerInfo(toks + [None, None], eos_id=len(toks), mask_id=len(toks) + 1)
+    try:
+        cc = ConstraintCompiler(info).compile_json_schema(schema)
+        state = cc.new_canvas_state(n)
+    except (UnsatisfiableSchemaError, ConstraintTooLongError):
+        return
+    rng = random.Random(seed)
+    canvas = [info.mask_id] * n
+    while info.mask_id in canvas:
+        opens = [i for i, c in enumerate(canvas) if c == info.mask_id]
+        pick = rng.sample(opens, min(len(opens), rng.randint(1, 6)))
+        masks = state.allowed_tokens(canvas, pick)
+        props = []
+        for j, p in enumerate(pick):
+            ids = torch.nonzero(masks[j]).flatten().tolist()
+            assert ids
+            props.append((p, rng.choice(ids), rng.random()))
+        kept = state.select_commits(canvas, props)
+        assert kept
+        for p, t in kept:
+            canvas[p] = t
+    text = canvas_text(canvas, toks, info.eos_id)
+    assert validator(schema).is_valid(json.loads(text.decode("utf-8"))), (schema, text)
