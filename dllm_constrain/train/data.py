@@ -115,7 +115,7 @@ class ExampleGenerator:
             return (f"{r.randint(2000, 2030)}-{r.randint(1, 12):02d}-{r.randint(1, 28):02d}"
                     f"T{r.randint(0, 23):02d}:{r.randint(0, 59):02d}:00Z")
         if fmt == "time":
-            return f"{r.randint(0, 23):02d}:{r.randint(0, 59):02d}:00"
+            return f"{r.randint(0, 23):02d}:{r.randint(0, 59):02d}:00Z"  # RFC 3339 full-time needs an offset
         if fmt == "uuid":
             return "-".join("".join(r.choice("0123456789abcdef") for _ in range(n)) for n in (8, 4, 4, 4, 12))
         return f"https://{r.choice(WORDS)}.{r.choice(DOMAINS)}"

@@ -48,7 +48,7 @@ def score(example: dict[str, Any], text: str) -> tuple[bool, bool, int, int]:
         value = json.loads(text)
     except ValueError:
         return False, False, 0, len(example["stated"])
-    validator = jsonschema.Draft202012Validator(example["schema"], format_checker=jsonschema.FormatChecker())
+    validator = jsonschema.Draft202012Validator(example["schema"], format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
     schema_ok = validator.is_valid(value)
     hits = sum(1 for k, v in example["stated"].items() if isinstance(value, dict) and value.get(k) == v)
     return True, schema_ok, hits, len(example["stated"])
