@@ -198,6 +198,18 @@ def schema_order(schema: Any, instance: Any) -> Any:
         return instance
 
 
+def repeated_key_probe(instance: Any) -> str | None:
+    """The compact spelling of an object instance with its first member written again at the end,
+    {"a":1,"b":2} -> {"a":1,"b":2,"a":1}: the same value for json.loads, but a repeated name, which no
+    engine should emit (RFC 8259: names SHOULD be unique; parsers keep the first, the last or fail).
+    None when the instance is not a non-empty object."""
+    if not isinstance(instance, dict) or not instance:
+        return None
+    k, v = next(iter(instance.items()))
+    body = compact_json(instance)
+    return body[:-1] + "," + compact_json({k: v})[1:]
+
+
 def compact_json(x: Any) -> str:
     """The instance spelling every engine is walked over: compact separators, key order as given, UTF-8."""
     return json.dumps(x, separators=(",", ":"), ensure_ascii=False, allow_nan=False)

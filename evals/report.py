@@ -51,6 +51,8 @@ def row_stats(row: dict[str, Any]) -> dict[str, Any]:
         "n_valid": row.get("n_valid", len(valid)),
         "n_invalid": row.get("n_invalid", len(invalid)),
         "label_disagree": sum(w.get("label_ref") is not None and w["label_ref"] != w["valid"] for w in walks),
+        "probe_repeated_key": sum(p["status"] in ok_statuses for p in row.get("probes") or []),
+        "probes": len(row.get("probes") or []),
     }
     walked_all = row.get("outcome") is None and len(walks) == s["n_valid"] + s["n_invalid"]
     s["covered"] = s["compiled"] and walked_all and s["valid_accepted"] == s["n_valid"]
@@ -117,6 +119,8 @@ def _group_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "label_disagree": sum(s["label_disagree"] for s in st),
         "bytes_mismatch": sum(s["bytes_mismatch"] for s in st),
         "canvas_mismatch": sum(s["canvas_mismatch"] for s in st),
+        "probes": sum(s["probes"] for s in st),
+        "probe_repeated_key": sum(s["probe_repeated_key"] for s in st),
         "compile_ms_p50": pct(comp, .5), "compile_ms_p90": pct(comp, .9), "compile_ms_p99": pct(comp, .99),
         "compile_ms_max": max(comp) if comp else None,
         "n_masks": len(masks), "mask_us_p50": pct(masks, .5), "mask_us_p95": pct(masks, .95),
@@ -131,6 +135,7 @@ def _group_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "schema_valid": sum(bool(x.get("schema_valid")) for x in gens),
             "compliance": sum(bool(x.get("schema_valid")) for x in gens) / len(gens),
             "json_ok": sum(bool(x.get("json_ok")) for x in gens),
+            "duplicate_keys": sum(bool(x.get("duplicate_keys")) for x in gens),
             "errors": dict(Counter(x["error_kind"] for x in gens if "error_kind" in x)),
             "nfe_mean": statistics.fmean([x["nfe"] for x in ok]) if ok else None,
             "remasks_mean": statistics.fmean([x["remasks"] for x in ok]) if ok else None,
@@ -243,6 +248,12 @@ def jsb_markdown(summ: dict[str, Any], meta: dict[str, Any], plots: list[str]) -
         L.append(f"| {e} | {g['valid_instances']} | {g['invalid_instances']} | {g['over']} | {g['over_key_order']} | "
                  f"{_ratio(g['covered_schema_order'], g['n'])} | {g['under']} | "
                  f"{g['under_confirmed']} | {g['truncated']} | {g['walk_errors']} | {g['label_disagree']} |")
+    if any(summ["total"][e]["probes"] for e in summ["engines"]):
+        L += ["", "Repeated-key probe: the first valid object instance of each schema spelled with its first member "
+                  "written again at the end (`{\"a\":1,\"b\":2,\"a\":1}`). Not counted as under-constraint (json.loads "
+                  "gives the same value), but no engine should emit it: "
+              + ", ".join(f"{e} accepted {summ['total'][e]['probe_repeated_key']}/{summ['total'][e]['probes']}"
+                          for e in summ["engines"]) + "."]
     if "ours" in summ["total"]:
         g = summ["total"]["ours"]
         L += ["", f"Cross-checks of ours (walks whose verdict differs): byte automaton on the text {g['bytes_mismatch']}, "
@@ -254,8 +265,9 @@ def jsb_markdown(summ: dict[str, Any], meta: dict[str, Any], plots: list[str]) -
     gens = {e: summ["total"][e]["gen"] for e in summ["engines"] if "gen" in summ["total"][e]}
     if gens:
         L += ["", "## Generation (model under the schema)", "",
-              "| subset | engine | attempted | schema-valid (compliance) | JSON ok | errors | NFE mean | remasks mean | "
-              "forced mean | wall p50 / p90 s |", "|" + "---|" * 10]
+              "Schema-valid = parses, validates (reference validator) and repeats no key within an object.", "",
+              "| subset | engine | attempted | schema-valid (compliance) | JSON ok | repeated keys | errors | NFE mean | "
+              "remasks mean | forced mean | wall p50 / p90 s |", "|" + "---|" * 11]
         for s in summ["subsets"] + ["TOTAL"]:
             groups = summ["total"] if s == "TOTAL" else summ["by_subset"].get(s, {})
             for e in summ["engines"]:
@@ -263,7 +275,8 @@ def jsb_markdown(summ: dict[str, Any], meta: dict[str, Any], plots: list[str]) -
                 if not gg:
                     continue
                 L.append(f"| {s} | {e} | {gg['attempted']} | {_ratio(gg['schema_valid'], gg['attempted'])} | "
-                         f"{gg['json_ok']} | {json.dumps(gg['errors']) if gg['errors'] else '-'} | {_f(gg['nfe_mean'])} | "
+                         f"{gg['json_ok']} | {gg['duplicate_keys']} | {json.dumps(gg['errors']) if gg['errors'] else '-'} | "
+                         f"{_f(gg['nfe_mean'])} | "
                          f"{_f(gg['remasks_mean'])} | {_f(gg['forced_mean'])} | {_f(gg['wall_s_p50'], 2)} / {_f(gg['wall_s_p90'], 2)} |")
     for kind in ("over", "under"):
         ids = {e: v for e, v in summ[f"{kind}_ids"].items() if v}
@@ -377,7 +390,7 @@ def jsb_plots(rows: list[dict[str, Any]], summ: dict[str, Any], out_dir: Path, t
         _ecdf(ax, xs, e)
     ax.set_xscale("log")
     ax.set_xlabel("compile time (ms, log; compile timeouts at the limit)")
-    ax.set_ylabel("fraction of schemas compiled")
+    ax.set_ylabel("fraction of schemas (compiled or timed out)")
     ax.set_title("Compile-time distribution (ECDF)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

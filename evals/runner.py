@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .engines import canonical_name, engine_label, installed
-from .reference import compact_json, is_valid, reference_validator, schema_order
+from .reference import compact_json, is_valid, reference_validator, repeated_key_probe, schema_order
 from .report import read_rows, write_reports
 from .worker import InProcessWorker, WorkerError, WorkerProcess
 
@@ -47,7 +47,9 @@ def _labels(rec: dict[str, Any]) -> list[bool | None]:
 
 
 def _schema_ordered(rec: dict[str, Any]) -> list[dict[str, Any]]:
-    """The task's instances; a valid one also in the schema's key order when that spelling differs."""
+    """The task's instances; a valid one also in the schema's key order when that spelling differs; then
+    the probes (instances that are not in the data, walked after them): a repeated-key spelling of the
+    first valid object instance."""
     out = []
     for t in rec["tests"]:
         inst = {"valid": t["valid"], "data": t["data"]}
@@ -59,6 +61,9 @@ def _schema_ordered(rec: dict[str, Any]) -> list[dict[str, Any]]:
             except Exception:
                 pass
         out.append(inst)
+    first = next((t["data"] for t in rec["tests"] if t["valid"] and isinstance(t["data"], dict) and t["data"]), None)
+    if first is not None:
+        out.append({"valid": False, "text": repeated_key_probe(first), "probe": "repeated_key"})
     return out
 
 
@@ -79,7 +84,11 @@ def _row(suite: str, engine: str, tokname: str, rec: dict[str, Any], msg: dict[s
         if k in msg:
             row[k] = msg[k]
     walks, mask_us = [], []
-    for t, lab, w in zip(tests, labels, msg.get("walks") or []):
+    got = msg.get("walks") or []
+    probes = got[len(tests):]
+    if probes:
+        row["probes"] = [{"kind": "repeated_key", "status": p["status"], "n_tokens": p.get("n_tokens")} for p in probes]
+    for t, lab, w in zip(tests, labels, got[:len(tests)]):
         masks = w.pop("mask_us", [])
         if t["valid"]:
             mask_us += masks
@@ -134,7 +143,8 @@ def run(suite: str, records: list[dict[str, Any]], engines: list[str], tokdir: P
     if progress and total:
         from tqdm import tqdm
 
-        bar = tqdm(total=total, unit="schema", dynamic_ncols=True, file=sys.stderr, mininterval=0.5)
+        bar = tqdm(total=total, unit="case" if suite == "test-suite" else "schema", dynamic_ncols=True,
+                   file=sys.stderr, mininterval=0.5)
     label_cache: dict[str, list[bool | None]] = {}
     alt_cache: dict[str, list[dict[str, Any]]] = {}
     with open(res_path, "a", encoding="utf-8") as f:

@@ -7,7 +7,8 @@ so libraries printing to stdout cannot corrupt the stream):
     {"type": "ready", "version", "vocab_size", "eos_id", "setup_s"}
     per task: {"type": "compiled", "compile_s"}, {"type": "walked", "result": <result so far>},
               then {"type": "result", ...} (the same with "gen" when the task asked for generation)
-A task: {"id", "schema", "instances": [{"valid", "data"}], "generate": bool, "prompt": str}.
+A task: {"id", "schema", "instances": [{"valid", "data" | "text"}], "generate": bool, "prompt": str}
+("text": a spelling that no Python value has, e.g. an object with a repeated name).
 """
 from __future__ import annotations
 
@@ -112,14 +113,24 @@ class _Gen:
         g.update(text=res.text[:4000], nfe=res.nfe, remasks=res.remasks, forced=res.forced_tokens,
                  n_tokens=len(res.token_ids), wall_s=res.wall_time, finish_reason=res.finish_reason,
                  backtracks=res.backtracks)
+        dup: list[str] = []
+
+        def pairs_hook(pairs):
+            keys = [k for k, _ in pairs]
+            if len(set(keys)) < len(keys):
+                dup.extend(sorted({k for k in keys if keys.count(k) > 1}))
+            return dict(pairs)
+
         try:
-            value = json.loads(res.text)
+            value = json.loads(res.text, object_pairs_hook=pairs_hook)
             g["json_ok"] = True
         except ValueError:
             g["json_ok"] = False
             g["schema_valid"] = False
             return g
-        g["schema_valid"] = is_valid(reference_validator(schema), value)
+        # an object with a repeated name is not a valid answer, whatever json.loads keeps of it
+        g["duplicate_keys"] = dup[:20]
+        g["schema_valid"] = is_valid(reference_validator(schema), value) and not dup
         return g
 
 
@@ -192,7 +203,7 @@ def process_task(ad, encode, gen: "_Gen", task: dict[str, Any], max_tokens: int,
     if compiled is not None:
         for inst in task["instances"]:
             try:
-                text = compact_json(inst["data"])
+                text = inst["text"] if "text" in inst else compact_json(inst["data"])
             except ValueError:
                 walks.append({"status": "unencodable", "n_tokens": 0, "mask_us": []})
                 continue

@@ -56,6 +56,8 @@ def test_jsonschemabench_counts_for_ours(jsb_run):
     assert (t["bytes_mismatch"], t["canvas_mismatch"]) == (0, 0)
     assert t["label_disagree"] == 0
     assert t["compile_ms_p50"] is not None and t["n_masks"] > 0
+    # repeated-key probes ({"name":"Ada","age":36,"name":"Ada"}, {"id":"abc","id":"abc"}): blocked
+    assert (t["probes"], t["probe_repeated_key"]) == (2, 0)
 
 
 def test_jsonschemabench_counts_for_fake_engines(jsb_run):
@@ -69,6 +71,7 @@ def test_jsonschemabench_counts_for_fake_engines(jsb_run):
     # reject_all: only the two schemas without a valid instance are (vacuously) covered
     assert (rej["compiled"], rej["covered"], rej["over"], rej["over_schemas"], rej["under"]) == (7, 2, 6, 5, 0)
     assert s["under_ids"]["fake_engines:accept_all"][0] == "Github_easy---empty_range"
+    assert (acc["probes"], acc["probe_repeated_key"], rej["probe_repeated_key"]) == (3, 3, 0)
 
 
 def test_jsonschemabench_writes_reports_and_resumes(jsb_run, capsys):
