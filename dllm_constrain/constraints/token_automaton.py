@@ -13,6 +13,7 @@ for a set S of states and a set U of admissible targets.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 
 import numpy as np
 
@@ -20,12 +21,13 @@ from .deriv import DEAD, DerivDFA
 from .tokenizer_info import TokenizerInfo
 
 DENSE_MIN = 2048  # groups larger than this are stored as packed bitsets
+SMALL = 32  # states allowing more tokens than this also keep a packed row of all of them
 
 
 class TokTrans:
     """Token transitions out of one DFA state."""
 
-    __slots__ = ("state", "targets", "dense", "sparse", "succ", "succ_bits", "n_allowed", "all_dense", "all_sparse")
+    __slots__ = ("state", "targets", "dense", "sparse", "succ", "succ_bits", "n_allowed", "all_row", "all_sparse")
 
     def __init__(self, state: int):
         self.state = state
@@ -35,8 +37,8 @@ class TokTrans:
         self.succ: frozenset[int] = frozenset()
         self.succ_bits = 0  # the targets as an int bitset
         self.n_allowed = 0
-        self.all_dense: tuple[int, ...] = ()  # allp rows of every dense group
-        self.all_sparse: np.ndarray | None = None  # every token of the sparse groups
+        self.all_row = -1  # allp row (interned) of every allowed token, when there are more than SMALL
+        self.all_sparse: np.ndarray | None = None  # every allowed token, when there are at most DENSE_MIN
 
 
 class TokenAutomaton:
@@ -45,7 +47,7 @@ class TokenAutomaton:
         self.tok = tok
         self.trie = tok.trie()
         self.vocab_size = tok.vocab_size
-        self.nbytes = (self.vocab_size + 7) // 8
+        self.nbytes = ((self.vocab_size + 63) // 64) * 8  # packed rows, padded to whole uint64 words
         self.eos_id = tok.eos_id
         self._trans: dict[int, TokTrans] = {}
         self._delta: dict[tuple[int, int], int] = {}
@@ -59,6 +61,7 @@ class TokenAutomaton:
         self.allp = np.zeros((8, self.nbytes), dtype=np.uint8)  # packed "every allowed token" rows
         self.n_allp = 0
         self._row_ids: dict[int, int] = {}
+        self._unions: OrderedDict = OrderedDict()
         self.succ_bits: dict[int, int] = {}  # state -> successor bitset (filled by trans)
         self.acc_bits = 1 << 1 if dfa.accepting[1] else 0  # accepting states seen so far (bitset)
         self._parent64 = self.trie.parent.astype(np.int64)
@@ -214,7 +217,7 @@ class TokenAutomaton:
             counts = np.bincount(tg)
             big = np.flatnonzero(counts > DENSE_MIN).tolist()
             for u in big:
-                bits = np.zeros(self.vocab_size, dtype=bool)
+                bits = np.zeros(self.nbytes * 8, dtype=bool)
                 bits[idx[tg == u]] = True
                 tt.dense[u] = self._intern_row(np.packbits(bits, bitorder="little"))
             if big:
@@ -238,10 +241,14 @@ class TokenAutomaton:
                 self.acc_bits |= 1 << u
         tt.succ_bits = b
         self.succ_bits[s] = b
-        # every allowed token = the (interned) dense groups + the sparse groups
-        tt.all_dense = tuple(sorted(set(tt.dense.values())))
-        sp = list(tt.sparse.values())
-        tt.all_sparse = np.sort(np.concatenate(sp)) if len(sp) > 1 else (sp[0] if sp else np.zeros(0, dtype=np.int64))
+        # every allowed token: an interned packed row (unions over many states are then one OR-reduce
+        # over distinct rows) and, for small sets, the sorted ids
+        if all_idx.size <= DENSE_MIN:
+            tt.all_sparse = np.sort(all_idx)
+        if all_idx.size > SMALL:
+            bits = np.zeros(self.nbytes * 8, dtype=bool)
+            bits[all_idx] = True
+            tt.all_row = self._intern_row(np.packbits(bits, bitorder="little"))
         return tt
 
     def _intern_row(self, row: np.ndarray) -> int:
@@ -287,15 +294,16 @@ class TokenAutomaton:
         states in `full`, the groups (state, target) in `partial`, and EOS if asked."""
         dense: set[int] = set()
         sparse: list[np.ndarray] = []
+        known = self._trans
         trans = self.trans
         for q in full:
-            tt = trans(q)
-            if tt.all_dense:
-                dense.update(tt.all_dense)
-            if tt.all_sparse is not None and tt.all_sparse.size:
+            tt = known.get(q) or trans(q)
+            if tt.all_row >= 0:
+                dense.add(tt.all_row)
+            elif tt.all_sparse is not None and tt.all_sparse.size:
                 sparse.append(tt.all_sparse)
         for q, u in partial:
-            tt = trans(q)
+            tt = known.get(q) or trans(q)
             d = tt.dense.get(u)
             if d is not None:
                 dense.add(d)
@@ -305,22 +313,48 @@ class TokenAutomaton:
                 sparse.append(sp)
         V = self.vocab_size
         if dense:
-            ids = sorted(dense)
-            acc = np.bitwise_or.reduce(self.allp[ids], axis=0) if len(ids) > 1 else self.allp[ids[0]]
+            acc = self._union(dense)
             out[:V] = np.unpackbits(acc, bitorder="little", count=V).view(bool)
         if sparse:
             out[np.concatenate(sparse) if len(sparse) > 1 else sparse[0]] = True
         if eos:
             out[self.eos_id] = True
 
+    def _union(self, ids: set[int]) -> np.ndarray:
+        """OR of the interned packed rows `ids` (cached: the same unions recur across steps)."""
+        if len(ids) == 1:
+            return self.allp[next(iter(ids))]
+        key = frozenset(ids)
+        hit = self._unions.get(key)
+        if hit is not None:
+            self._unions.move_to_end(key)
+            return hit
+        allp = self.allp
+        if len(ids) <= 16:
+            acc = np.bitwise_or.reduce(allp[sorted(ids)], axis=0)
+        else:
+            w = allp.view(np.uint64) if self.nbytes % 8 == 0 else None
+            if w is not None:
+                it = iter(ids)
+                acc64 = w[next(it)].copy()
+                for i in it:
+                    np.bitwise_or(acc64, w[i], out=acc64)
+                acc = acc64.view(np.uint8)
+            else:
+                acc = np.bitwise_or.reduce(allp[sorted(ids)], axis=0)
+        self._unions[key] = acc
+        if len(self._unions) > 256:
+            self._unions.popitem(last=False)
+        return acc
+
     def count_allowed(self, full: list[int], partial: list[tuple[int, int]]) -> tuple[int, int | None]:
         """(number of allowed text tokens capped at 2, the token if exactly one)."""
         sparse: list[np.ndarray] = []
         for q in full:
             tt = self.trans(q)
-            if tt.all_dense:
+            if tt.all_sparse is None:
                 return 2, None
-            if tt.all_sparse is not None and tt.all_sparse.size:
+            if tt.all_sparse.size:
                 sparse.append(tt.all_sparse)
         for q, u in partial:
             tt = self.trans(q)
