@@ -13,7 +13,6 @@ from collections import OrderedDict
 from typing import Any
 
 import numpy as np
-import torch
 
 from ..errors import ConstraintTooLongError, InvalidRegexError, UnsatisfiableSchemaError
 from . import regex_ast as A

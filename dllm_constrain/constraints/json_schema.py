@@ -23,17 +23,14 @@ Sound narrowings (outputs stay valid; some valid instances are not producible):
 """
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import math
 import re
 from dataclasses import dataclass, fields
-from decimal import Decimal
 from typing import Any
 
-from ..errors import (CompilationTimeoutError, InvalidRegexError, InvalidSchemaError, UnsatisfiableSchemaError,
-                      UnsupportedSchemaError)
+from ..errors import InvalidRegexError, InvalidSchemaError, UnsatisfiableSchemaError, UnsupportedSchemaError
 from . import dfa_ops
 from . import numeric as N
 from . import regex_ast as A
@@ -278,10 +275,6 @@ def _unescape_pointer(tok: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------ compiler
-class _Conj:
-    """A conjunction of schemas being compiled as one (allOf / $ref with siblings / anyOf distribution)."""
-
-
 class SchemaCompiler:
     def __init__(self, root: Any, opts: SchemaOptions, deadline: Deadline | None):
         if not isinstance(root, (dict, bool)):
@@ -1626,10 +1619,6 @@ def _expand_number(types: set[str]) -> set[str]:
     if "number" in t:
         t.add("integer")
     return t
-
-
-def _expand_integer(types: set[str]) -> set[str]:
-    return set(types)
 
 
 def _intersect_types(a: set[str], b: set[str]) -> set[str]:
