@@ -66,12 +66,14 @@ def bits_of(x: int) -> list[int]:
 class Budget:
     """How many new token-transition computations one call may still do, and until when."""
 
-    __slots__ = ("left", "t_end", "undecided")
+    __slots__ = ("left", "t_end", "undecided", "finish_left")
 
-    def __init__(self, n: int | None = None, seconds: float | None = None):
+    def __init__(self, n: int | None = None, seconds: float | None = None, finish: int | None = None):
         self.left = UNLIMITED if n is None else n
         self.t_end = None if seconds is None else time.perf_counter() + seconds
         self.undecided: set[tuple[int, int]] = set()  # (state, m) found undecided in this call
+        # the can-finish search has its own allowance (it decides which tokens are allowed at all)
+        self.finish_left = UNLIMITED if n is None else (8 * n if finish is None else finish)
 
     def take(self) -> bool:
         if self.left <= 0 or (self.t_end is not None and time.perf_counter() > self.t_end):
@@ -330,9 +332,13 @@ class SetAlgebra:
     def _succ_by_dist(self, q: int, budget: Budget | None) -> list[int] | None:
         r = self._succ_sorted.get(q)
         if r is None:
-            sb = self._expand(q, budget)
+            sb = self.ta.succ_bits.get(q)
             if sb is None:
-                return None
+                if budget is not None:
+                    if budget.finish_left <= 0:
+                        return None
+                    budget.finish_left -= 1
+                sb = self.ta.trans(q).succ_bits
             dist = self.dfa.dist
             r = sorted(bits_of(sb), key=lambda u: int(dist[u]))
             self._succ_sorted[q] = r
