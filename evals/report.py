@@ -320,7 +320,8 @@ def suite_markdown(summ: dict[str, Any], meta: dict[str, Any], plots: list[str])
 
 def _meta_lines(meta: dict[str, Any]) -> list[str]:
     L = ["```", f"command:   {meta.get('command', '?')}"]
-    for k in ("data", "tokenizer", "n_records", "timeout_s", "max_tokens", "machine", "python", "torch",
+    for k in ("data", "tokenizer", "n_records", "timeout_s", "max_tokens", "machine", "python", "torch", "code",
+              "constraints_sha256",
               "started", "finished", "wall_s", "left_out"):
         if k in meta:
             L.append(f"{k + ':':<10} {meta[k]}")

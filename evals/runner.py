@@ -37,6 +37,33 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
+def code_info() -> dict[str, Any]:
+    """Which constraint-layer code produced the figures: git HEAD, uncommitted files under it, a content hash."""
+    import hashlib
+    import subprocess
+
+    import dllm_constrain.constraints as C
+
+    cdir = Path(C.__file__).parent
+    h = hashlib.sha256()
+    for p in sorted(cdir.rglob("*.py")):
+        h.update(p.relative_to(cdir).as_posix().encode() + b"\0" + p.read_bytes())
+    info = {"constraints_sha256": h.hexdigest()[:16]}
+    try:
+        root = subprocess.run(["git", "-C", str(cdir), "rev-parse", "--show-toplevel"], capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        if root:
+            head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+            dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", str(cdir)], capture_output=True,
+                                   text=True, timeout=10).stdout.split("\n")
+            dirty = [ln[3:] for ln in dirty if ln.strip()]
+            info["code"] = head + (f" + uncommitted: {', '.join(dirty)}" if dirty else " (clean)")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info
+
+
 def _labels(rec: dict[str, Any]) -> list[bool | None]:
     """The reference validator's verdict on each instance (None when it cannot decide)."""
     try:
@@ -119,6 +146,7 @@ def run(suite: str, records: list[dict[str, Any]], engines: list[str], tokdir: P
     meta: dict[str, Any] = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     meta.update(meta_extra or {})
     meta.update(machine_info())
+    meta.update(code_info())
     meta.update(tokenizer=f"{tokname} ({tokdir})", n_records=len(records), timeout_s=timeout, max_tokens=max_tokens)
     meta.setdefault("engines", {})
     meta["started"] = time.strftime("%Y-%m-%d %H:%M:%S")
