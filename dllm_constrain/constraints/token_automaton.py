@@ -66,9 +66,8 @@ class TokenAutomaton:
         self.acc_bits = 1 << 1 if dfa.accepting[1] else 0  # accepting states seen so far (bitset)
         self._parent64 = self.trie.parent.astype(np.int64)
         self._byte64 = self.trie.byte.astype(np.int64)
-        singles = {b[0] for b in tok.token_bytes if b is not None and len(b) == 1}
         # every byte is a token of its own: a byte path of length d is spelled by d tokens
-        self.single_byte_complete = len(singles) == 256
+        self.single_byte_complete = tok.single_byte_complete()
 
     # ------------------------------------------------------------------ single transitions
     def delta(self, s: int, t: int) -> int:

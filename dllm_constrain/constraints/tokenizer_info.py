@@ -101,6 +101,7 @@ class TokenizerInfo:
         self._trie: TokenTrie | None = None
         self._pre = None
         self._byte_set: frozenset[bytes] | None = None
+        self._singles: bool | None = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -196,6 +197,12 @@ class TokenizerInfo:
                     self._trie = _build_trie(self.token_bytes, self.vocab_size)
         return self._trie
 
+
+    def single_byte_complete(self) -> bool:
+        """Every byte value is a token on its own."""
+        if self._singles is None:
+            self._singles = len({b[0] for b in self.token_bytes if b is not None and len(b) == 1}) == 256
+        return self._singles
 
     def byte_set(self) -> frozenset[bytes]:
         """The set of token byte strings (for longest-match tokenization)."""
