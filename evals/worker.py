@@ -270,6 +270,7 @@ class WorkerProcess:
     engine), then the walks of all its instances `timeout` more, then generation `gen_timeout`."""
 
     COMPILE_GRACE_S = 2.0
+    COMPILE_GRACE_FRAC = 0.1  # deadlines are checked between steps: they overshoot a little, more on a loaded machine
 
     def __init__(self, engine: str, tokdir: str, timeout: float, max_tokens: int = 10000,
                  mem_limit_gb: float = 6.0, model: str | None = None, gen_params: dict | None = None,
@@ -369,8 +370,8 @@ class WorkerProcess:
                     limit = self.gen_timeout - (time.monotonic() - t_gen)
                 elif phase == "walk":
                     limit = self.timeout - (time.monotonic() - t_walk)
-                else:  # the compiler's own deadline is `timeout`; a little grace for its typed error
-                    limit = self.timeout + self.COMPILE_GRACE_S - (time.monotonic() - t0)
+                else:  # the compiler's own deadline is `timeout`; some grace for its typed error to arrive
+                    limit = self.timeout * (1 + self.COMPILE_GRACE_FRAC) + self.COMPILE_GRACE_S - (time.monotonic() - t0)
                 msg = self._read(max(0.05, limit))
                 if msg is None:
                     return self._failed("crash", phase, compile_s, walked)

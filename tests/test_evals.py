@@ -103,6 +103,7 @@ def test_a_hanging_or_crashing_schema_costs_only_itself(tmp_path, monkeypatch):
     from dllm_constrain.evals.worker import WorkerProcess
 
     monkeypatch.setattr(WorkerProcess, "COMPILE_GRACE_S", 0.1)
+    monkeypatch.setattr(WorkerProcess, "COMPILE_GRACE_FRAC", 0.0)
     tokdir, tokname = resolve_tokenizer("bytes")
     recs = D.load_jsonschemabench(FIX / "faults")
     res = run("jsonschemabench", recs, [FAULTY], tokdir, tokname, tmp_path, timeout=1.0, progress=False, plots=False)
