@@ -320,13 +320,17 @@ def suite_markdown(summ: dict[str, Any], meta: dict[str, Any], plots: list[str])
 
 def _meta_lines(meta: dict[str, Any]) -> list[str]:
     L = ["```", f"command:   {meta.get('command', '?')}"]
-    for k in ("data", "tokenizer", "n_records", "timeout_s", "max_tokens", "machine", "python", "torch", "code",
-              "constraints_sha256",
-              "started", "finished", "wall_s", "left_out"):
+    for k in ("data", "tokenizer", "n_records", "timeout_s", "max_tokens", "machine", "python", "torch", "left_out"):
         if k in meta:
             L.append(f"{k + ':':<10} {meta[k]}")
     for e, v in (meta.get("engines") or {}).items():
         L.append(f"engine:    {e}: {v}")
+    for r in meta.get("runs") or []:
+        L.append(f"run:       {r.get('started')} .. {r.get('finished')} ({r.get('wall_s')} s) computed "
+                 f"{json.dumps(r.get('computed'))}; constraint layer {r.get('code', '?')} sha {r.get('constraints_sha256')}")
+    codes = meta.get("row_code_versions")
+    if codes:
+        L.append(f"ours rows by constraint-layer version: {json.dumps(codes)}")
     L.append("```")
     return L
 
@@ -461,6 +465,8 @@ def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
 def write_reports(suite: str, rows: list[dict[str, Any]], meta: dict[str, Any], out_dir: Path,
                   plots: bool = True) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
+    codes = Counter(r.get("code", "unrecorded") for r in rows if r["engine"] == "ours")
+    meta = {**meta, "row_code_versions": dict(codes)} if codes else meta
     if suite == "jsonschemabench":
         summ = summarize_jsb(rows)
         pngs = jsb_plots(rows, summ, out_dir, float(meta.get("timeout_s") or 0)) if plots and rows else []

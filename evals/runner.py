@@ -146,10 +146,12 @@ def run(suite: str, records: list[dict[str, Any]], engines: list[str], tokdir: P
     meta: dict[str, Any] = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     meta.update(meta_extra or {})
     meta.update(machine_info())
-    meta.update(code_info())
+    code = code_info()
+    for k in ("code", "constraints_sha256", "started", "finished", "wall_s"):  # per run now, see meta["runs"]
+        meta.pop(k, None)
     meta.update(tokenizer=f"{tokname} ({tokdir})", n_records=len(records), timeout_s=timeout, max_tokens=max_tokens)
     meta.setdefault("engines", {})
-    meta["started"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    this_run: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), **code, "computed": {}}
     t_start = time.time()
 
     plan = []
@@ -208,6 +210,9 @@ def run(suite: str, records: list[dict[str, Any]], engines: list[str], tokdir: P
                     if rec["id"] not in label_cache:
                         label_cache[rec["id"]] = _labels(rec)
                     row = _row(suite, name, tokname, rec, msg, label_cache[rec["id"]])
+                    if canonical_name(spec) == "ours":  # the constraint layer changes between runs: say which one
+                        row["code"] = f"{code.get('code', '?')} sha {code['constraints_sha256']}"
+                    this_run["computed"][name] = this_run["computed"].get(name, 0) + 1
                     f.write(json.dumps(row, ensure_ascii=False) + "\n")
                     f.flush()
                     if bar is not None:
@@ -218,8 +223,10 @@ def run(suite: str, records: list[dict[str, Any]], engines: list[str], tokdir: P
                     meta.setdefault("worker_restarts", {})[name] = w.restarts
     if bar is not None:
         bar.close()
-    meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    meta["wall_s"] = round(time.time() - t_start, 1)
+    this_run["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    this_run["wall_s"] = round(time.time() - t_start, 1)
+    if this_run["computed"]:
+        meta.setdefault("runs", []).append(this_run)
     meta_path.write_text(json.dumps(meta, indent=1))
     rows = [r for r in read_rows(res_path) if r["tokenizer"] == tokname and r["id"] in ids
             and r["engine"] in {engine_label(s) for s in engines}]
