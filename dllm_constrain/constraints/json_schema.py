@@ -791,17 +791,22 @@ class SchemaCompiler:
         infos = []
         for b in branches:
             infos.append(self._branch_info(base, b, path))
-        out = list(branches)
+        out = []
+        dropped = []
         for i in range(len(branches)):
             forbid: list[str] = []
+            ok = True
             for j in range(len(branches)):
-                if i == j:
-                    continue
-                if self._outputs_fail(infos[i], infos[j], forbid):
-                    continue
-                raise UnsupportedSchemaError("oneOf", path, f"branches {i} and {j} are not provably disjoint")
-            if forbid:
-                out[i] = {"allOf": [branches[i], {"properties": {p: False for p in forbid}}]}
+                if i != j and not self._outputs_fail(infos[i], infos[j], forbid):
+                    ok = False
+                    dropped.append((i, j))
+                    break
+            if not ok:
+                continue  # a branch whose outputs might satisfy another branch is not generated
+            out.append({"allOf": [branches[i], {"properties": {p: False for p in forbid}}]} if forbid else branches[i])
+        if not out:
+            i, j = dropped[0]
+            raise UnsupportedSchemaError("oneOf", path, f"branches {i} and {j} are not provably disjoint")
         return out
 
     def _branch_info(self, base: list[dict], b: Any, path: str) -> dict | None:
@@ -1147,7 +1152,7 @@ class SchemaCompiler:
             m = s["multipleOf"]
             if isinstance(m, int) or (isinstance(m, float) and m.is_integer()):
                 return self._integer(s, path)  # only integer multiples of an integer: narrow to integers
-            raise UnsupportedSchemaError("multipleOf", path, f"non-integer multipleOf {m} (float division is inexact)")
+            return self._float_multiples(s, m, path)
         lo, ls, hi, hs = self._bounds(s, path)
         if lo is None and hi is None:
             return N.JSON_NUMBER
@@ -1155,6 +1160,38 @@ class SchemaCompiler:
             self.unsat.append(f"empty numeric range at {path}: minimum {lo} / maximum {hi}")
             return A.NOTHING
         return N.decimal_range(lo, ls, hi, hs)
+
+    def _float_multiples(self, s: dict, m, path: str, n_max: int = 1000) -> A.Node:
+        """multipleOf a non-integer k: the multiples n*k, |n| <= n_max, that pass jsonschema's own float
+        test (instance / k is an integer in float arithmetic) and the bounds -- a finite, sound set."""
+        if not _is_number(m) or m <= 0:
+            raise InvalidSchemaError(f"multipleOf at {path} must be a positive number")
+        lo, ls, hi, hs = self._bounds(s, path)
+        k = N.to_decimal(m)
+        texts = []
+        for n in range(-n_max, n_max + 1):
+            d = (k * n).normalize()
+            if lo is not None and (d < lo or (ls and d == lo)):
+                continue
+            if hi is not None and (d > hi or (hs and d == hi)):
+                continue
+            txt = format(d, "f")
+            if "." in txt:
+                txt = txt.rstrip("0").rstrip(".")
+            if txt in ("-0", ""):
+                txt = "0"
+            v = float(txt)
+            q = v / float(m)
+            try:
+                if int(q) != q:
+                    continue
+            except (OverflowError, ValueError):
+                continue
+            texts.append(txt)
+        if not texts:
+            self.unsat.append(f"no multiple of {m} in range at {path}")
+            return A.NOTHING
+        return A.alt_literals(sorted(set(texts)))
 
     # -------------------------------------------------------------- strings
     def string_body_chars(self, s: dict, path: str, excluded: list[str] | None = None) -> A.Node:
@@ -1487,7 +1524,9 @@ class SchemaCompiler:
             except InvalidRegexError as e:
                 raise UnsupportedSchemaError("patternProperties", path, str(e)) from None
         if len(pat_langs) > 4:
-            raise UnsupportedSchemaError("patternProperties", path, "more than 4 patterns")
+            # classifying keys against many patterns needs large product automata: generate no
+            # undeclared keys at all (a sound narrowing: the declared properties carry their schemas)
+            return []
         classes = []  # (key body language, value schema)
         for i, p in enumerate(pats):
             others = [pat_langs[j] for j in range(len(pat_langs)) if j != i]
