@@ -105,3 +105,14 @@ def test_c_and_numpy_trie_walks_agree(pattern, seed):
         for u in set(b.tolist()) - seen:
             seen.add(u)
             todo.append(u)
+
+
+def test_two_ids_with_the_same_bytes_are_both_allowed():
+    info = TokenizerInfo([b"a", b"ab", b"a", b"b", None, None], eos_id=4, mask_id=5)
+    cc = ConstraintCompiler(info, cache=False).compile_regex("ab")
+    m = cc.new_canvas_state(2).allowed_tokens([5, 5], [0, 1])
+    assert set(m[0].nonzero().flatten().tolist()) == {0, 1, 2}
+    assert set(m[1].nonzero().flatten().tolist()) == {3, 4}
+    a, b = cc.ta.walk_tokens(1)
+    c, d = cc.ta._walk_tokens_numpy(1)
+    assert sorted(zip(a.tolist(), b.tolist())) == sorted(zip(c.tolist(), d.tolist()))

@@ -125,12 +125,19 @@ class PreorderTrie:
         self.parent = parent
         self.byte = byte
         node_tok = np.full(n, -1, dtype=np.int32)
+        dup_primary: list[int] = []
+        dup_extra: list[int] = []
         for t, b in enumerate(token_bytes):
             if b:
                 k = index[b]
                 if node_tok[k] < 0:
                     node_tok[k] = t
+                else:  # several ids with the same bytes: the first one is walked, the others follow it
+                    dup_primary.append(int(node_tok[k]))
+                    dup_extra.append(t)
         self.node_tok = node_tok
+        self.dup_primary = np.array(dup_primary, dtype=np.int64)
+        self.dup_extra = np.array(dup_extra, dtype=np.int64)
         self.n_nodes = n
 
 
@@ -160,7 +167,16 @@ class CWalker:
                                   self.pending.ctypes.data, self.max_pending, self.n_pending.ctypes.data)
                 k = int(self.n_pending[0])
                 if k == 0:
-                    return self.out_tok[:n].astype(np.int64), self.out_tgt[:n].astype(np.int64)
+                    tok = self.out_tok[:n].astype(np.int64)
+                    tgt = self.out_tgt[:n].astype(np.int64)
+                    if tr.dup_primary.size and n:
+                        m = np.isin(tr.dup_primary, tok)
+                        if m.any():
+                            order = np.argsort(tok)
+                            pos = np.searchsorted(tok[order], tr.dup_primary[m])
+                            tok = np.concatenate((tok, tr.dup_extra[m]))
+                            tgt = np.concatenate((tgt, tgt[order][pos]))
+                    return tok, tgt
                 for p in np.unique(self.pending[:k]).tolist():
                     dfa.expand(p)
             raise RuntimeError("token walk did not converge")

@@ -45,29 +45,35 @@ class TokenAutomaton:
     def __init__(self, dfa: DerivDFA, tok: TokenizerInfo, use_c: bool = True):
         self.dfa = dfa
         self.tok = tok
-        self.trie = tok.trie()
         self.vocab_size = tok.vocab_size
         self.nbytes = ((self.vocab_size + 63) // 64) * 8  # packed rows, padded to whole uint64 words
         self.eos_id = tok.eos_id
         self._trans: dict[int, TokTrans] = {}
         self._delta: dict[tuple[int, int], int] = {}
         self._lock = threading.RLock()
-        self.max_token_len = self.trie.max_token_len
-        self._buf = np.zeros(self.trie.n_nodes + 1, dtype=np.int64)  # per-walk scratch (node -> state)
+        self.max_token_len = tok.max_token_len()
         from . import _cwalk
 
         lib = _cwalk.load() if use_c else None
         self._cwalker = _cwalk.CWalker(lib, tok.preorder_trie(), self.vocab_size) if lib is not None else None
+        self._trie = None  # level-order trie: only for the numpy walker (built on first use)
         self.allp = np.zeros((8, self.nbytes), dtype=np.uint8)  # packed "every allowed token" rows
         self.n_allp = 0
         self._row_ids: dict[int, int] = {}
         self._unions: OrderedDict = OrderedDict()
         self.succ_bits: dict[int, int] = {}  # state -> successor bitset (filled by trans)
         self.acc_bits = 1 << 1 if dfa.accepting[1] else 0  # accepting states seen so far (bitset)
-        self._parent64 = self.trie.parent.astype(np.int64)
-        self._byte64 = self.trie.byte.astype(np.int64)
         # every byte is a token of its own: a byte path of length d is spelled by d tokens
         self.single_byte_complete = tok.single_byte_complete()
+
+    @property
+    def trie(self):
+        if self._trie is None:
+            self._trie = self.tok.trie()
+            self._buf = np.zeros(self._trie.n_nodes + 1, dtype=np.int64)  # per-walk scratch (node -> state)
+            self._parent64 = self._trie.parent.astype(np.int64)
+            self._byte64 = self._trie.byte.astype(np.int64)
+        return self._trie
 
     # ------------------------------------------------------------------ single transitions
     def delta(self, s: int, t: int) -> int:
@@ -84,18 +90,7 @@ class TokenAutomaton:
     # ------------------------------------------------------------------ trie walk
     def walk_tokens(self, s: int) -> tuple[np.ndarray, np.ndarray]:
         if self._cwalker is not None and s != DEAD:
-            tok_ids, tgts = self._cwalker.walk(self.dfa, s)
-            tr = self.trie
-            if tr.dup_nodes.size and tok_ids.size:
-                live_nodes = tr.token_node[tok_ids]
-                m = np.isin(tr.dup_nodes, live_nodes)
-                if m.any():
-                    extra_t = tr.dup_tokens[m].astype(np.int64)
-                    extra_s = np.array([self.dfa.walk(s, self.tok.token_bytes[t]) for t in extra_t.tolist()],
-                                       dtype=np.int64)
-                    tok_ids = np.concatenate((tok_ids, extra_t))
-                    tgts = np.concatenate((tgts, extra_s))
-            return tok_ids, tgts
+            return self._cwalker.walk(self.dfa, s)
         return self._walk_tokens_numpy(s)
 
     def _walk_tokens_numpy(self, s: int) -> tuple[np.ndarray, np.ndarray]:

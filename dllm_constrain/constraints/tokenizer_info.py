@@ -102,6 +102,7 @@ class TokenizerInfo:
         self._pre = None
         self._byte_set: frozenset[bytes] | None = None
         self._singles: bool | None = None
+        self._max_len: int | None = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -197,6 +198,11 @@ class TokenizerInfo:
                     self._trie = _build_trie(self.token_bytes, self.vocab_size)
         return self._trie
 
+
+    def max_token_len(self) -> int:
+        if self._max_len is None:
+            self._max_len = max((len(b) for b in self.token_bytes if b), default=1)
+        return self._max_len
 
     def single_byte_complete(self) -> bool:
         """Every byte value is a token on its own."""
