@@ -326,8 +326,10 @@ def _meta_lines(meta: dict[str, Any]) -> list[str]:
     for e, v in (meta.get("engines") or {}).items():
         L.append(f"engine:    {e}: {v}")
     for r in meta.get("runs") or []:
+        code = f"; constraint layer {r['code']} sha {r.get('constraints_sha256')}" if r.get("code") else ""
+        note = f" ({r['note']})" if r.get("note") else ""
         L.append(f"run:       {r.get('started')} .. {r.get('finished')} ({r.get('wall_s')} s) computed "
-                 f"{json.dumps(r.get('computed'))}; constraint layer {r.get('code', '?')} sha {r.get('constraints_sha256')}")
+                 f"{json.dumps(r.get('computed'))}{code}{note}")
     codes = meta.get("row_code_versions")
     if codes:
         L.append(f"ours rows by constraint-layer version: {json.dumps(codes)}")
