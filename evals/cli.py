@@ -111,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quiet:
         print(res["markdown"])
         print(f"[evals] wrote {Path(args.out) / 'summary.md'}")
+    if res.get("failed_engines"):
+        print(f"error: engine(s) failed to start: {', '.join(res['failed_engines'])}", file=sys.stderr)
+        return 1
     if args.fail_on_under_constraint:
         from .report import row_stats
 

@@ -66,7 +66,9 @@ class OursAdapter:
         from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo
 
         torch.set_num_threads(1)
-        self.info = TokenizerInfo.from_tokenizer(tokdir)
+        from .tok import special_ids
+
+        self.info = TokenizerInfo.from_tokenizer(tokdir, **special_ids(tokdir))
         self.info.trie()  # once per tokenizer: setup, not compile
         self.vocab_size = self.info.vocab_size
         self.eos_id = self.info.eos_id
@@ -227,7 +229,9 @@ class OutlinesAdapter:
         from dllm_constrain.constraints import TokenizerInfo
 
         self.oc = oc
-        info = TokenizerInfo.from_tokenizer(tokdir)  # token bytes, specials, EOS (no engine logic used)
+        from .tok import special_ids
+
+        info = TokenizerInfo.from_tokenizer(tokdir, **special_ids(tokdir))  # token bytes, specials, EOS only
         self.eos_id = info.eos_id
         vocab: dict[bytes, list[int]] = {}
         for i, b in enumerate(info.token_bytes):

@@ -175,6 +175,7 @@ def run(suite: str, records: list[dict[str, Any]], engines: list[str], tokdir: P
 
         bar = tqdm(total=total, unit="case" if suite == "test-suite" else "schema", dynamic_ncols=True,
                    file=sys.stderr, mininterval=0.5)
+    failed: list[str] = []
     label_cache: dict[str, list[bool | None]] = {}
     alt_cache: dict[str, list[dict[str, Any]]] = {}
     with open(res_path, "a", encoding="utf-8") as f:
@@ -190,6 +191,7 @@ def run(suite: str, records: list[dict[str, Any]], engines: list[str], tokdir: P
             except WorkerError as e:
                 log(f"[evals] engine {name} cannot start: {e}")
                 meta["engines"][name] = f"failed to start: {e}"
+                failed.append(name)
                 if bar is not None:
                     bar.update(len(todo))
                 continue
@@ -237,4 +239,4 @@ def run(suite: str, records: list[dict[str, Any]], engines: list[str], tokdir: P
     order = {r["id"]: k for k, r in enumerate(records)}
     eng_order = {engine_label(s): k for k, s in enumerate(engines)}
     rows = sorted(uniq.values(), key=lambda r: (eng_order.get(r["engine"], 99), order.get(r["id"], 0)))
-    return write_reports(suite, rows, meta, out_dir, plots=plots) | {"rows": rows, "meta": meta}
+    return write_reports(suite, rows, meta, out_dir, plots=plots) | {"rows": rows, "meta": meta, "failed_engines": failed}

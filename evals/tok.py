@@ -67,6 +67,24 @@ def resolve_tokenizer(spec: str | None) -> tuple[Path, str]:
     return p.resolve(), p.resolve().name
 
 
+def special_ids(tokdir: str | os.PathLike) -> dict[str, int]:
+    """EOS (and mask) ids a checkpoint folder declares in config.json, for tokenizers whose own files do not
+    name the EOS (the bundled checkpoint: tokenizer.json + config.json, no tokenizer_config.json)."""
+    d = Path(tokdir)
+    out: dict[str, int] = {}
+    if (d / "tokenizer_config.json").is_file() or not (d / "config.json").is_file():
+        return out
+    try:
+        cfg = json.loads((d / "config.json").read_text())
+    except (OSError, ValueError):
+        return out
+    for key, name in (("eos_token_id", "eos_id"), ("mask_token_id", "mask_id")):
+        v = cfg.get(key)
+        if isinstance(v, int):
+            out[name] = v
+    return out
+
+
 def load_encoder(tokdir: str | os.PathLike):
     from tokenizers import Tokenizer
 
