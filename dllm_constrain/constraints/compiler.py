@@ -198,7 +198,7 @@ class LeftToRightMatcher:
 # ---------------------------------------------------------------------------------- compiler
 _CACHE: OrderedDict = OrderedDict()
 _CACHE_LOCK = threading.Lock()
-_CACHE_MAX = 512
+_CACHE_MAX = 64  # compiled constraints hold their automata (up to tens of MB for huge schemas)
 
 
 def clear_cache() -> None:
