@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from dllm_constrain.errors import CheckpointError
-from dllm_constrain.engine.models.base import SpecialTokens, default_position_ids
+from dllm_constrain.engine.models.base import SpecialTokens, default_position_ids, parse_config_fields
 from dllm_constrain.engine.models.layers import (
     RMSNorm,
     apply_rope,
@@ -84,29 +84,8 @@ class DreamConfig:
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "DreamConfig":
         """Parse config.json, refusing fields we do not know and feature values we do not implement."""
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        kwargs: dict[str, Any] = {}
-        extra: dict[str, Any] = {}
-        unknown = []
-        for key, value in raw.items():
-            if key in names:
-                kwargs[key] = value
-            elif key in _ACCEPTED_AS:
-                if value not in _ACCEPTED_AS[key]:
-                    raise CheckpointError(f"Dream config field {key}={value!r} is not supported "
-                                          f"(supported: {sorted(map(str, _ACCEPTED_AS[key]))})")
-                extra[key] = value
-            elif key in _IGNORED:
-                extra[key] = value
-            else:
-                unknown.append(key)
-        if unknown:
-            raise CheckpointError(f"unknown Dream config field(s): {', '.join(sorted(unknown))}")
-        missing = [f.name for f in dataclasses.fields(cls)
-                   if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-                   and f.name not in kwargs]
-        if missing:
-            raise CheckpointError(f"Dream config.json is missing required field(s): {', '.join(missing)}")
+        kwargs, extra = parse_config_fields(cls, raw, family="Dream", accepted_as=_ACCEPTED_AS,
+                                            ignored=_IGNORED)
         if isinstance(kwargs.get("eos_token_id"), list):
             kwargs["eos_token_id"] = kwargs["eos_token_id"][0]
         cfg = cls(**kwargs, extra=extra)
