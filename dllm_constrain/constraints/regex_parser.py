@@ -308,6 +308,11 @@ class _Parser:
             raise self.error(f"bad escape \\{c}")
         return ord(c)
 
+    def class_shorthand(self, kind: str, *, negated: bool) -> Ranges:
+        """\\d \\w \\s (or negations) inside a class: a subset of Python's set, or a superset when the class
+        is negated, so the class stays a subset of what Python matches."""
+        return shorthand(kind, over=negated)
+
     def parse_class(self) -> Ranges:
         negated = False
         if self.peek() == "^":
@@ -329,7 +334,7 @@ class _Parser:
                     raise self.error("trailing backslash")
                 e = self.eat()
                 if e in "dDwWsS":
-                    parts.extend(shorthand(e, over=over))
+                    parts.extend(self.class_shorthand(e, negated=over))
                     continue
                 lo = self._escape_codepoint(e, in_class=True)
             elif c == "[" and self.peek() == ":":

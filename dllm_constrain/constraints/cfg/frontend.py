@@ -26,7 +26,7 @@ from lark.lexer import PatternRE, PatternStr, _create_unless
 from ...errors import InvalidGrammarError, InvalidRegexError
 from .. import regex_ast as A
 from ..regex_parser import _Anchor, _Parser, _unicode_class
-from ..regex_ast import norm_ranges, ranges_complement
+from ..regex_ast import ranges_complement
 
 END_NAME = "$END"
 
@@ -50,49 +50,8 @@ class _ExactParser(_Parser):
             return A.chars(_exact_shorthand(c))
         return super().parse_escape()
 
-    def parse_class(self):
-        negated = False
-        if self.peek() == "^":
-            negated = True
-            self.i += 1
-        parts: list[tuple[int, int]] = []
-        first = True
-        while True:
-            if self.i >= len(self.p):
-                raise self.error("unterminated character set")
-            c = self.eat()
-            if c == "]" and not first:
-                break
-            first = False
-            if c == "\\":
-                if self.i >= len(self.p):
-                    raise self.error("trailing backslash")
-                e = self.eat()
-                if e in "dDwWsS":
-                    parts.extend(_exact_shorthand(e))
-                    continue
-                lo = self._escape_codepoint(e, in_class=True)
-            elif c == "[" and self.peek() == ":":
-                raise self.error("POSIX classes are not supported")
-            else:
-                lo = ord(c)
-            if self.peek() == "-" and self.p[self.i + 1:self.i + 2] not in ("]", ""):
-                self.i += 1
-                c2 = self.eat()
-                if c2 == "\\":
-                    e = self.eat()
-                    if e in "dDwWsS":
-                        raise self.error("bad character range")
-                    hi = self._escape_codepoint(e, in_class=True)
-                else:
-                    hi = ord(c2)
-                if hi < lo:
-                    raise self.error("bad character range")
-                parts.append((lo, hi))
-            else:
-                parts.append((lo, lo))
-        rs = norm_ranges(parts)
-        return ranges_complement(rs) if negated else rs
+    def class_shorthand(self, kind: str, *, negated: bool):
+        return _exact_shorthand(kind)
 
 
 def _sre_features(pattern: str) -> tuple[set[str], bool]:
