@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import heapq
 import sys
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import CompilationTimeoutError
+from . import object_members as OM
 from . import regex_ast as A
 from .deadline import Deadline
 from .nfa import INF, utf8_sequences
@@ -32,7 +34,7 @@ if sys.getrecursionlimit() < 20000:
     sys.setrecursionlimit(20000)
 
 # term kinds
-NOTHING_K, EMPTY_K, BYTES_K, LIT_K, CHARS_K, SEQ_K, ALT_K, REP_K, GAT_K = range(9)
+NOTHING_K, EMPTY_K, BYTES_K, LIT_K, CHARS_K, SEQ_K, ALT_K, REP_K, GAT_K, MEM_K = range(10)
 T_NOTHING = 0
 T_EMPTY = 1
 
@@ -53,6 +55,9 @@ class Terms:
         self._chars_bytes: dict[int, int] = {}
         # graphs: per graph, (edges by node, finals, eps closure, expansion cache, dist)
         self.graphs: list[dict] = []
+        # Members nodes: MEM(i, used, n_extras) is the state of self.members[i] after the entries in `used`
+        # and n_extras additional members (capped, see object_members.add_extra)
+        self.members: list[MembersTerms] = []
         self.deadline = deadline
         self._ast_memo: dict[int, tuple[A.Node, int]] = {}
 
@@ -154,6 +159,9 @@ class Terms:
     def gat(self, g: int, u: int) -> int:
         return self._mk(("G", g, u), GAT_K, g, u)
 
+    def mem(self, i: int, used: int, n_extras: int) -> int:
+        return self._mk(("M", i, used, n_extras), MEM_K, i, used, n_extras)
+
     # ------------------------------------------------------------------ from the regex AST
     def from_ast(self, node: A.Node) -> int:
         memo = self._ast_memo
@@ -175,6 +183,8 @@ class Terms:
             r = self.rep(self.from_ast(node.item), node.lo, node.hi)
         elif t is A.Graph:
             r = self._graph(node)
+        elif t is A.Members:
+            r = self._members(node)
         else:
             raise TypeError(f"unknown regex node {node!r}")
         memo[id(node)] = (node, r)
@@ -196,6 +206,48 @@ class Terms:
         self.graphs.append({"out": out, "eps": eps, "finals": frozenset(g.finals), "closure": {}, "exp": {},
                             "dist": None, "n": g.n})
         return self.gat(gi, g.start)
+
+    def _members(self, m: A.Members) -> int:
+        entries = tuple(self.from_ast(x) for x in m.entries)
+        extras = tuple(x for x in (self.from_ast(x) for x in m.extras) if x != T_NOTHING)
+        req = sum(1 << i for i, r in enumerate(m.required) if r)
+        mi = len(self.members)  # after the entries: they may register nested members first
+        self.members.append(MembersTerms(entries, req, extras, self.from_ast(m.sep), m.lo, m.hi))
+        return self.mem(mi, 0, 0)
+
+    def members_expansion(self, t: int) -> int:
+        """MEM(i, used, n_extras) as an ordinary term: [sep] Alt(entry_j MEM(i, used+j, n_extras) for unused j,
+        extra MEM(i, used, n_extras+1)) [+ EMPTY if the member list may close here]."""
+        m = self.members[self.a[t]]
+        used, n_extras = self.b[t], self.c[t]
+        key = (used, n_extras)
+        e = m.exp.get(key)
+        if e is not None:
+            return e
+        items = []
+        if OM.can_add(used, n_extras, m.hi):
+            mi = self.a[t]
+            for j, kv in enumerate(m.entries):
+                if not used >> j & 1:
+                    items.append(self.seq(kv, self.mem(mi, used | (1 << j), n_extras)))
+            if m.extras:
+                items.append(self.seq(self.alt(m.extras), self.mem(mi, used, OM.add_extra(n_extras, m.hi))))
+        e = self.alt(items)
+        if used or n_extras:
+            e = self.seq(m.sep, e)
+        if OM.can_close(used, n_extras, m.required_mask, m.lo):
+            e = self.alt((e, T_EMPTY))
+        m.exp[key] = e
+        return e
+
+    def _members_minlen(self, t: int) -> int:
+        m = self.members[self.a[t]]
+        if m.costs is None:
+            m.costs = [self.minlen(x) for x in m.entries]
+            m.extra_cost = min((self.minlen(x) for x in m.extras), default=INF)
+            m.sep_cost = self.minlen(m.sep)
+        return OM.shortest_completion(m.costs, m.required_mask, m.extra_cost, m.sep_cost, m.lo, m.hi,
+                                      self.b[t], self.c[t])
 
     def _closure(self, g: dict, u: int) -> tuple[int, ...]:
         c = g["closure"].get(u)
@@ -268,6 +320,9 @@ class Terms:
         elif k == GAT_K:
             g = self.graphs[self.a[t]]
             r = any(w in g["finals"] for w in self._closure(g, self.b[t]))
+        elif k == MEM_K:
+            m = self.members[self.a[t]]
+            r = OM.can_close(self.b[t], self.c[t], m.required_mask, m.lo)
         else:
             r = k == EMPTY_K
         self._nullable[t] = r
@@ -295,6 +350,8 @@ class Terms:
             if g["dist"] is None:
                 self._graph_dist(g)
             r = g["dist"][self.b[t]]
+        elif k == MEM_K:
+            r = self._members_minlen(t)
         else:
             r = INF if k == NOTHING_K else 0
         self._minlen[t] = r
@@ -355,6 +412,8 @@ class Terms:
             r = self.cuts(self.a[t])
         elif k == GAT_K:
             r = self.cuts(self.expansion(t))
+        elif k == MEM_K:
+            r = self.cuts(self.members_expansion(t))
         else:
             r = frozenset()
         self._cuts[t] = r
@@ -394,10 +453,28 @@ class Terms:
             r = T_NOTHING if dx == T_NOTHING else self.seq(dx, self.rep(x, max(lo - 1, 0), None if hi is None else hi - 1))
         elif k == GAT_K:
             r = self.deriv(self.expansion(t), byte)
+        elif k == MEM_K:
+            r = self.deriv(self.members_expansion(t), byte)
         else:
             r = T_NOTHING
         self._deriv[key] = r
         return r
+
+
+@dataclass
+class MembersTerms:
+    """A `regex_ast.Members` node as terms, with its per-state expansions and member costs."""
+
+    entries: tuple[int, ...]
+    required_mask: int
+    extras: tuple[int, ...]
+    sep: int
+    lo: int
+    hi: int | None
+    exp: dict[tuple[int, int], int] = field(default_factory=dict)
+    costs: list[int] | None = None
+    extra_cost: int = INF
+    sep_cost: int = 0
 
 
 class DerivDFA:

@@ -36,6 +36,7 @@ from . import numeric as N
 from . import regex_ast as A
 from .deadline import Deadline
 from .formats import STANDARD_FORMATS, format_node
+from .object_members import object_members
 from .regex_parser import parse_regex, search_language
 
 # ------------------------------------------------------------------------------------------ options
@@ -1450,52 +1451,11 @@ class SchemaCompiler:
             entries.append((A.seq(key, ws, A.lit(":"), ws, vnode), is_req))
         # additional keys
         extra = self._extra_entries(names, pats, addl, pnames, path)
-        comma = A.seq(ws, A.lit(","), ws)
-        # Graph over (index in entries, count) ; count capped
-        cap = mxp if mxp is not None else mnp
-        m = len(entries)
-        nodes: dict = {}
-
-        def nid(i, c, started):
-            k = (i, c, started)
-            if k not in nodes:
-                nodes[k] = len(nodes)
-            return nodes[k]
-
-        edges = []
-        start = nid(0, 0, False)
-        frontier = [(0, 0, False)]
-        seen = {(0, 0, False)}
-        while frontier:
-            i, c, st = frontier.pop()
-            u = nid(i, c, st)
-            outs = []
-            if i < m:
-                kv, is_req = entries[i]
-                nc = c + 1
-                if mxp is None or nc <= mxp:
-                    nc2 = min(nc, cap) if mxp is None else nc
-                    outs.append(((i + 1, nc2, True), kv if not st else A.seq(comma, kv)))
-                if not is_req:
-                    outs.append(((i + 1, c, st), None))
-            else:
-                for ekv in extra:
-                    nc = c + 1
-                    if mxp is not None and nc > mxp:
-                        continue
-                    nc2 = min(nc, cap) if mxp is None else nc
-                    outs.append(((m, nc2, True), ekv if not st else A.seq(comma, ekv)))
-            for tgt, lab in outs:
-                v = nid(*tgt)
-                edges.append((u, lab, v))
-                if tgt not in seen:
-                    seen.add(tgt)
-                    frontier.append(tgt)
-        finals = tuple(v for (i, c, st), v in nodes.items() if i == m and c >= mnp)
-        if not finals:
+        # declared properties in any order, each at most once (a lazily expanded subset automaton)
+        members = object_members(entries, extra, A.seq(ws, A.lit(","), ws), mnp, mxp, path)
+        if A.is_nothing(members):
             return A.NOTHING
-        g = A.Graph(len(nodes), start, finals, tuple(edges))
-        return A.seq(A.lit("{"), ws, g, ws, A.lit("}"))
+        return A.seq(A.lit("{"), ws, members, ws, A.lit("}"))
 
     def _name_ok(self, name: str, pnames: Any, path: str) -> bool:
         return self.is_valid(name, pnames)

@@ -14,6 +14,7 @@ import functools
 from collections import deque
 
 from ..errors import CompilationTimeoutError
+from . import object_members
 from . import regex_ast as A
 from .deadline import Deadline
 
@@ -131,6 +132,9 @@ class NFA:
             return self._build_rep(node, s)
         if t is A.Graph:
             return self._build_graph(node, s)
+        if t is A.Members:
+            g = object_members.members_to_graph(node)
+            return -1 if A.is_nothing(g) else self._build_graph(g, s)
         raise TypeError(f"unknown regex node {node!r}")
 
     def _build_chars(self, ranges: A.Ranges, s: int) -> int:

@@ -221,6 +221,33 @@ class Graph(Node):
         return f"Graph(n={self.n}, edges={len(self.edges)})"
 
 
+class Members(Node):
+    """A JSON object's members in any order: `entries` at most once each, `extras` any number of times,
+    separated by `sep`; complete when every `required` entry is present and the member count is in
+    [lo, hi] (hi None = unbounded).
+
+    Written out eagerly this is an automaton over subsets of the entries (2^n states); the derivative
+    engine (`deriv.py`) materialises only the subsets a walk visits. Build it with
+    `object_members.object_members`, which checks satisfiability."""
+
+    __slots__ = ("entries", "required", "extras", "sep", "lo", "hi")
+
+    def __init__(self, entries: tuple[Node, ...], required: tuple[bool, ...], extras: tuple[Node, ...], sep: Node,
+                 lo: int, hi: int | None):
+        self.entries = entries
+        self.required = required
+        self.extras = extras
+        self.sep = sep
+        self.lo = lo
+        self.hi = hi
+
+    def key(self) -> tuple:
+        return ("M", self.entries, self.required, self.extras, self.sep, self.lo, self.hi)
+
+    def __repr__(self) -> str:
+        return f"Members(entries={len(self.entries)}, extras={len(self.extras)}, lo={self.lo}, hi={self.hi})"
+
+
 EMPTY = Seq(())  # matches the empty string
 NOTHING = Alt(())  # matches nothing
 

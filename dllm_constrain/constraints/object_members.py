@@ -1,0 +1,122 @@
+"""JSON object members in any order, each declared property at most once (`regex_ast.Members`).
+
+JSON Schema does not order an object's properties. Written as a plain automaton, "each of n properties at
+most once, in any order" needs a state per subset of the properties already written (2^n). The
+`Members` node keeps that construction implicit: its state is (entries used, additional members), and
+the derivative engine (`deriv.py`) builds a state only when a walk reaches it. Keys are distinct JSON
+string literals, so a few bytes into a key a single entry survives and the visited part stays small.
+
+This module holds what both automaton constructions share: building the node (with a satisfiability
+check), the member-count bookkeeping, the exact shortest completion of a state (the DFA's `dist`), and
+an eager subset construction for the Thompson-NFA path (`nfa.py`), bounded in size.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..errors import CompilationTimeoutError, UnsupportedSchemaError
+from . import regex_ast as A
+
+INF = 1 << 30
+
+
+def object_members(entries: Sequence[tuple[A.Node, bool]], extras: Sequence[A.Node], sep: A.Node, lo: int,
+                   hi: int | None, path: str = "#") -> A.Node:
+    """Members of an object: `entries` are (key-value node, required) pairs, each usable at most once;
+    `extras` are key-value nodes usable any number of times (additional properties, whose names may
+    repeat); lo/hi bound the member count. NOTHING when no member list satisfies the bounds.
+
+    Repeated additional names collapse when the text is parsed, so counting them towards `lo` would accept
+    objects with too few properties: at most one additional member counts towards `lo` (all of them count
+    towards `hi`, which stays sound). A `lo` that needs two or more additional members is refused."""
+    entries = [(kv, req) for kv, req in entries if not (A.is_nothing(kv) and not req)]
+    if any(A.is_nothing(kv) for kv, _ in entries):
+        return A.NOTHING
+    extras = tuple(x for x in extras if not A.is_nothing(x))
+    n_req = sum(1 for _, req in entries if req)
+    if hi is not None and (n_req > hi or lo > hi):
+        return A.NOTHING
+    if lo > len(entries) + (1 if extras else 0):
+        if extras:
+            raise UnsupportedSchemaError("minProperties", path, f"{lo} properties need several additional "
+                                         "properties, whose names could repeat")
+        return A.NOTHING
+    if not entries and not extras:
+        return A.EMPTY
+    return A.Members(tuple(kv for kv, _ in entries), tuple(req for _, req in entries), extras, sep, lo, hi)
+
+
+def can_add(used: int, n_extras: int, hi: int | None) -> bool:
+    """Whether one more member (declared or additional) fits under hi."""
+    return hi is None or used.bit_count() + n_extras < hi
+
+
+def add_extra(n_extras: int, hi: int | None) -> int:
+    """Additional-member count after one more, capped at what a state must distinguish: the exact count
+    when hi bounds it, else 1 ("a separator comes first", and the one that counts towards lo)."""
+    return n_extras + 1 if hi is not None else 1
+
+
+def can_close(used: int, n_extras: int, required_mask: int, lo: int) -> bool:
+    return (used & required_mask) == required_mask and used.bit_count() + min(n_extras, 1) >= lo
+
+
+def shortest_completion(entry_costs: Sequence[int], required_mask: int, extra_cost: int, sep_cost: int, lo: int,
+                        hi: int | None, used: int, n_extras: int) -> int:
+    """Exact length of the shortest continuation that closes the member list from state (used, n_extras):
+    every missing required entry, then the cheapest further members that count towards lo, a separator
+    before each member but the very first. INF when no continuation closes it."""
+    need = required_mask & ~used
+    total = 0
+    added = 0
+    optional: list[int] = []
+    for i, w in enumerate(entry_costs):
+        bit = 1 << i
+        if need & bit:
+            if w >= INF:
+                return INF
+            total += w
+            added += 1
+        elif not used & bit and w < INF:
+            optional.append(w)
+    k = max(0, lo - used.bit_count() - min(n_extras, 1) - added)
+    if k:
+        pool = sorted(optional + ([extra_cost] if extra_cost < INF and not n_extras else []))
+        if len(pool) < k:
+            return INF
+        total += sum(pool[:k])
+        added += k
+    if hi is not None and used.bit_count() + n_extras + added > hi:
+        return INF
+    n_seps = added if (used or n_extras) else max(added - 1, 0)
+    return min(INF, total + sep_cost * n_seps)
+
+
+def members_to_graph(m: A.Members, max_nodes: int = 4096) -> A.Node:
+    """The eager subset automaton of `m` as a `Graph` (for the Thompson-NFA path); refuses with
+    CompilationTimeoutError beyond `max_nodes` states rather than growing exponentially."""
+    req_mask = sum(1 << i for i, r in enumerate(m.required) if r)
+    index: dict[tuple[int, int], int] = {(0, 0): 0}
+    order = [(0, 0)]
+    edges: list[tuple[int, A.Node, int]] = []
+    finals = []
+    i = 0
+    while i < len(order):
+        used, n_extras = order[i]
+        if can_close(used, n_extras, req_mask, m.lo):
+            finals.append(i)
+        if can_add(used, n_extras, m.hi):
+            succ = [(kv, (used | (1 << j), n_extras)) for j, kv in enumerate(m.entries) if not used >> j & 1]
+            succ += [(x, (used, add_extra(n_extras, m.hi))) for x in m.extras]
+            for kv, key in succ:
+                v = index.get(key)
+                if v is None:
+                    if len(order) >= max_nodes:
+                        raise CompilationTimeoutError(f"object members automaton too large (> {max_nodes} states)")
+                    v = index[key] = len(order)
+                    order.append(key)
+                edges.append((i, A.seq(m.sep, kv) if (used or n_extras) else kv, v))
+        i += 1
+    if not finals:
+        return A.NOTHING
+    return A.Graph(len(order), 0, tuple(finals), tuple(edges))
