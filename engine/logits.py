@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
-from dllm_constrain.engine.sampling import RowStats, gumbel_noise, reduce_logits
+from dllm_constrain.engine.sampling import RowStats, reduce_logits
 from dllm_constrain.kernels import masked_row_stats as mrs
+from dllm_constrain.kernels.masked_row_stats import gumbel_noise
 
 MiB = 1 << 20
 MIN_BUDGET = 16 * MiB
@@ -78,8 +79,8 @@ def lm_head_weight(model: Any) -> torch.Tensor | None:
     return fn() if callable(fn) else None
 
 
-def _to_engine_stats(stats: Any) -> RowStats:
-    """The kernels' RowStats (possibly on the GPU) as the engine's RowStats on the CPU."""
+def _to_engine_stats(stats: RowStats) -> RowStats:
+    """Row statistics (possibly on the GPU) on the CPU, with the dtypes the policies expect."""
     return RowStats(token=stats.token.to("cpu", torch.long), prob=stats.prob.to("cpu", torch.float32),
                     entropy=stats.entropy.to("cpu", torch.float32), margin=stats.margin.to("cpu", torch.float32))
 

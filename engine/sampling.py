@@ -1,10 +1,10 @@
-"""Token choice and the per-row statistics the commit policies rank by.
+"""Token choice and the per-row statistics the commit policies rank by: the engine's seam onto the kernels.
 
 Everything a policy needs from one canvas position's logits row is reduced to four numbers (`RowStats`):
 the chosen token, its probability, the entropy of the distribution and the top1-top2 probability margin.
-`reduce_logits` is the single seam that computes them from a [rows, vocab] chunk of logits; the engine
-calls it chunk by chunk, so a fused kernel over chunks (under a memory budget) can replace it later
-without touching the loop.
+There is one implementation of that math, `dllm_constrain.kernels.masked_row_stats` (its torch reference on CPU,
+the fused Triton kernel on CUDA); `reduce_logits` is the engine's name for it on a [rows, vocab] chunk, and the
+budgeted logits path (`engine.logits`) calls the same dispatcher chunk by chunk.
 
 Math (l = logits row, A = allowed set, l_t = -inf for t not in A):
   p      = softmax(l)                         (the masked distribution, temperature-free as in LLaDA)
@@ -20,46 +20,12 @@ else is in the batch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from dllm_constrain.kernels import masked_row_stats as mrs
+from dllm_constrain.kernels.masked_row_stats import RowStats, gumbel_noise
 
-@dataclass
-class RowStats:
-    """Per-row reductions of one logits chunk; every field has shape [rows]."""
-
-    token: torch.Tensor  # int64
-    prob: torch.Tensor  # float32, probability of `token` under the masked softmax
-    entropy: torch.Tensor  # float32, nats
-    margin: torch.Tensor  # float32, top1 - top2 probability
-
-    def __len__(self) -> int:
-        return int(self.token.shape[0])
-
-    def take(self, index: torch.Tensor | list[int]) -> "RowStats":
-        """The rows at `index`, in that order."""
-        idx = torch.as_tensor(index, dtype=torch.long)
-        return RowStats(self.token[idx], self.prob[idx], self.entropy[idx], self.margin[idx])
-
-    @staticmethod
-    def cat(parts: list["RowStats"]) -> "RowStats":
-        """Concatenate chunk results back into one set of rows."""
-        if not parts:
-            empty = torch.empty(0)
-            return RowStats(torch.empty(0, dtype=torch.long), empty, empty, empty)
-        return RowStats(
-            torch.cat([p.token for p in parts]),
-            torch.cat([p.prob for p in parts]),
-            torch.cat([p.entropy for p in parts]),
-            torch.cat([p.margin for p in parts]),
-        )
-
-
-def gumbel_noise(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
-    """Standard Gumbel noise g = -log(-log U) in float64 (U = 0 gives g = -inf: that token is never chosen)."""
-    u = torch.rand(shape, generator=generator, dtype=torch.float64, device=device)
-    return -torch.log(-torch.log(u))
+__all__ = ["RowStats", "gumbel_noise", "reduce_logits", "sample_tokens"]
 
 
 def sample_tokens(
@@ -79,31 +45,16 @@ def reduce_logits(
     allowed_mask: torch.Tensor | None,
     temperature: float,
     generator: torch.Generator | None,
+    *,
+    backend: str = "auto",
+    workspace: mrs.RowStatsWorkspace | None = None,
 ) -> RowStats:
     """Chosen token, its probability, entropy and top1-top2 margin for each row of a [rows, vocab] chunk.
 
-    `allowed_mask` (bool [rows, vocab], True = allowed) is applied first (-inf elsewhere), so every statistic
-    is of the constrained distribution. A row with no allowed token gets token -1, prob 0, entropy +inf,
-    margin 0; the engine never commits such a row.
+    `allowed_mask` (bool [rows, vocab], True = allowed; or xgrammar-packed int32) is applied first (-inf
+    elsewhere), so every statistic is of the constrained distribution. A row with no allowed token gets token -1,
+    prob 0, entropy +inf, margin 0; the engine never commits such a row. Computed by
+    `kernels.masked_row_stats.masked_row_stats` (backend "auto": torch on CPU, Triton on CUDA).
     """
-    logits = logits_chunk.float()
-    if allowed_mask is not None:
-        logits = logits.masked_fill(~allowed_mask, float("-inf"))
-    rows = logits.shape[0]
-    if rows == 0:
-        return RowStats.cat([])
-    token = sample_tokens(logits, temperature, generator)
-    logp = torch.log_softmax(logits, dim=-1)  # NaN on rows that are all -inf; fixed below
-    p = logp.exp()
-    prob = p.gather(-1, token[:, None]).squeeze(-1)
-    entropy = -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
-    top = p.topk(min(2, p.shape[-1]), dim=-1).values
-    margin = top[:, 0] - top[:, 1] if top.shape[-1] > 1 else top[:, 0]
-    if allowed_mask is not None:
-        empty = ~allowed_mask.any(-1)
-        if bool(empty.any()):
-            token = token.masked_fill(empty, -1)
-            prob = prob.masked_fill(empty, 0.0)
-            entropy = entropy.masked_fill(empty, float("inf"))
-            margin = margin.masked_fill(empty, 0.0)
-    return RowStats(token=token, prob=prob, entropy=entropy, margin=margin)
+    return mrs.masked_row_stats(logits_chunk, allowed_mask, temperature, generator, backend=backend,
+                                workspace=workspace)
