@@ -89,13 +89,74 @@ def _run(model, tokenizer, prompts, config: EngineConfig, **params):
     return engine.generate([Request(ids, p) for ids in prompts]), engine
 
 
-def test_refresh_every_step_is_the_full_recompute(llada) -> None:
+@pytest.mark.parametrize("sampling", [
+    dict(temperature=0.0),
+    dict(temperature=0.0, policy="threshold", threshold=0.3),
+    dict(temperature=0.7, seed=3),
+], ids=["greedy-quota", "greedy-threshold", "sampled-quota"])
+def test_refresh_every_step_is_the_full_recompute(llada, sampling) -> None:
+    """Refreshing at every forward makes the cached path a full recompute: the same canvases, token for token."""
     prompts = [[10, 11, 12, 13], [20, 21]]
-    full, _ = _run(llada.model, llada.tokenizer, prompts, EngineConfig(kv_cache="none"), temperature=0.7, seed=3)
-    every, _ = _run(llada.model, llada.tokenizer, prompts, EngineConfig(refresh="steps", refresh_steps=1),
-                    temperature=0.7, seed=3)
+    full, _ = _run(llada.model, llada.tokenizer, prompts, EngineConfig(kv_cache="none"), **sampling)
+    every, _ = _run(llada.model, llada.tokenizer, prompts, EngineConfig(refresh="steps", refresh_steps=1), **sampling)
     assert [r.canvas_ids for r in every] == [r.canvas_ids for r in full]
     assert all(r.refreshes == r.nfe for r in every)
+
+
+def test_packed_cache_keeping_every_key_equals_the_dense_cache(llada) -> None:
+    """keep_ratio=1 in the packed per-head layout keeps every key: Reuse steps after commits (and the refreshes
+    at block changes) give the dense cache's hidden states, for a left-padded batch at different blocks."""
+    model = llada.model
+    engine = LLMEngine(model, llada.tokenizer)
+    dense_states = _states(engine, [[10, 11, 12, 13, 14, 15, 16], [20, 21]])
+    packed_states = _states(engine, [[10, 11, 12, 13, 14, 15, 16], [20, 21]])
+    runners = []
+    for states, packed in ((dense_states, False), (packed_states, True)):
+        runner = ModelRunner(model, model.special.pad_id, EngineConfig())
+        runner.reset(states)
+        runner.cache = KVCache(1.0, packed=packed)
+        runners.append(runner)
+    for step in range(8):  # 4-token blocks, one commit per request per step: two blocks, two refreshes each
+        outputs = []
+        for runner, states in zip(runners, (dense_states, packed_states)):
+            [(_, hidden, offsets)] = runner.forward(states)
+            outputs.append([hidden[r, offsets[r] + p] for r, s in enumerate(states) for p in s.open_in_block()])
+        for a, b in zip(*outputs):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        for states in (dense_states, packed_states):
+            for s in states:
+                s.commit([s.open_in_block()[0]], [40 + step])
+                if not s.open_in_block():
+                    s.block += 1
+    assert runners[1].cache.sparse and not runners[0].cache.sparse
+    assert runners[0].refreshes == runners[1].refreshes == {0: 2, 1: 2}
+
+
+def test_reuse_forwards_are_the_forwards_that_did_not_refresh(llada) -> None:
+    """Counters: every forward of a request is either a Refresh (counted in `refreshes`) or a Reuse (seen by the
+    reuse hook), and with the default settings most of them reuse the cache."""
+    engine = LLMEngine(llada.model, llada.tokenizer)
+    reused: dict[int, int] = {}
+
+    def count(states, hidden, offsets) -> None:
+        for s in states:
+            reused[s.index] = reused.get(s.index, 0) + 1
+
+    engine.reuse_hook = count
+    p = SamplingParams(max_new_tokens=16, block_length=4)
+    results = engine.generate([Request([10, 11, 12], p), Request([20, 21], p)])
+    for i, res in enumerate(results):
+        assert res.refreshes == res.nfe // 4  # one per block
+        assert reused[i] == res.nfe - res.refreshes
+
+
+def test_without_the_cache_no_forward_reuses(llada) -> None:
+    """kv_cache="none": no cache is built, every forward is full and the reuse hook never runs."""
+    engine = LLMEngine(llada.model, llada.tokenizer, config=EngineConfig(kv_cache="none"))
+    engine.reuse_hook = lambda *a: pytest.fail("a Reuse forward ran without the cache")
+    (res,) = engine.generate([Request([10, 11, 12], SamplingParams(max_new_tokens=8, block_length=4))])
+    assert engine.runner.cache is None and not engine.runner.cached
+    assert res.refreshes == res.nfe == 8
 
 
 @pytest.mark.parametrize("config, per_block", [
