@@ -226,42 +226,48 @@ def quality_of(examples: list[dict[str, Any]], texts: list[str]) -> tuple[float,
 
 
 def engine_configs(args) -> dict[str, tuple[EngineConfig, dict[str, Any]]]:
-    """name -> (EngineConfig, SamplingParams overrides) of the engine rows."""
-    out = {
-        "engine, full recompute (kv_cache=none)": (EngineConfig(kv_cache="none"), {}),
-        "engine, defaults (DualCache, refresh per block)": (EngineConfig(), {}),
-        "engine, sparse keep_ratio=0.5": (EngineConfig(keep_ratio=0.5), {}),
-        f"engine, defaults + threshold {args.threshold}": (EngineConfig(), dict(policy="threshold",
-                                                                               threshold=args.threshold)),
+    """name -> (EngineConfig, SamplingParams overrides) of the unconstrained engine rows."""
+    thr = dict(policy="threshold", threshold=args.threshold)
+    return {
+        "engine, quota, full recompute (kv_cache=none)": (EngineConfig(kv_cache="none"), {}),
+        "engine, quota, DualCache refresh per block": (EngineConfig(), {}),
+        "engine, quota, adaptive refresh 0.25": (EngineConfig(refresh="adaptive", refresh_threshold=0.25), {}),
+        "engine, quota, refresh every 4 steps": (EngineConfig(refresh="steps", refresh_steps=4), {}),
+        "engine, quota, sparse keep_ratio=0.5": (EngineConfig(keep_ratio=0.5), {}),
+        f"engine, threshold {args.threshold}, full recompute": (EngineConfig(kv_cache="none"), thr),
+        f"engine, threshold {args.threshold}, DualCache refresh per block": (EngineConfig(), thr),
     }
-    return out
 
 
 def section_bundled(args, log) -> dict[str, Any]:
     llm = load_bundled(args.model)
     model, tok = llm.model, llm.tokenizer
     examples, prompts = heldout(llm, args.n)
-    steps = args.steps or args.max_new_tokens
-    base = dict(max_new_tokens=args.max_new_tokens, block_length=args.block_length, steps=steps)
+    new_tokens = args.max_new_tokens or llm.defaults.max_new_tokens
+    block = args.block_length or llm.defaults.block_length
+    steps = args.steps or new_tokens
+    base = dict(max_new_tokens=new_tokens, block_length=block, steps=steps)
     loops: dict[str, Callable[[], LoopResult]] = {
-        "LLaDA-reference loop": reference_loop(model, tok, prompts, args.batch, steps, args.max_new_tokens,
-                                               args.block_length, llm.engine.decode)}
+        "LLaDA-reference loop": reference_loop(model, tok, prompts, args.batch, steps, new_tokens, block,
+                                               llm.engine.decode)}
     for name, (cfg, over) in engine_configs(args).items():
         params = SamplingParams(**{**base, **over})
         loops[name] = engine_loop(llm.engine, [Request(p, params) for p in prompts], cfg, args.batch)
     if args.constrained:
         # the schema as a constraint too (compiled once per schema outside the timed loop, as an LLM caches it)
         compiled = [llm.compile(schema=e["schema"]) for e in examples]
-        params = SamplingParams(**base)
 
-        def constrained_requests() -> list[Request]:
-            return [Request(p, params, c.new_canvas_state(args.max_new_tokens)) for p, c in zip(prompts, compiled)]
+        def constrained_loop(params: SamplingParams) -> Callable[[], LoopResult]:
+            def fn() -> LoopResult:
+                requests = [Request(p, params, c.new_canvas_state(new_tokens)) for p, c in zip(prompts, compiled)]
+                return engine_loop(llm.engine, requests, EngineConfig(), args.batch)()
+            return fn
 
-        def constrained_loop() -> LoopResult:
-            return engine_loop(llm.engine, constrained_requests(), EngineConfig(), args.batch)()
-        loops["engine, defaults, schema-constrained"] = constrained_loop
-    log(f"bundled: {args.n} held-out requests, batch {args.batch}, canvas {args.max_new_tokens}, block "
-        f"{args.block_length}, steps {steps}, prompt tokens median {statistics.median(map(len, prompts))}")
+        loops["engine, quota, DualCache, schema-constrained"] = constrained_loop(SamplingParams(**base))
+        loops[f"engine, threshold {args.threshold}, DualCache, schema-constrained"] = constrained_loop(
+            SamplingParams(**base, policy="threshold", threshold=args.threshold))
+    log(f"bundled: {args.n} held-out requests, batch {args.batch}, canvas {new_tokens}, block {block}, steps "
+        f"{steps}, prompt tokens median {statistics.median(map(len, prompts))}; checkpoint defaults {llm.defaults}")
     rows = run_side_by_side(loops, args.runs, log)
     quality = {name: quality_of(examples, row.result.texts) for name, row in rows.items()}
     text = table(rows, "LLaDA-reference loop", quality)
@@ -282,10 +288,11 @@ def section_mid(args, log) -> dict[str, Any]:
     prompts = [torch.randint(4, args.mid_vocab, (args.mid_prompt,), generator=gen).tolist()
                for _ in range(args.mid_n)]
     steps = args.mid_canvas
+    block = args.block_length or 32
     engine = LLMEngine(model)
-    params = SamplingParams(max_new_tokens=args.mid_canvas, block_length=args.block_length, steps=steps)
+    params = SamplingParams(max_new_tokens=args.mid_canvas, block_length=block, steps=steps)
     loops = {"LLaDA-reference loop": reference_loop(model, None, prompts, args.mid_n, steps, args.mid_canvas,
-                                                    args.block_length, lambda ids: ""),
+                                                    block, lambda ids: ""),
              "engine, full recompute (kv_cache=none)": engine_loop(engine, [Request(p, params) for p in prompts],
                                                                    EngineConfig(kv_cache="none"), args.mid_n),
              "engine, defaults (DualCache, refresh per block)": engine_loop(
@@ -295,7 +302,7 @@ def section_mid(args, log) -> dict[str, Any]:
     n_params = sum(p.numel() for p in model.parameters())
     log(f"mid: random LLaDA d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads, mlp {cfg.mlp_hidden_size}, "
         f"vocab {cfg.vocab_size} ({n_params / 1e6:.0f}M parameters); {args.mid_n} prompts of {args.mid_prompt} tokens, "
-        f"canvas {args.mid_canvas}, block {args.block_length}, steps {steps}")
+        f"canvas {args.mid_canvas}, block {block}, steps {steps}")
     rows = run_side_by_side(loops, args.mid_runs, log)
     return {"table": table(rows, "LLaDA-reference loop"),
             "rows": {k: {"times": r.times, "produced": r.result.produced, "nfe": r.result.nfe} for k, r in rows.items()}}
@@ -381,15 +388,32 @@ def step_agreement(llm: Any, prompts: list[list[int]], params: SamplingParams, c
     return counts["agree"], counts["total"], refresh_steps, steps, canvases
 
 
+def final_agreement(canvases: list[list[int]], others: list[list[int]], eos: int) -> tuple[int, int, int]:
+    """(positions equal, positions compared, identical answers): each pair compared up to one past the longer
+    answer (EOS-padded), so agreeing EOS tails do not inflate the figure."""
+    same = compared = exact = 0
+    for a, b in zip(canvases, others):
+        aa, _ = answer_ids(a, eos)
+        bb, _ = answer_ids(b, eos)
+        n = max(len(aa), len(bb)) + 1
+        pa, pb = (a + [eos] * n)[:n], (b + [eos] * n)[:n]
+        same += sum(x == y for x, y in zip(pa, pb))
+        compared += n
+        exact += aa == bb
+    return same, compared, exact
+
+
 def section_agreement(args, log) -> dict[str, Any]:
     llm = load_bundled(args.model)
     _, prompts = heldout(llm, args.n)
-    steps = args.steps or args.max_new_tokens
+    new_tokens = args.max_new_tokens or llm.defaults.max_new_tokens
+    block = args.block_length or llm.defaults.block_length
+    steps = args.steps or new_tokens
     eos = llm.model.special.eos_id
     out_rows = []
     for policy in args.agreement_policies:
         over = dict(policy=policy, threshold=args.threshold) if policy == "threshold" else dict(policy=policy)
-        params = SamplingParams(max_new_tokens=args.max_new_tokens, block_length=args.block_length, steps=steps, **over)
+        params = SamplingParams(max_new_tokens=new_tokens, block_length=block, steps=steps, **over)
         full = engine_loop(llm.engine, [Request(p, params) for p in prompts], EngineConfig(kv_cache="none"),
                            args.batch)()
         full_canvases = full.extra["canvases"]
@@ -403,27 +427,25 @@ def section_agreement(args, log) -> dict[str, Any]:
             t = time.perf_counter()
             agree, total, refreshes, nfe, canvases = step_agreement(llm, prompts, params, cfg, args.batch)
             dt = time.perf_counter() - t
-            pos_same = pos_all = exact = 0
-            for a, b in zip(canvases, full_canvases):
-                aa, _ = answer_ids(a, eos)
-                bb, _ = answer_ids(b, eos)
-                n = max(len(aa), len(bb)) + 1
-                pa, pb = (a + [eos] * n)[:n], (b + [eos] * n)[:n]
-                pos_same += sum(x == y for x, y in zip(pa, pb))
-                pos_all += n
-                exact += aa == bb
+            same, n_all, exact = final_agreement(canvases, full_canvases, eos)
             row = {"policy": policy, "setting": name, "reuse_commit_agreement": agree / max(1, total),
                    "reuse_commits": total, "refresh_share": refreshes / max(1, nfe),
-                   "token_agreement": pos_same / max(1, pos_all), "exact_answers": exact / len(prompts)}
+                   "token_agreement": same / max(1, n_all), "exact_answers": exact / len(prompts)}
+            if name == "refresh per block":
+                dense_canvases = canvases
+            if cfg.keep_ratio < 1.0:  # sparse against the dense cache (same refresh schedule)
+                same, n_all, _ = final_agreement(canvases, dense_canvases, eos)
+                row["token_agreement_vs_dense"] = same / max(1, n_all)
             out_rows.append(row)
             log(f"  {policy:9s} {name:26s} reuse-step commit agreement {row['reuse_commit_agreement']:.1%} "
                 f"({total} commits), refresh share {row['refresh_share']:.1%}, final-token agreement "
                 f"{row['token_agreement']:.1%}, identical answers {row['exact_answers']:.1%} ({dt:.0f}s)")
     lines = ["| policy | setting | commit agreement on Reuse steps | forwards that refresh | final-token agreement "
-             "| identical answers |", "|---|---|---:|---:|---:|---:|"]
+             "| identical answers | final-token agreement with dense reuse |", "|---|---|---:|---:|---:|---:|---:|"]
     for r in out_rows:
+        vs_dense = f"{r['token_agreement_vs_dense']:.1%}" if "token_agreement_vs_dense" in r else "-"
         lines.append(f"| {r['policy']} | {r['setting']} | {r['reuse_commit_agreement']:.1%} | {r['refresh_share']:.1%} "
-                     f"| {r['token_agreement']:.1%} | {r['exact_answers']:.1%} |")
+                     f"| {r['token_agreement']:.1%} | {r['exact_answers']:.1%} | {vs_dense} |")
     return {"table": "\n".join(lines), "rows": out_rows}
 
 
@@ -524,8 +546,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n", type=int, default=16, help="held-out requests")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--block-length", type=int, default=32)
+    ap.add_argument("--max-new-tokens", type=int, default=None,
+                    help="bundled/agreement canvas (default: the checkpoint's generation_config.json)")
+    ap.add_argument("--block-length", type=int, default=None,
+                    help="block length (default: the checkpoint's generation_config.json; mid: 32)")
     ap.add_argument("--steps", type=int, default=None, help="default: max_new_tokens (LLaDA's one token per step)")
     ap.add_argument("--threshold", type=float, default=0.9)
     ap.add_argument("--constrained", action="store_true", help="bundled: add a schema-constrained engine row")
