@@ -80,7 +80,9 @@ class OursAdapter:
         return self.compiler.compile_json_schema(schema)
 
     def new_matcher(self, compiled):
-        return _OursMatcher(compiled.matcher())
+        from dllm_constrain.constraints.bench_adapter import MaskMatcher
+
+        return MaskMatcher(compiled.matcher())
 
     @staticmethod
     def error_kind(e: BaseException) -> tuple[str, str | None]:
@@ -105,23 +107,6 @@ class OursAdapter:
                 out["canvas_ok"] = None
                 out["canvas_error"] = _type_name(e)
         return out
-
-
-class _OursMatcher:
-    __slots__ = ("m", "mask")
-
-    def __init__(self, m):
-        self.m = m
-        self.mask = None
-
-    def fill_mask(self) -> None:
-        self.mask = self.m.fill_mask()
-
-    def is_allowed(self, tid: int) -> bool:
-        return bool(self.mask[tid])
-
-    def advance(self, tid: int) -> bool:
-        return self.m.advance(tid)
 
 
 # ------------------------------------------------------------------------------------------ llguidance

@@ -31,16 +31,6 @@ def _send(obj: dict[str, Any]) -> None:
     _OUT.flush()
 
 
-def _percentile(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    s = sorted(xs)
-    k = (len(s) - 1) * q
-    lo = int(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
 def walk(adapter, compiled, ids: list[int], max_tokens: int) -> dict[str, Any]:
     """Left-to-right walk: before each token the full mask is computed (timed) and must allow the token,
     then the token is consumed; after the last token the mask must allow EOS."""
@@ -164,6 +154,7 @@ def worker_main(argv: list[str] | None = None) -> None:
     os.dup2(2, 1)
     _exit_with_parent()
     from .engines import make_adapter
+    from .reference import compact_json  # noqa: F401  (imported before "ready": the compile clock starts after)
     from .tok import load_encoder
 
     t0 = time.perf_counter()

@@ -48,12 +48,16 @@ class _Adapter:
         return self.compiler.compile_json_schema(json.loads(schema_json))
 
     def new_matcher(self, compiled):
-        return _Matcher(compiled)
+        return MaskMatcher(compiled.matcher())
 
 
-class _Matcher:
-    def __init__(self, cc):
-        self.m = cc.matcher()
+class MaskMatcher:
+    """The harnesses' matcher protocol (fill_mask / is_allowed / advance) over one of our matchers."""
+
+    __slots__ = ("m", "mask")
+
+    def __init__(self, m):
+        self.m = m
         self.mask: np.ndarray | None = None
 
     def fill_mask(self) -> None:
