@@ -55,8 +55,8 @@ class Terms:
         self._chars_bytes: dict[int, int] = {}
         # graphs: per graph, (edges by node, finals, eps closure, expansion cache, dist)
         self.graphs: list[dict] = []
-        # Members nodes: MEM(i, used, n_extras) is the state of self.members[i] after the entries in `used`
-        # and n_extras additional members (capped, see object_members.add_extra)
+        # Members nodes: MEM(i, used, tail) is the state of self.members[i] after the entries in `used`
+        # (tail: object_members.DECLARED, or the room left once additional members started)
         self.members: list[MembersTerms] = []
         self.deadline = deadline
         self._ast_memo: dict[int, tuple[A.Node, int]] = {}
@@ -159,8 +159,8 @@ class Terms:
     def gat(self, g: int, u: int) -> int:
         return self._mk(("G", g, u), GAT_K, g, u)
 
-    def mem(self, i: int, used: int, n_extras: int) -> int:
-        return self._mk(("M", i, used, n_extras), MEM_K, i, used, n_extras)
+    def mem(self, i: int, used: int, tail: int) -> int:
+        return self._mk(("M", i, used, tail), MEM_K, i, used, tail)
 
     # ------------------------------------------------------------------ from the regex AST
     def from_ast(self, node: A.Node) -> int:
@@ -213,29 +213,30 @@ class Terms:
         req = sum(1 << i for i, r in enumerate(m.required) if r)
         mi = len(self.members)  # after the entries: they may register nested members first
         self.members.append(MembersTerms(entries, req, extras, self.from_ast(m.sep), m.lo, m.hi))
-        return self.mem(mi, 0, 0)
+        return self.mem(mi, 0, OM.DECLARED)
 
     def members_expansion(self, t: int) -> int:
-        """MEM(i, used, n_extras) as an ordinary term: [sep] Alt(entry_j MEM(i, used+j, n_extras) for unused j,
-        extra MEM(i, used, n_extras+1)) [+ EMPTY if the member list may close here]."""
+        """MEM(i, used, tail) as an ordinary term: [sep] Alt(entry_j MEM(i, used+j, tail) for unused j,
+        extra MEM(i, 0, next tail)) [+ EMPTY if the member list may close here]."""
         m = self.members[self.a[t]]
-        used, n_extras = self.b[t], self.c[t]
-        key = (used, n_extras)
+        used, tail = self.b[t], self.c[t]
+        key = (used, tail)
         e = m.exp.get(key)
         if e is not None:
             return e
         items = []
-        if OM.can_add(used, n_extras, m.hi):
-            mi = self.a[t]
+        mi = self.a[t]
+        if OM.can_add_entry(used, tail, m.hi):
             for j, kv in enumerate(m.entries):
                 if not used >> j & 1:
-                    items.append(self.seq(kv, self.mem(mi, used | (1 << j), n_extras)))
-            if m.extras:
-                items.append(self.seq(self.alt(m.extras), self.mem(mi, used, OM.add_extra(n_extras, m.hi))))
+                    items.append(self.seq(kv, self.mem(mi, used | (1 << j), tail)))
+        nt = OM.after_extra(used, tail, m.required_mask, m.lo, m.hi) if m.extras else None
+        if nt is not None:
+            items.append(self.seq(self.alt(m.extras), self.mem(mi, 0, nt)))
         e = self.alt(items)
-        if used or n_extras:
+        if OM.is_started(used, tail):
             e = self.seq(m.sep, e)
-        if OM.can_close(used, n_extras, m.required_mask, m.lo):
+        if OM.can_close(used, tail, m.required_mask, m.lo):
             e = self.alt((e, T_EMPTY))
         m.exp[key] = e
         return e

@@ -1302,31 +1302,9 @@ class SchemaCompiler:
         if not prefix:
             dom = self._finite_domain(rest, path)
             if dom is not None and len(dom) <= 16:
-                # items in domain order, each at most once
-                n = len(dom)
-                hi = n if mx is None else min(mx, n)
-                if mn > hi:
-                    return A.NOTHING
-                # Graph over (last index used + 1, count)
-                nodes = {}
-
-                def nid(i, c):
-                    if (i, c) not in nodes:
-                        nodes[(i, c)] = len(nodes)
-                    return nodes[(i, c)]
-
-                start = nid(0, 0)
-                edges = []
-                for i in range(n + 1):
-                    for c in range(0, min(i, hi) + 1):
-                        for j in range(i, n):
-                            if c + 1 > hi:
-                                continue
-                            lab = dom[j] if c == 0 else A.seq(comma, dom[j])
-                            edges.append((nid(i, c), lab, nid(j + 1, c + 1)))
-                finals = tuple(v for (i, c), v in nodes.items() if c >= mn)
-                g = A.Graph(len(nodes), start, finals, tuple(edges))
-                return A.seq(A.lit("["), ws, g, ws, A.lit("]"))
+                # distinct values in any order: the domain's values as object-member-like entries
+                items = object_members([(v, False) for v in dom], [], comma, mn, mx, path)
+                return A.seq(A.lit("["), ws, items, ws, A.lit("]"))
         # otherwise: at most one item (every such array is unique)
         if mn > 1:
             raise UnsupportedSchemaError("uniqueItems", path, "with minItems > 1 over a non-finite item domain")

@@ -2,7 +2,7 @@
 
 JSON Schema does not order an object's properties. Written as a plain automaton, "each of n properties at
 most once, in any order" needs a state per subset of the properties already written (2^n). The
-`Members` node keeps that construction implicit: its state is (entries used, additional members), and
+`Members` node keeps that construction implicit: its state is the set of entries used, and
 the derivative engine (`deriv.py`) builds a state only when a walk reaches it. Keys are distinct JSON
 string literals, so a few bytes into a key a single entry survives and the visited part stays small.
 
@@ -22,9 +22,9 @@ INF = 1 << 30
 
 def object_members(entries: Sequence[tuple[A.Node, bool]], extras: Sequence[A.Node], sep: A.Node, lo: int,
                    hi: int | None, path: str = "#") -> A.Node:
-    """Members of an object: `entries` are (key-value node, required) pairs, each usable at most once;
-    `extras` are key-value nodes usable any number of times (additional properties, whose names may
-    repeat); lo/hi bound the member count. NOTHING when no member list satisfies the bounds.
+    """Members of an object: `entries` are (key-value node, required) pairs, each usable at most once, in
+    any order; `extras` are key-value nodes usable any number of times after them (additional properties,
+    whose names may repeat); lo/hi bound the member count. NOTHING when no member list satisfies them.
 
     Repeated additional names collapse when the text is parsed, so counting them towards `lo` would accept
     objects with too few properties: at most one additional member counts towards `lo` (all of them count
@@ -46,26 +46,49 @@ def object_members(entries: Sequence[tuple[A.Node, bool]], extras: Sequence[A.No
     return A.Members(tuple(kv for kv, _ in entries), tuple(req for _, req in entries), extras, sep, lo, hi)
 
 
-def can_add(used: int, n_extras: int, hi: int | None) -> bool:
-    """Whether one more member (declared or additional) fits under hi."""
-    return hi is None or used.bit_count() + n_extras < hi
+# A state is (used, tail). Before the first additional member, tail is DECLARED and `used` is the set of
+# entries written (a bit mask). After it only additional members follow, so the state forgets `used`
+# (stored as 0: this is what keeps additional values from multiplying with the subsets) and keeps only
+# the room left under hi (UNBOUNDED without hi).
+DECLARED = -2
+UNBOUNDED = -1
 
 
-def add_extra(n_extras: int, hi: int | None) -> int:
-    """Additional-member count after one more, capped at what a state must distinguish: the exact count
-    when hi bounds it, else 1 ("a separator comes first", and the one that counts towards lo)."""
-    return n_extras + 1 if hi is not None else 1
+def is_started(used: int, tail: int) -> bool:
+    """Whether a separator precedes the next member."""
+    return used != 0 or tail != DECLARED
 
 
-def can_close(used: int, n_extras: int, required_mask: int, lo: int) -> bool:
-    return (used & required_mask) == required_mask and used.bit_count() + min(n_extras, 1) >= lo
+def can_add_entry(used: int, tail: int, hi: int | None) -> bool:
+    return tail == DECLARED and (hi is None or used.bit_count() < hi)
+
+
+def after_extra(used: int, tail: int, required_mask: int, lo: int, hi: int | None) -> int | None:
+    """The tail after one more additional member; None when it is not allowed (a required entry still
+    missing or lo out of reach, as no declared entry may follow; or no room under hi)."""
+    if tail == DECLARED:
+        n = used.bit_count()
+        if (used & required_mask) != required_mask or n + 1 < lo:
+            return None
+        if hi is None:
+            return UNBOUNDED
+        return hi - n - 1 if n < hi else None
+    if tail == UNBOUNDED:
+        return UNBOUNDED
+    return tail - 1 if tail > 0 else None
+
+
+def can_close(used: int, tail: int, required_mask: int, lo: int) -> bool:
+    return tail != DECLARED or ((used & required_mask) == required_mask and used.bit_count() >= lo)
 
 
 def shortest_completion(entry_costs: Sequence[int], required_mask: int, extra_cost: int, sep_cost: int, lo: int,
-                        hi: int | None, used: int, n_extras: int) -> int:
-    """Exact length of the shortest continuation that closes the member list from state (used, n_extras):
-    every missing required entry, then the cheapest further members that count towards lo, a separator
-    before each member but the very first. INF when no continuation closes it."""
+                        hi: int | None, used: int, tail: int) -> int:
+    """Exact length of the shortest continuation that closes the member list from state (used, tail):
+    every missing required entry, then the cheapest further members towards lo (at most one additional,
+    last), a separator before each member but the very first. INF when no continuation closes it."""
+    if tail != DECLARED:
+        return 0
     need = required_mask & ~used
     total = 0
     added = 0
@@ -79,16 +102,16 @@ def shortest_completion(entry_costs: Sequence[int], required_mask: int, extra_co
             added += 1
         elif not used & bit and w < INF:
             optional.append(w)
-    k = max(0, lo - used.bit_count() - min(n_extras, 1) - added)
+    k = max(0, lo - used.bit_count() - added)
     if k:
-        pool = sorted(optional + ([extra_cost] if extra_cost < INF and not n_extras else []))
+        pool = sorted(optional + ([extra_cost] if extra_cost < INF else []))
         if len(pool) < k:
             return INF
         total += sum(pool[:k])
         added += k
-    if hi is not None and used.bit_count() + n_extras + added > hi:
+    if hi is not None and used.bit_count() + added > hi:
         return INF
-    n_seps = added if (used or n_extras) else max(added - 1, 0)
+    n_seps = added if used else max(added - 1, 0)
     return min(INF, total + sep_cost * n_seps)
 
 
@@ -96,26 +119,29 @@ def members_to_graph(m: A.Members, max_nodes: int = 4096) -> A.Node:
     """The eager subset automaton of `m` as a `Graph` (for the Thompson-NFA path); refuses with
     CompilationTimeoutError beyond `max_nodes` states rather than growing exponentially."""
     req_mask = sum(1 << i for i, r in enumerate(m.required) if r)
-    index: dict[tuple[int, int], int] = {(0, 0): 0}
-    order = [(0, 0)]
+    index: dict[tuple[int, int], int] = {(0, DECLARED): 0}
+    order = [(0, DECLARED)]
     edges: list[tuple[int, A.Node, int]] = []
     finals = []
     i = 0
     while i < len(order):
-        used, n_extras = order[i]
-        if can_close(used, n_extras, req_mask, m.lo):
+        used, tail = order[i]
+        if can_close(used, tail, req_mask, m.lo):
             finals.append(i)
-        if can_add(used, n_extras, m.hi):
-            succ = [(kv, (used | (1 << j), n_extras)) for j, kv in enumerate(m.entries) if not used >> j & 1]
-            succ += [(x, (used, add_extra(n_extras, m.hi))) for x in m.extras]
-            for kv, key in succ:
-                v = index.get(key)
-                if v is None:
-                    if len(order) >= max_nodes:
-                        raise CompilationTimeoutError(f"object members automaton too large (> {max_nodes} states)")
-                    v = index[key] = len(order)
-                    order.append(key)
-                edges.append((i, A.seq(m.sep, kv) if (used or n_extras) else kv, v))
+        succ = []
+        if can_add_entry(used, tail, m.hi):
+            succ = [(kv, (used | (1 << j), DECLARED)) for j, kv in enumerate(m.entries) if not used >> j & 1]
+        nt = after_extra(used, tail, req_mask, m.lo, m.hi)
+        if nt is not None:
+            succ += [(x, (0, nt)) for x in m.extras]
+        for kv, key in succ:
+            v = index.get(key)
+            if v is None:
+                if len(order) >= max_nodes:
+                    raise CompilationTimeoutError(f"object members automaton too large (> {max_nodes} states)")
+                v = index[key] = len(order)
+                order.append(key)
+            edges.append((i, A.seq(m.sep, kv) if is_started(used, tail) else kv, v))
         i += 1
     if not finals:
         return A.NOTHING

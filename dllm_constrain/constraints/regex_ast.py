@@ -222,9 +222,9 @@ class Graph(Node):
 
 
 class Members(Node):
-    """A JSON object's members in any order: `entries` at most once each, `extras` any number of times,
-    separated by `sep`; complete when every `required` entry is present and the member count is in
-    [lo, hi] (hi None = unbounded).
+    """A JSON object's members: `entries` at most once each in any order, then `extras` any number of
+    times, separated by `sep`; complete when every `required` entry is present and the member count is in
+    [lo, hi] (hi None = unbounded; see object_members.py for how additional members count).
 
     Written out eagerly this is an automaton over subsets of the entries (2^n states); the derivative
     engine (`deriv.py`) materialises only the subsets a walk visits. Build it with
