@@ -84,6 +84,8 @@ class GenerationDefaults:
     max_new_tokens: int = 128
     block_length: int = 32
     steps: int | None = None
+    policy: str = "quota"  # the commit policy (the bundled model: "threshold", Fast-dLLM parallel decoding)
+    threshold: float = 0.9  # its confidence threshold
 
     @classmethod
     def from_folder(cls, path: Path | None) -> "GenerationDefaults":
@@ -91,7 +93,7 @@ class GenerationDefaults:
         if file is None or not file.is_file():
             return cls()
         raw = json.loads(file.read_text())
-        known = {f: raw[f] for f in ("max_new_tokens", "block_length", "steps") if f in raw}
+        known = {f: raw[f] for f in ("max_new_tokens", "block_length", "steps", "policy", "threshold") if f in raw}
         return cls(**known)
 
 
@@ -209,8 +211,8 @@ class LLM:
         block_length: int | None = None,
         temperature: float = 0.0,
         seed: int | None = None,
-        policy: str = "quota",
-        threshold: float = 0.9,
+        policy: str | None = None,
+        threshold: float | None = None,
         entropy_bound: float = 0.1,
         whitespace: Any = None,
         progress: ProgressCallback | None = None,
@@ -223,6 +225,8 @@ class LLM:
     ) -> list[GenerationResult]:
         """Generate for each prompt (one batch); returns one GenerationResult per prompt, in order.
 
+        max_new_tokens, block_length, steps, policy, threshold: None takes the checkpoint's generation_config.json
+        (GenerationDefaults; the bundled model decodes with the confidence-threshold policy).
         kv_cache, refresh, refresh_steps, refresh_threshold, keep_ratio, logits_budget_bytes: engine settings for
         this call (None keeps the engine's; see dllm_constrain.engine.config.EngineConfig).
 
@@ -244,6 +248,8 @@ class LLM:
         max_new_tokens = self.defaults.max_new_tokens if max_new_tokens is None else max_new_tokens
         block_length = self.defaults.block_length if block_length is None else block_length
         steps = self.defaults.steps if steps is None else steps
+        policy = self.defaults.policy if policy is None else policy
+        threshold = self.defaults.threshold if threshold is None else threshold
         params = SamplingParams(max_new_tokens=max_new_tokens, steps=steps, block_length=block_length,
                                 temperature=temperature, seed=seed, policy=policy, threshold=threshold,
                                 entropy_bound=entropy_bound)
@@ -300,8 +306,8 @@ def generate(
     block_length: int | None = None,
     temperature: float = 0.0,
     seed: int | None = None,
-    policy: str = "quota",
-    threshold: float = 0.9,
+    policy: str | None = None,
+    threshold: float | None = None,
     entropy_bound: float = 0.1,
     whitespace: Any = None,
     return_result: bool = False,

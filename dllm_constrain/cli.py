@@ -45,8 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=None, help="denoising steps (default: one per token)")
     p.add_argument("--block-length", type=int, default=None,
                    help="semi-autoregressive block length (default: the checkpoint's, else 32)")
-    p.add_argument("--policy", choices=POLICY_NAMES, default="quota", help="commit policy (default quota)")
-    p.add_argument("--threshold", type=float, default=0.9, help="confidence threshold for --policy threshold")
+    p.add_argument("--policy", choices=POLICY_NAMES, default=None,
+                   help="commit policy (default: the checkpoint's generation_config.json, else quota)")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="confidence threshold for --policy threshold (default: the checkpoint's, else 0.9)")
     p.add_argument("--entropy-bound", type=float, default=0.1, help="gamma for --policy entropy_bound")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     p.add_argument("--seed", type=int, default=None, help="random seed")

@@ -84,3 +84,32 @@ def test_the_engine_runs_the_triton_kernels_and_they_agree_with_torch() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_the_checkpoint_generation_config_sets_the_default_policy(tiny_checkpoint, tmp_path) -> None:
+    """generation_config.json may name the commit policy (the bundled model: threshold 0.9); callers that leave
+    policy/threshold unset get it, explicit arguments win."""
+    import shutil
+
+    from dllm_constrain.api import GenerationDefaults
+
+    folder = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, folder)
+    (folder / "generation_config.json").write_text(
+        '{"max_new_tokens": 16, "block_length": 8, "policy": "threshold", "threshold": 0.0}')
+    assert GenerationDefaults.from_folder(folder) == GenerationDefaults(16, 8, None, "threshold", 0.0)
+    llm = LLM(folder, prompt_format="raw")
+    (default,) = llm.generate("hello")
+    (threshold,) = llm.generate("hello", policy="threshold", threshold=0.0)
+    (quota,) = llm.generate("hello", policy="quota")
+    assert default.canvas_ids == threshold.canvas_ids and default.nfe == threshold.nfe
+    assert quota.nfe == 16 > default.nfe  # quota: one commit per step; threshold 0 commits whole blocks
+
+
+def test_the_bundled_model_decodes_with_the_confidence_threshold_by_default() -> None:
+    """The shipped defaults are the fastest setting measured to keep the held-out figures (docs/performance.md)."""
+    from dllm_constrain.api import GenerationDefaults, bundled_model_path
+
+    defaults = GenerationDefaults.from_folder(bundled_model_path())
+    assert (defaults.policy, defaults.threshold) == ("threshold", 0.9)
+    assert (defaults.max_new_tokens, defaults.block_length) == (96, 32)
