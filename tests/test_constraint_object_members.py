@@ -27,8 +27,8 @@ from test_constraint_json_schema import compact, random_texts, validator
 from test_constraint_support import brute_force_allowed, tiny_info
 
 
-def lang(schema) -> DerivDFA:
-    return DerivDFA(schema_to_regex_ast(schema, SchemaOptions()))
+def lang(schema, **opts) -> DerivDFA:
+    return DerivDFA(schema_to_regex_ast(schema, SchemaOptions(**opts)))
 
 
 def text(pairs) -> bytes:
@@ -237,6 +237,27 @@ def test_the_lazy_and_the_eager_automata_agree_on_acceptance_and_distance(schema
         assert lazy.matches(bytes(mutated)) == eager.matches(bytes(mutated))
 
 
+def _in_declared_order(data: bytes, names: list[str]) -> bool:
+    keys = list(json.loads(data, object_pairs_hook=lambda pairs: [k for k, _ in pairs]))
+    declared = [k for k in keys if k in names]
+    n_declared_first = len(declared)
+    return declared == sorted(declared, key=names.index) and keys[:n_declared_first] == declared
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(schema=object_schemas(), data=st.data())
+def test_declared_property_order_is_the_any_order_language_restricted_to_the_declared_order(schema, data):
+    try:
+        anyorder, ordered = lang(schema), lang(schema, property_order="declared")
+    except (UnsatisfiableSchemaError, UnsupportedSchemaError):
+        return
+    names = list(schema["properties"])
+    texts = random_texts(anyorder, random.Random(data.draw(st.integers(0, 2**32 - 1))), n=10, max_len=120)
+    texts += random_texts(ordered, random.Random(data.draw(st.integers(0, 2**32 - 1))), n=10, max_len=120)
+    for t in texts:
+        assert ordered.matches(t) == (anyorder.matches(t) and _in_declared_order(t, names)), (schema, t)
+
+
 # ------------------------------------------------------------------------------------------ canvas
 # JSON pieces: members in either order, separators, and pieces that join two members
 MEMBER_TOKENS = [b"{", b"}", b",", b'"a":1', b'"b":2', b'"c":3', b'{"b":2', b',"a":1}', b'"c":3,']
@@ -253,15 +274,15 @@ def canvases(draw, n_tokens: int, eos: int, mask: int):
 
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 @given(required=st.sets(st.sampled_from(["a", "b", "c"])), lo=st.integers(0, 3), width=st.sampled_from([None, 0, 1, 2]),
-       data=st.data())
-def test_canvas_masks_equal_the_brute_force_set_of_completable_tokens(required, lo, width, data):
+       order=st.sampled_from(["any", "declared"]), data=st.data())
+def test_canvas_masks_equal_the_brute_force_set_of_completable_tokens(required, lo, width, order, data):
     schema = {"type": "object", "properties": {"a": {"const": 1}, "b": {"const": 2}, "c": {"const": 3}},
               "required": sorted(required), "minProperties": lo, "additionalProperties": False}
     if width is not None:
         schema["maxProperties"] = lo + width
     info = tiny_info(MEMBER_TOKENS)
     try:
-        cc = ConstraintCompiler(info).compile_json_schema(schema)
+        cc = ConstraintCompiler(info).compile_json_schema(schema, property_order=order)
     except UnsatisfiableSchemaError:
         return
     canvas = data.draw(canvases(len(MEMBER_TOKENS), info.eos_id, info.mask_id))
@@ -272,6 +293,7 @@ def test_canvas_masks_equal_the_brute_force_set_of_completable_tokens(required, 
         if t not in memo:
             try:
                 ok = no_repeated_keys(t) and compact(json.loads(t)).encode() == t and v.is_valid(json.loads(t))
+                ok = ok and (order == "any" or _in_declared_order(t, ["a", "b", "c"]))
             except ValueError:
                 ok = False
             memo[t] = ok

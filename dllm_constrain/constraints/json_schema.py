@@ -56,6 +56,7 @@ class SchemaOptions:
     max_string_unroll: int = 1024
     max_items_unroll: int = 64
     intersection_limit: int = 20000  # states of an eager intersection automaton
+    property_order: str = "any"  # declared properties: "any" order (spec) | "declared" order (cheaper canvas masks)
 
     def __post_init__(self):
         ws = self.whitespace
@@ -69,6 +70,8 @@ class SchemaOptions:
             raise ValueError("unknown_keywords must be 'ignore' or 'error'")
         if self.unique_items not in ("narrow", "error"):
             raise ValueError("unique_items must be 'narrow' or 'error'")
+        if self.property_order not in ("any", "declared"):
+            raise ValueError("property_order must be 'any' or 'declared'")
 
     def key(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
@@ -1430,7 +1433,8 @@ class SchemaCompiler:
         # additional keys
         extra = self._extra_entries(names, pats, addl, pnames, path)
         # declared properties in any order, each at most once (a lazily expanded subset automaton)
-        members = object_members(entries, extra, A.seq(ws, A.lit(","), ws), mnp, mxp, path)
+        members = object_members(entries, extra, A.seq(ws, A.lit(","), ws), mnp, mxp, path,
+                                 ordered=self.opts.property_order == "declared")
         if A.is_nothing(members):
             return A.NOTHING
         return A.seq(A.lit("{"), ws, members, ws, A.lit("}"))
