@@ -126,6 +126,8 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="write per-schema rows here")
     ap.add_argument("--ids-file", default=None, help="only these schema ids (one per line)")
     ap.add_argument("--verbose", action="store_true", help="one line per schema on stderr")
+    ap.add_argument("--schema-option", action="append", default=[], metavar="NAME=VALUE",
+                    help="a json_schema.SchemaOptions field for every compile, e.g. any_json_depth=5 (repeatable)")
     args = ap.parse_args()
 
     import torch
@@ -163,6 +165,8 @@ def main() -> int:
     errors: Counter = Counter()
     rng = random.Random(args.seed)
     misses = [0, 0, 0]
+    schema_options = {k: int(v) if v.lstrip("-").isdigit() else v
+                      for k, v in (o.split("=", 1) for o in args.schema_option)}
     # warm-up (first-use costs: imports, jsonschema, GC) on a trivial schema
     comp.compile_json_schema({"type": "object", "properties": {"a": {"type": "integer"}}}).matcher().fill_mask()
     for k, r in enumerate(items):
@@ -173,7 +177,7 @@ def main() -> int:
         clear_cache()
         t0 = time.perf_counter()
         try:
-            cc = comp.compile_json_schema(r["schema"])
+            cc = comp.compile_json_schema(r["schema"], **schema_options)
         except ConstraintError as e:
             row["compile_error"] = f"{type(e).__name__}: {e}"[:300]
             errors[f"{type(e).__name__}: {getattr(e, 'keyword', '')}"] += 1
@@ -196,7 +200,7 @@ def main() -> int:
         clear_cache()
         t0 = time.perf_counter()
         try:
-            cc2 = comp.compile_json_schema(r["schema"])
+            cc2 = comp.compile_json_schema(r["schema"], **schema_options)
             st = cc2.new_canvas_state(n)
             st.allowed_tokens([mask_id] * n, list(range(min(n, args.block))))
             row["ttfm_canvas_ms"] = (time.perf_counter() - t0) * 1e3

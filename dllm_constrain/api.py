@@ -38,6 +38,12 @@ GRAMMAR_ISSUE = "Context-free grammars (Lark) at commit steps"
 CONSTRAINT_ISSUE = "The constraint layer: JSON Schema and regex compiled to per-position token masks at commit steps"
 PROMPT_FORMATS = ("auto", "request", "raw")
 _CACHE_SIZE = 4
+# JSON Schema options for generation (like xgrammar's strict_mode): an object schema that does not say
+# `additionalProperties` gets no undeclared properties, and a schema without `type` produces the types its
+# keywords imply, and undeclared property names (where the schema allows them) are never empty. All are sound
+# narrowings; `strict=False` compiles with the specification's defaults.
+STRICT_SCHEMA_OPTIONS: dict[str, Any] = {"additional_properties": "forbid", "untyped_types": "inferred",
+                                         "additional_names": "nonempty"}
 _LLM_CACHE: "OrderedDict[str, LLM]" = OrderedDict()
 
 
@@ -172,9 +178,14 @@ class LLM:
         return self._compiler
 
     def compile(self, *, schema: Any = None, regex: str | None = None, whitespace: Any = None,
-                grammar: str | None = None) -> Any:
+                grammar: str | None = None, strict: bool = True, schema_options: dict[str, Any] | None = None
+                ) -> Any:
         """The compiled constraint for a schema, a regex or a Lark grammar (a shipped name, a .lark path or
-        grammar text), compiled once per LLM (hence per tokenizer)."""
+        grammar text), compiled once per LLM (hence per tokenizer).
+
+        strict: JSON Schema options STRICT_SCHEMA_OPTIONS (no undeclared properties unless the schema allows
+        them explicitly; untyped schemas narrowed to the types their keywords imply); False: the
+        specification's semantics. schema_options: `json_schema.SchemaOptions` fields overriding these."""
         if grammar is not None:
             from dllm_constrain.constraints.cfg import GrammarCompiler
             from dllm_constrain.grammars import load_grammar
@@ -188,14 +199,16 @@ class LLM:
             key: tuple[Any, ...] = ("regex", regex)
         else:
             as_dict = _schema_to_dict(schema)
-            key = ("schema", json.dumps(as_dict, sort_keys=True), repr(whitespace))
+            options = {**(STRICT_SCHEMA_OPTIONS if strict else {}), **(schema_options or {})}
+            if whitespace is not None:
+                options["whitespace"] = whitespace
+            key = ("schema", json.dumps(as_dict, sort_keys=True), json.dumps(options, sort_keys=True, default=str))
         if key not in self._compiled:
             compiler = self._constraint_compiler()
             if regex is not None:
                 self._compiled[key] = compiler.compile_regex(regex)
             else:
-                kwargs = {} if whitespace is None else {"whitespace": whitespace}
-                self._compiled[key] = compiler.compile_json_schema(schema, **kwargs)
+                self._compiled[key] = compiler.compile_json_schema(schema, **options)
         return self._compiled[key]
 
     # ------------------------------------------------------------------ generation
@@ -215,6 +228,8 @@ class LLM:
         threshold: float | None = None,
         entropy_bound: float = 0.1,
         whitespace: Any = None,
+        strict: bool = True,
+        schema_options: dict[str, Any] | None = None,
         progress: ProgressCallback | None = None,
         kv_cache: str | None = None,
         refresh: str | None = None,
@@ -225,6 +240,7 @@ class LLM:
     ) -> list[GenerationResult]:
         """Generate for each prompt (one batch); returns one GenerationResult per prompt, in order.
 
+        strict, schema_options: how a JSON Schema is compiled (see `LLM.compile`; strict by default).
         max_new_tokens, block_length, steps, policy, threshold: None takes the checkpoint's generation_config.json
         (GenerationDefaults; the bundled model decodes with the confidence-threshold policy).
         kv_cache, refresh, refresh_steps, refresh_threshold, keep_ratio, logits_budget_bytes: engine settings for
@@ -256,7 +272,8 @@ class LLM:
         params.validate()
         compiled = None
         if schema is not None or regex is not None or grammar is not None:
-            compiled = self.compile(schema=schema, regex=regex, whitespace=whitespace, grammar=grammar)
+            compiled = self.compile(schema=schema, regex=regex, whitespace=whitespace, grammar=grammar,
+                                    strict=strict, schema_options=schema_options)
             min_tokens = int(compiled.min_tokens())
             if min_tokens > max_new_tokens:
                 raise ConstraintTooLongError(min_tokens, max_new_tokens)
@@ -310,6 +327,8 @@ def generate(
     threshold: float | None = None,
     entropy_bound: float = 0.1,
     whitespace: Any = None,
+    strict: bool = True,
+    schema_options: dict[str, Any] | None = None,
     return_result: bool = False,
     progress: Callable[..., None] | None = None,
     kv_cache: str | None = None,
@@ -328,7 +347,8 @@ def generate(
     results = llm.generate(
         prompt, schema=schema, regex=regex, grammar=grammar, max_new_tokens=max_new_tokens, steps=steps,
         block_length=block_length, temperature=temperature, seed=seed, policy=policy, threshold=threshold,
-        entropy_bound=entropy_bound, whitespace=whitespace, progress=progress, kv_cache=kv_cache, refresh=refresh,
+        entropy_bound=entropy_bound, whitespace=whitespace, strict=strict, schema_options=schema_options,
+        progress=progress, kv_cache=kv_cache, refresh=refresh,
         refresh_steps=refresh_steps, refresh_threshold=refresh_threshold, keep_ratio=keep_ratio,
         logits_budget_bytes=logits_budget_bytes,
     )

@@ -237,3 +237,18 @@ def test_checkpoint_generation_config_sets_the_default_canvas(tmp_path):
     (tmp_path / "generation_config.json").write_text('{"max_new_tokens": 48, "block_length": 16}')
     assert GenerationDefaults.from_folder(tmp_path) == GenerationDefaults(max_new_tokens=48, block_length=16)
     assert GenerationDefaults.from_folder(None) == GenerationDefaults()
+
+
+def test_schemas_compile_strict_for_generation_unless_asked_otherwise(llm) -> None:
+    s = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    extra = '{"a":1,"b":2}'
+    assert not llm.compile(schema=s).accepts_text(extra)  # no undeclared property unless the schema allows it
+    assert llm.compile(schema=s).accepts_text('{"a":1}')
+    assert llm.compile(schema=s, strict=False).accepts_text(extra)
+    assert llm.compile(schema=s, schema_options={"additional_properties": "allow"}).accepts_text(extra)
+    untyped = {"properties": {"a": {"type": "integer"}}}
+    assert not llm.compile(schema=untyped).accepts_text('"x"')
+    assert llm.compile(schema=untyped, strict=False).accepts_text('"x"')
+    open_object = {"type": "object", "additionalProperties": {"type": "integer"}}
+    assert not llm.compile(schema=open_object).accepts_text('{"":1}')
+    assert llm.compile(schema=open_object).accepts_text('{"b":1}')

@@ -329,9 +329,157 @@ def test_draft4_boolean_exclusive_bounds_and_tuple_items():
     assert accepts(s, [1]) and not accepts(s, [0]) and not accepts(s, [1, 2])
 
 
+# ------------------------------------------------------------------------------------------ keyword independence
+def test_dependent_required_on_an_undeclared_name_is_enforced():
+    s = {"dependentRequired": {"bar": ["foo"]}}
+    assert not accepts(s, {"bar": 2}) and accepts(s, {"foo": 1, "bar": 2}) and accepts(s, {"foo": 1})
+
+
+def test_a_name_never_generated_for_its_dependencies_is_not_an_additional_key_either():
+    s = {"type": "object", "dependentRequired": {"bar": ["foo"]}}
+    dfa = lang(s, max_dependency_branches=0)  # the narrowing: "bar" is never generated
+    assert not dfa.matches(b'{"bar":2}') and not dfa.matches(b'{"foo":1,"bar":2}') and dfa.matches(b'{"foo":1}')
+
+
+_DEP_NAMES = ["a", "b", "c"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(deps=st.dictionaries(st.sampled_from(_DEP_NAMES), st.lists(st.sampled_from(_DEP_NAMES), max_size=2),
+                            max_size=3),
+       declared=st.booleans(), form=st.sampled_from(["dependentRequired", "dependencies"]))
+def test_few_optional_dependencies_are_compiled_exactly(deps, declared, form):
+    s = {"type": "object", form: deps, "additionalProperties": {"type": "integer"}}
+    if form == "dependencies":
+        s["$schema"] = "http://json-schema.org/draft-07/schema#"  # (not a 2020-12 keyword)
+    if declared:
+        s["properties"] = {n: {"type": "integer"} for n in _DEP_NAMES}
+    dfa = lang(s)
+    v = validator(s)
+    for k in range(1 << len(_DEP_NAMES)):
+        obj = {n: 1 for i, n in enumerate(_DEP_NAMES) if k >> i & 1}
+        assert dfa.matches(compact(obj).encode()) == v.is_valid(obj), (s, obj)
+
+
+def test_items_next_to_an_all_of_with_prefix_items_applies_to_every_element():
+    s = {"allOf": [{"prefixItems": [{"minimum": 3}]}], "items": {"minimum": 5}}
+    assert not accepts(s, [3, 5]) and accepts(s, [5, 5]) and not accepts(s, [5, 4])
+
+
+def test_each_subschemas_items_applies_after_its_own_prefix():
+    s = {"allOf": [{"prefixItems": [{"type": "integer"}], "items": False}], "prefixItems": [True, True]}
+    assert accepts(s, [1]) and not accepts(s, [1, 2]) and not accepts(s, ["x"])
+
+
+def test_pattern_properties_next_to_another_subschemas_additional_properties_is_refused():
+    s = {"allOf": [{"patternProperties": {"^x": {"type": "integer"}}}, {"additionalProperties": {"minimum": 5}}]}
+    with pytest.raises(UnsupportedSchemaError) as e:
+        schema_to_regex_ast(s)
+    assert e.value.keyword == "patternProperties"
+
+
+def test_an_untyped_schema_accepts_every_type_its_keywords_do_not_constrain():
+    assert accepts({"minimum": 1.1}, "x") and accepts({"minimum": 1.1}, 2) and not accepts({"minimum": 1.1}, 1)
+    assert accepts({"properties": {"a": {"type": "string"}}}, [1])
+    assert not accepts({"properties": {"a": {"type": "string"}}}, {"a": 1})
+    assert accepts({"maxLength": 2}, {"abc": 1}) and not accepts({"maxLength": 2}, "abc")
+
+
+def test_untyped_schemas_can_be_narrowed_to_the_types_their_keywords_imply():
+    s = {"properties": {"a": {"type": "string"}}}
+    assert not accepts(s, [1], untyped_types="inferred") and accepts(s, {"a": "x"}, untyped_types="inferred")
+
+
+def test_one_of_branches_are_narrowed_to_the_types_where_they_are_provably_disjoint():
+    s = {"oneOf": [{"required": ["a"]}, {"required": ["b"]}]}
+    dfa = lang(s)
+    assert dfa.matches(b'{"a":1}') and dfa.matches(b'{"b":1}')
+    assert not dfa.matches(b'"x"') and not dfa.matches(b'{"a":1,"b":2}')  # "x" satisfies both branches
+    s = {"oneOf": [{"minimum": 5}, {"type": "string"}]}
+    assert accepts(s, 6) and accepts(s, None) and not accepts(s, "x") and not accepts(s, 1)
+
+
+@pytest.mark.parametrize("schema", [{"type": "object"}, True, {"type": "array"}])
+def test_free_form_values_nest_up_to_any_json_depth(schema):
+    deep = {"a": {"b": {"c": [1, {"d": None}]}}}
+    value = deep if schema != {"type": "array"} else [deep]
+    assert accepts(schema, value, any_json_depth=5)
+    assert not accepts(schema, value, any_json_depth=3)
+
+
+def test_dependent_schemas_apply_only_when_their_name_is_present():
+    s = {"dependentSchemas": {"bar": {"properties": {"foo": {"type": "integer"}}}, "baz": False}}
+    assert accepts(s, {"foo": "x"}) and accepts(s, {"bar": 1, "foo": 2}) and accepts(s, "not an object")
+    assert not accepts(s, {"bar": 1, "foo": "x"}) and not accepts(s, {"baz": 1})
+
+
+def test_contains_counts_matching_items_between_min_and_max_contains():
+    s = {"type": "array", "contains": {"minimum": 5}, "minContains": 2, "maxContains": 3}
+    for value in ([5, 6], [1, 5, 2, 6, 7], [5], [5, 6, 7, 8], [1, 2], []):
+        assert accepts(s, value) == validator(s).is_valid(value), value
+    assert accepts({"contains": {"const": 1}}, [2, 1]) and not accepts({"contains": {"const": 1}}, [2])
+
+
+def test_min_and_max_contains_without_contains_mean_nothing():
+    assert accepts({"allOf": [{"contains": {"const": 1}}, {"minContains": 2}]}, [1])
+
+
+def test_negated_single_bounds_are_the_values_beyond_the_bound():
+    s = {"if": {"exclusiveMaximum": 0}, "then": {"minimum": -10}, "else": {"multipleOf": 2}}
+    assert accepts(s, -1) and accepts(s, 4) and not accepts(s, 3) and not accepts(s, -11)
+    assert accepts({"not": {"maxLength": 2}}, "abc") and not accepts({"not": {"maxLength": 2}}, "ab")
+
+
+@pytest.mark.parametrize("schema,text,ok", [
+    ({"type": "integer"}, "1.0", True), ({"type": "integer", "maximum": 3}, "3.00", True),
+    ({"type": "integer", "maximum": 3}, "4.0", False), ({"type": "integer", "multipleOf": 2, "minimum": 0,
+                                                         "maximum": 10}, "4.0", True),
+    ({"type": "integer", "multipleOf": 3}, "3.0", False),  # (beyond 2**53 a validator's float is inexact)
+    ({"type": "integer", "not": {"const": 2}}, "2.0", False), ({"const": 2}, "2.0", True),
+    ({"enum": [[1, {"a": 2.5}]]}, '[1.0,{"a":2.50}]', True), ({"const": 2}, "2.5", False),
+])
+def test_integers_may_be_written_with_a_zero_fraction(schema, text, ok):
+    assert lang(schema).matches(text.encode()) == ok
+    if ok:
+        assert validator(schema).is_valid(json.loads(text))
+
+
+def test_a_key_matching_several_patterns_satisfies_all_their_schemas():
+    s = {"patternProperties": {"a*": {"type": "integer"}, "aaa*": {"maximum": 20}}}
+    assert accepts(s, {"aaaa": 18}) and accepts(s, {"a": 21, "aaaa": 18})
+    assert not accepts(s, {"aaaa": 31}) and not accepts(s, {"aaa": "x"})
+
+
+def test_refs_resolve_against_the_nearest_enclosing_id():
+    s = {"$id": "http://example.com/root.json", "$defs": {"inner": {"type": "string"}},
+         "properties": {"foo": {"$id": "other.json", "$defs": {"inner": {"type": "integer"}},
+                                "$ref": "#/$defs/inner"}},
+         "additionalProperties": {"$ref": "other.json#/$defs/inner"}}
+    # "#/$defs/inner" inside other.json is its integer one, not the root's string one
+    assert accepts(s, {"foo": 1}) and not accepts(s, {"foo": "x"})
+    assert accepts(s, {"bar": 2}) and not accepts(s, {"bar": "x"})
+    assert validator(s).is_valid({"foo": 1, "bar": 2}) and not validator(s).is_valid({"foo": "x"})
+
+
+def test_undeclared_property_names_can_be_kept_nonempty():
+    s = {"type": "object", "additionalProperties": {"type": "integer"}}
+    assert accepts(s, {"": 1}) and not accepts(s, {"": 1}, additional_names="nonempty")
+    assert accepts(s, {"b": 1}, additional_names="nonempty")
+
+
+def test_unevaluated_items_of_a_plain_schema_are_the_items_after_the_prefix():
+    s = {"prefixItems": [{"type": "string"}], "unevaluatedItems": {"type": "integer"}}
+    assert accepts(s, ["a", 1, 2]) and not accepts(s, ["a", "b"])
+    assert accepts({"prefixItems": [{"type": "string"}], "items": True, "unevaluatedItems": False}, ["a", 1])
+    with pytest.raises(UnsupportedSchemaError) as e:
+        schema_to_regex_ast({"allOf": [{"prefixItems": [True]}], "unevaluatedItems": False})
+    assert e.value.keyword == "unevaluatedItems"
+
+
 # ------------------------------------------------------------------------------------------ errors
 @pytest.mark.parametrize("schema,keyword", [
-    ({"type": "array", "contains": {"type": "integer"}}, "contains"),
+    ({"type": "array", "contains": {"type": "string", "pattern": "a"}, "maxContains": 1}, "maxContains"),
+    ({"type": "array", "items": {"$dynamicRef": "#node"}}, "$dynamicRef"),
     ({"type": "string", "format": "idn-hostname"}, "format"),
     ({"$ref": "https://example.com/schema.json"}, "$ref"),
     ({"not": {"type": "string", "minLength": 2, "pattern": "a"}}, "not"),

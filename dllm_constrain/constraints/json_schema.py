@@ -10,16 +10,18 @@ Sound narrowings (outputs stay valid; some valid instances are not producible):
 * whitespace: none between tokens by default ("compact"); "flexible" allows up to N whitespace chars;
 * object properties appear in the declared order (`properties` order, then `required` names not in
   `properties`), each at most once; additional properties (when allowed) come after the declared ones;
-* no exponent notation for bounded numbers; integers are spelled canonically (no "-0", no "1.0");
+* no exponent notation for bounded numbers; integers without "-0", and with a zero fraction ("1.0") only
+  where a validator's float reading of it is exact;
 * strings use the canonical JSON escapes only (what json.dumps(ensure_ascii=False) writes);
-* recursion through $ref is unrolled to `max_recursion_depth` levels, schemas that are `true`/`{}` (any
-  JSON value) to `any_json_depth` levels of nesting;
+* recursion through $ref is unrolled to `max_recursion_depth` levels; free-form values (`true`/`{}`
+  schemas, undeclared properties) are nested at most `any_json_depth` levels;
 * maxLength / maxItems above `max_string_unroll` / `max_items_unroll` are lowered to those caps;
 * `uniqueItems: true`: arrays of at most one item (or, for a small finite item domain, items in the
   domain's order without repetition);
-* `oneOf`: branches must be provably disjoint; a branch may be narrowed to forbid a property another
-  branch requires, which makes them disjoint;
-* a property matching several `patternProperties` patterns is never generated as an additional key.
+* `oneOf`: each branch is narrowed to the JSON types where it is provably disjoint from the others, and may
+  forbid a property another branch requires;
+* optional `dependentRequired` names beyond `max_dependency_branches` are never generated;
+* a property matching several `patternProperties` patterns is generated only when its key class is small.
 """
 from __future__ import annotations
 
@@ -48,14 +50,16 @@ class SchemaOptions:
     whitespace: str = "compact"  # "compact" | "flexible"
     flexible_whitespace_max: int = 4  # max whitespace chars between tokens in "flexible" mode
     max_recursion_depth: int = 3  # $ref recursion unrolled this many times
-    any_json_depth: int = 3  # nesting depth of unconstrained JSON values (schema `true` / `{}`)
-    additional_value_depth: int = 1  # nesting depth of the values of undeclared (additional) properties
+    any_json_depth: int = 3  # nesting depth of free-form values (schema `true` / `{}`, additional properties)
     additional_properties: str = "allow"  # when the schema does not say: "allow" (spec) | "forbid"
     unknown_keywords: str = "ignore"  # "ignore" | "error"
     unique_items: str = "narrow"  # "narrow" | "error"
     max_string_unroll: int = 1024
     max_items_unroll: int = 64
     intersection_limit: int = 20000  # states of an eager intersection automaton
+    additional_names: str = "any"  # names of undeclared properties: "any" | "nonempty" (never "")
+    untyped_types: str = "all"  # a schema without `type`: "all" JSON types (spec) | "inferred" from its keywords
+    max_dependency_branches: int = 3  # optional dependentRequired names compiled exactly (2^n object branches)
     property_order: str = "any"  # declared properties: "any" order (spec) | "declared" order (cheaper canvas masks)
 
     def __post_init__(self):
@@ -68,6 +72,10 @@ class SchemaOptions:
             raise ValueError("additional_properties must be 'allow' or 'forbid'")
         if self.unknown_keywords not in ("ignore", "error"):
             raise ValueError("unknown_keywords must be 'ignore' or 'error'")
+        if self.additional_names not in ("any", "nonempty"):
+            raise ValueError("additional_names must be 'any' or 'nonempty'")
+        if self.untyped_types not in ("all", "inferred"):
+            raise ValueError("untyped_types must be 'all' or 'inferred'")
         if self.unique_items not in ("narrow", "error"):
             raise ValueError("unique_items must be 'narrow' or 'error'")
         if self.property_order not in ("any", "declared"):
@@ -131,13 +139,10 @@ ARRAY_KW = frozenset({"items", "prefixItems", "additionalItems", "minItems", "ma
 STRING_KW = frozenset({"minLength", "maxLength", "pattern", "format"})
 NUMBER_KW = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
 APPLICATORS = frozenset({"allOf", "anyOf", "oneOf", "not", "if", "then", "else", "$ref"})
-SUPPORTED = (OBJECT_KW | ARRAY_KW | STRING_KW | NUMBER_KW | APPLICATORS | {"type", "enum", "const"}) - {
-    "contains", "minContains", "maxContains", "unevaluatedItems", "dependentSchemas"}
+SUPPORTED = OBJECT_KW | ARRAY_KW | STRING_KW | NUMBER_KW | APPLICATORS | {"type", "enum", "const"}
 # spec keywords we refuse (always, or in the forms we cannot honour)
-KNOWN_UNSUPPORTED = frozenset({"contains", "minContains", "maxContains", "unevaluatedItems", "dependentSchemas",
-                               "$dynamicRef", "$recursiveRef", "extends", "disallow", "divisibleBy"})
+KNOWN_UNSUPPORTED = frozenset({"$dynamicRef", "$recursiveRef", "extends", "disallow", "divisibleBy"})
 ALL_TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
-_SHALLOW_ANY: dict = {"description": "any JSON value, nested at most additional_value_depth levels"}
 
 _SPECIAL_STRING_CHARS = tuple(range(0x20)) + (0x22, 0x5C)
 
@@ -274,6 +279,17 @@ def _type_of(v) -> str:
     raise InvalidSchemaError(f"not a JSON value: {v!r}")
 
 
+def _join_uri(base: str, ref: str) -> str:
+    """`ref` resolved against `base` (fragments appended to any scheme, e.g. urn:)."""
+    if ref.startswith("#"):
+        return base.partition("#")[0] + ref
+    if not base:
+        return ref
+    from urllib.parse import urljoin
+
+    return urljoin(base, ref)
+
+
 def _unescape_pointer(tok: str) -> str:
     return tok.replace("~1", "/").replace("~0", "~")
 
@@ -294,8 +310,8 @@ class SchemaCompiler:
                    else A.rep(A.chars([(0x20, 0x20), (0x0A, 0x0A), (0x0D, 0x0D), (0x09, 0x09)]), 0,
                               opts.flexible_whitespace_max))
         self._any_cache: dict[int, A.Node] = {}
-        self._anchors: dict[str, Any] | None = None
-        self._ids: dict[str, Any] | None = None
+        self._uri_index: tuple[dict[str, Any], str] | None = None
+        self._bases: dict[int, str] = {}
         self._enum_sets: dict = {}
         self._direct_memo: dict = {}
         self._reach_memo: dict = {}
@@ -325,74 +341,74 @@ class SchemaCompiler:
             raise UnsupportedSchemaError("enum", "#", f"cannot validate enum values: {type(e).__name__}: {e}") from None
 
     # -------------------------------------------------------------- $ref
-    def resolve_ref(self, ref: str, path: str) -> tuple[Any, str]:
+    def resolve_ref(self, ref: str, path: str, base: str | None = None) -> tuple[Any, str]:
+        """The schema a $ref points to, resolved against `base` (the URI of the resource holding the $ref:
+        the nearest enclosing `$id`), and the target's absolute URI (the key for recursion counting)."""
         if not isinstance(ref, str):
             raise InvalidSchemaError(f"$ref at {path} must be a string")
-        if ref.startswith("#"):
-            frag = ref[1:]
-            if frag == "" or frag.startswith("/"):
-                target = self.root
-                for tok in frag.split("/")[1:] if frag else []:
-                    tok = _unescape_pointer(tok)
-                    from urllib.parse import unquote
+        resources, root_base = self._resources()
+        uri = _join_uri(root_base if base is None else base, ref)
+        doc_uri, _, frag = uri.partition("#")
+        doc = self.root if doc_uri == root_base else resources.get(doc_uri)
+        if doc is None:
+            raise UnsupportedSchemaError("$ref", path, f"remote reference {ref!r} (only references inside the schema)")
+        if frag == "" or frag.startswith("/"):
+            from urllib.parse import unquote
 
-                    tok = unquote(tok)
-                    if isinstance(target, dict) and tok in target:
-                        target = target[tok]
-                    elif isinstance(target, list) and tok.isdigit() and int(tok) < len(target):
-                        target = target[int(tok)]
-                    else:
-                        raise InvalidSchemaError(f"unresolvable $ref {ref!r} at {path}")
-                return target, ref
-            anchors = self._collect_anchors()
-            if frag in anchors:
-                return anchors[frag], ref
-            raise InvalidSchemaError(f"unresolvable $ref {ref!r} at {path}")
-        ids = self._collect_ids()
-        base, _, frag = ref.partition("#")
-        if base in ids and (not frag or frag.startswith("/")):
-            target = ids[base]
+            target = doc
             for tok in frag.split("/")[1:] if frag else []:
-                tok = _unescape_pointer(tok)
+                tok = unquote(_unescape_pointer(tok))
                 if isinstance(target, dict) and tok in target:
                     target = target[tok]
+                elif isinstance(target, list) and tok.isdigit() and int(tok) < len(target):
+                    target = target[int(tok)]
                 else:
                     raise InvalidSchemaError(f"unresolvable $ref {ref!r} at {path}")
-            return target, ref
-        raise UnsupportedSchemaError("$ref", path, f"remote reference {ref!r} (only references inside the schema)")
+            return target, uri
+        target = resources.get(uri)
+        if target is None:
+            raise InvalidSchemaError(f"unresolvable $ref {ref!r} at {path}")
+        return target, uri
 
-    def _walk_schemas(self):
-        stack = [self.root]
-        while stack:
-            x = stack.pop()
-            if isinstance(x, dict):
-                yield x
-                stack.extend(x.values())
-            elif isinstance(x, list):
-                stack.extend(x)
+    def _base_of(self, s: Any) -> str | None:
+        """The base URI of a schema of the document (None: the root's, e.g. for the compiler's own dicts)."""
+        self._resources()
+        return self._bases.get(id(s))
 
-    def _collect_anchors(self) -> dict:
-        if self._anchors is None:
-            self._anchors = {}
-            for d in self._walk_schemas():
-                a = d.get("$anchor")
+    def _resources(self) -> tuple[dict[str, Any], str]:
+        """Absolute URI (of each `$id` resource, and `uri#anchor` of each anchor) -> schema, and the root's
+        base URI. Also fills id(dict) -> base URI for every schema of the document."""
+        if self._uri_index is None:
+            root_id = self.root.get("$id", self.root.get("id")) if isinstance(self.root, dict) else None
+            root_base = root_id.partition("#")[0] if isinstance(root_id, str) else ""
+            index: dict[str, Any] = {}
+            bases: dict[int, str] = {}
+            stack: list[tuple[Any, str]] = [(self.root, root_base)]
+            while stack:
+                x, base = stack.pop()
+                if isinstance(x, list):
+                    stack.extend((v, base) for v in x)
+                    continue
+                if not isinstance(x, dict):
+                    continue
+                for key in ("$id", "id"):
+                    i = x.get(key)
+                    if not isinstance(i, str):
+                        continue
+                    if i.startswith("#"):  # draft-4/6/7 location-independent identifier
+                        index.setdefault(base + i, x)
+                    else:
+                        base = _join_uri(base, i).partition("#")[0]
+                        index.setdefault(base, x)
+                    break
+                a = x.get("$anchor")
                 if isinstance(a, str):
-                    self._anchors.setdefault(a, d)
-        return self._anchors
-
-    def _collect_ids(self) -> dict:
-        if self._ids is None:
-            self._ids = {}
-            for d in self._walk_schemas():
-                for k in ("$id", "id"):
-                    v = d.get(k)
-                    if isinstance(v, str) and not v.startswith("#"):
-                        self._ids.setdefault(v, d)
-                        self._ids.setdefault(v.rstrip("/").rsplit("/", 1)[-1], d)
-            root_id = self.root.get("$id") if isinstance(self.root, dict) else None
-            if isinstance(root_id, str):
-                self._ids.setdefault(root_id, self.root)
-        return self._ids
+                    index.setdefault(base + "#" + a, x)
+                bases[id(x)] = base
+                stack.extend((v, base) for k, v in x.items() if k not in ("enum", "const", "examples", "default"))
+            self._uri_index = (index, root_base)
+            self._bases = bases
+        return self._uri_index
 
     # -------------------------------------------------------------- reachability of $refs (memo keys)
     def _direct_refs(self, x) -> frozenset:
@@ -404,7 +420,7 @@ class SchemaCompiler:
             out = set()
             r = x.get("$ref")
             if isinstance(r, str):
-                out.add(r)
+                out.add(_join_uri(self._base_of(x) or self._resources()[1], r))
             for k, v in x.items():
                 if isinstance(v, (dict, list)) and k not in ("enum", "const", "examples", "default"):
                     out |= self._direct_refs(v)
@@ -452,8 +468,6 @@ class SchemaCompiler:
         self.check_deadline()
         if s is True:
             return self.any_value(self.opts.any_json_depth)
-        if s is _SHALLOW_ANY:
-            return self.any_value(self.opts.additional_value_depth)
         if s is False:
             return A.NOTHING
         if not isinstance(s, dict):
@@ -484,7 +498,7 @@ class SchemaCompiler:
         self._check_keywords(s, path)
         # ---- applicators that combine whole schemas
         if "$ref" in s:
-            target, ref = self.resolve_ref(s["$ref"], path)
+            target, ref = self.resolve_ref(s["$ref"], path, self._base_of(s))
             rest = {k: v for k, v in s.items() if k != "$ref" and k not in ANNOTATIONS}
             cnt = self.ref_counts.get(ref, 0)
             if cnt >= self.opts.max_recursion_depth:
@@ -499,9 +513,42 @@ class SchemaCompiler:
                     del self.ref_counts[ref]
                 else:
                     self.ref_counts[ref] = cnt
+        s = self._lower_dependent_schemas(s, path)
         if "allOf" in s or "anyOf" in s or "oneOf" in s or "not" in s or "if" in s:
             return self._compile_applicators(s, path)
         return self._compile_simple(s, path)
+
+    def _lower_dependent_schemas(self, s: dict, path: str) -> dict:
+        """`dependentSchemas` (and `dependencies` with schema values) as applicators: for each name a with
+        schema S, a non-object, or an object without a, or an object with a that satisfies S (exact)."""
+        deps = dict(s.get("dependentSchemas") or {})
+        if not isinstance(deps, dict):
+            raise InvalidSchemaError(f"dependentSchemas at {path} must be an object")
+        old = s.get("dependencies")
+        if isinstance(old, dict):
+            deps.update({a: v for a, v in old.items() if not isinstance(v, list)})
+        if not deps:
+            return s
+        rest = {k: v for k, v in s.items() if k != "dependentSchemas"}
+        if isinstance(old, dict):
+            arrays = {a: v for a, v in old.items() if isinstance(v, list)}
+            rest.pop("dependencies")
+            if arrays:
+                rest["dependencies"] = arrays
+        groups = []
+        for a, sub in deps.items():
+            if sub is True or sub == {}:
+                continue
+            groups.append({"anyOf": [{"type": [t for t in ALL_TYPES if t != "object"]},
+                                     {"type": "object", "properties": {a: False}},
+                                     {"allOf": [{"type": "object", "required": [a]}, sub]}]})
+        if len(groups) > self.opts.max_dependency_branches:
+            raise UnsupportedSchemaError("dependentSchemas", path,
+                                         f"more than {self.opts.max_dependency_branches} schema dependencies")
+        if groups:
+            rest["allOf"] = list(rest.get("allOf", [])) + groups
+        self._keep.append(rest)
+        return rest
 
     # -------------------------------------------------------------- allOf / anyOf / oneOf / not / if
     def _deref(self, s: Any, path: str) -> tuple[Any, list]:
@@ -509,7 +556,7 @@ class SchemaCompiler:
         entered = []
         seen = 0
         while isinstance(s, dict) and "$ref" in s:
-            target, ref = self.resolve_ref(s["$ref"], path)
+            target, ref = self.resolve_ref(s["$ref"], path, self._base_of(s))
             rest = {k: v for k, v in s.items() if k != "$ref" and k not in ANNOTATIONS}
             cnt = self.ref_counts.get(ref, 0)
             if cnt >= self.opts.max_recursion_depth:
@@ -592,6 +639,7 @@ class SchemaCompiler:
                 if not isinstance(x, dict):
                     raise InvalidSchemaError(f"subschema at {path} must be an object or a boolean")
                 self._check_keywords(x, path)
+                x = self._lower_dependent_schemas(x, path)
                 if any(k in x for k in ("allOf", "anyOf", "oneOf", "not", "if")):
                     rest = {k: v for k, v in x.items() if k not in ("allOf", "anyOf", "oneOf", "not", "if", "then", "else")}
                     flat.append(rest)
@@ -644,12 +692,21 @@ class SchemaCompiler:
         Returns None when provably unsatisfiable. Internal keys: __not__ (list), __patterns__ (list),
         __conj__ (the original conjuncts, for validating enum values)."""
         out: dict = {"__conj__": []}
+        arrays: list[tuple[list, Any]] = []  # (prefixItems, items) of each conjunct that has either
+        object_appl: list[tuple[bool, bool]] = []  # (has patternProperties, has additionalProperties) per conjunct
         for s0 in schemas:
             s = self._normalize_draft(s0)
             if "__exclude__" not in s0:
                 out["__conj__"].append(s0)
+            if "prefixItems" in s or "items" in s:
+                prefix = s.get("prefixItems", [])
+                if not isinstance(prefix, list):
+                    raise InvalidSchemaError(f"prefixItems at {path} must be an array")
+                arrays.append((prefix, s.get("items")))
+            if "patternProperties" in s or s.get("additionalProperties", True) not in (True, {}):
+                object_appl.append(("patternProperties" in s, s.get("additionalProperties", True) not in (True, {})))
             for k, v in s.items():
-                if k in ANNOTATIONS or k == "__conj__":
+                if k in ANNOTATIONS or k in ("__conj__", "prefixItems", "items"):
                     continue
                 if k == "__exclude__":
                     out.setdefault("__exclude__", []).extend(v)
@@ -687,18 +744,13 @@ class SchemaCompiler:
                     for pk, pv in v.items():
                         merged_props[pk] = {"allOf": [merged_props[pk], pv]} if pk in merged_props else pv
                     out[k] = merged_props
-                elif k in ("additionalProperties", "items", "additionalItems", "propertyNames"):
+                elif k in ("additionalProperties", "propertyNames"):
                     out[k] = {"allOf": [cur, v]}
                 elif k == "patternProperties":
                     pp = dict(cur)
                     for pk, pv in v.items():
                         pp[pk] = {"allOf": [pp[pk], pv]} if pk in pp else pv
                     out[k] = pp
-                elif k == "prefixItems":
-                    n = max(len(cur), len(v))
-                    out[k] = [
-                        {"allOf": [cur[i] if i < len(cur) else True, v[i] if i < len(v) else True]} for i in range(n)
-                    ]
                 elif k == "uniqueItems":
                     out[k] = bool(cur) or bool(v)
                 elif k == "multipleOf":
@@ -719,10 +771,36 @@ class SchemaCompiler:
                 elif k in SUPPORTED or k in KNOWN_UNSUPPORTED:
                     if json.dumps(cur, sort_keys=True, default=str) != json.dumps(v, sort_keys=True, default=str):
                         raise UnsupportedSchemaError(k, path, "conflicting values in allOf")
+        if arrays:
+            self._merge_array_items(out, arrays)
+        if any(pp for pp, _ in object_appl) and sum(1 for pp, ad in object_appl if pp or ad) > 1 and \
+                any(ad for _, ad in object_appl):
+            # a key matching one subschema's pattern must also satisfy another subschema's
+            # additionalProperties unless that subschema declares or matches it: not tracked per key
+            raise UnsupportedSchemaError("patternProperties", path,
+                                         "in allOf next to another subschema's additionalProperties")
         # properties from one conjunct that another conjunct's additionalProperties governs
         self._fix_additional_in_conj(out, path)
         self._keep.append(out)
         return out
+
+    @staticmethod
+    def _merge_array_items(out: dict, arrays: list[tuple[list, Any]]) -> None:
+        """prefixItems/items of several conjuncts. Each conjunct's `items` applies after its own prefix, so
+        element k must satisfy, for every conjunct, its prefixItems[k] if it has one, else its `items`."""
+        n = max(len(prefix) for prefix, _ in arrays)
+
+        def conj(xs: list) -> Any:
+            xs = [x for x in xs if x is not None and x is not True and x != {}]
+            if not xs:
+                return True
+            return xs[0] if len(xs) == 1 else {"allOf": xs}
+
+        if n:
+            out["prefixItems"] = [conj([prefix[k] if k < len(prefix) else items for prefix, items in arrays])
+                                  for k in range(n)]
+        if any(items is not None for _, items in arrays):  # (present, even if true: unevaluatedItems)
+            out["items"] = conj([items for _, items in arrays])
 
     def _fix_additional_in_conj(self, out: dict, path: str) -> None:
         conj = out["__conj__"]
@@ -757,7 +835,10 @@ class SchemaCompiler:
             out["properties"] = new_props
 
     def _normalize_draft(self, s: dict) -> dict:
-        """Draft-04 boolean exclusiveMinimum/Maximum, const-as-enum."""
+        """Draft-04 boolean exclusiveMinimum/Maximum, tuple `items`; minContains/maxContains without
+        `contains` in the same schema mean nothing."""
+        if "contains" not in s and ("minContains" in s or "maxContains" in s):
+            s = {k: v for k, v in s.items() if k not in ("minContains", "maxContains")}
         if isinstance(s.get("exclusiveMinimum"), bool) or isinstance(s.get("exclusiveMaximum"), bool):
             s = dict(s)
             for ex, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
@@ -791,96 +872,109 @@ class SchemaCompiler:
 
     # -------------------------------------------------------------- oneOf
     def _disjoint_branches(self, base: list[dict], branches: list, path: str) -> list:
-        """Branches of a oneOf, possibly narrowed so that no value can satisfy two of them."""
-        infos = []
-        for b in branches:
-            infos.append(self._branch_info(base, b, path))
+        """Branches of a oneOf, narrowed (to the JSON types where they are provably disjoint from every other
+        branch, and by forbidding properties other branches require) so that no output satisfies two."""
+        infos = [self._branch_info(base, b, path) for b in branches]
         out = []
         dropped = []
         for i in range(len(branches)):
             forbid: list[str] = []
-            ok = True
+            kinds = set(infos[i]["kinds"]) if infos[i] is not None else set()
             for j in range(len(branches)):
-                if i != j and not self._outputs_fail(infos[i], infos[j], forbid):
-                    ok = False
-                    dropped.append((i, j))
-                    break
-            if not ok:
+                if i != j and kinds:
+                    kinds &= self._kinds_failing(infos[i], infos[j], forbid)
+                    if not kinds:
+                        dropped.append((i, j))
+            types = _types_of_kinds(kinds)
+            if not types:
                 continue  # a branch whose outputs might satisfy another branch is not generated
-            out.append({"allOf": [branches[i], {"properties": {p: False for p in forbid}}]} if forbid else branches[i])
+            extra: list = []
+            if _kinds_of_types(types) != infos[i]["kinds"]:
+                extra.append({"type": types})
+            if forbid and "object" in types:
+                extra.append({"properties": {p: False for p in forbid}})
+            out.append({"allOf": [branches[i]] + extra} if extra else branches[i])
         if not out:
-            i, j = dropped[0]
+            i, j = dropped[0] if dropped else (0, 1)
             raise UnsupportedSchemaError("oneOf", path, f"branches {i} and {j} are not provably disjoint")
         return out
 
     def _branch_info(self, base: list[dict], b: Any, path: str) -> dict | None:
-        """A summary of a branch for disjointness checks (None = unknown)."""
+        """A summary of a branch for disjointness checks (None = unknown): the kinds of JSON values it
+        accepts (JSON Schema semantics: an untyped schema accepts every type its keywords do not restrict),
+        its finite set of values if any, and the merged schema (applicators dropped: a weaker schema)."""
+        empty = {"kinds": set(), "schema": {}, "values": [], "branch": b}
         try:
             parts = [x for x in base if x] + [b]
             flat = []
             entered_all = []
-            for x in parts:
-                if x is True:
-                    continue
-                if x is False:
-                    return {"types": set(), "const": None}
-                x, ent = self._deref(x, path)
-                entered_all.extend(ent)
-                if x is False:
-                    return {"types": set()}
-                if not isinstance(x, dict):
-                    continue
-                if any(k in x for k in ("anyOf", "oneOf", "not", "if")):
-                    x = {k: v for k, v in x.items() if k not in ("anyOf", "oneOf", "not", "if", "then", "else")}
-                if "allOf" in x:
-                    for y in x["allOf"]:
-                        y2, ent2 = self._deref(y, path)
-                        entered_all.extend(ent2)
-                        if isinstance(y2, dict):
-                            flat.append({k: v for k, v in y2.items() if k not in ("anyOf", "oneOf", "not", "if", "allOf")})
-                    x = {k: v for k, v in x.items() if k != "allOf"}
-                flat.append(x)
-            for r in entered_all:
-                self._leave(r)
+            try:
+                for x in parts:
+                    if x is True:
+                        continue
+                    if x is False:
+                        return empty
+                    x, ent = self._deref(x, path)
+                    entered_all.extend(ent)
+                    if x is False:
+                        return None  # recursion bound reached: the branch's language is not known here
+                    if not isinstance(x, dict):
+                        continue
+                    if any(k in x for k in ("anyOf", "oneOf", "not", "if")):
+                        x = {k: v for k, v in x.items() if k not in ("anyOf", "oneOf", "not", "if", "then", "else")}
+                    if "allOf" in x:
+                        for y in x["allOf"]:
+                            y2, ent2 = self._deref(y, path)
+                            entered_all.extend(ent2)
+                            if isinstance(y2, dict):
+                                flat.append({k: v for k, v in y2.items()
+                                             if k not in ("anyOf", "oneOf", "not", "if", "allOf")})
+                        x = {k: v for k, v in x.items() if k != "allOf"}
+                    flat.append(x)
+            finally:
+                for r in entered_all:
+                    self._leave(r)
             m = self.merge(flat, path) if flat else {"__conj__": []}
         except (UnsupportedSchemaError, InvalidSchemaError):
             return None
         if m is None:
-            return {"types": set(), "schema": {}, "values": []}
-        types = set(self._type_set(m["type"], path)) if "type" in m else self._inferred_types(m)
+            return empty
+        kinds = _kinds_of_types(self._type_set(m["type"], path) if "type" in m else ALL_TYPES)
         values = None
         if "const" in m:
             values = [m["const"]]
         elif "enum" in m:
             values = list(m["enum"])
         if values is not None:
-            types = {(_type_of(v) if _type_of(v) != "integer" else "integer") for v in values} & (types | ({"integer"} if "number" in types else set()))
-        return {"types": types, "schema": m, "values": values, "branch": b}
+            kinds &= {_kind_of(v) for v in values}
+        return {"kinds": kinds, "schema": m, "values": values, "branch": b}
 
-    def _outputs_fail(self, a: dict | None, b: dict | None, forbid: list[str]) -> bool:
-        """True when no value generated for branch a can satisfy branch b (possibly after adding property
-        names to `forbid`, which narrows branch a)."""
+    def _kinds_failing(self, a: dict | None, b: dict | None, forbid: list[str]) -> set[str]:
+        """The kinds of values of branch a proven not to satisfy branch b (possibly after adding property
+        names to `forbid`, which narrows a's objects)."""
         if a is None or b is None:
-            return False
-        ta = _expand_number(a["types"])
-        tb = _expand_number(b["types"])
-        if not (ta & tb):
-            return True
+            return set()
+        ka, kb = a["kinds"], b["kinds"]
+        if not (ka & kb):
+            return set(ka)
+        safe = ka - kb
         if a["values"] is not None:
             try:
-                return all(not self._valid_against_branch(v, b) for v in a["values"])
+                return set(ka) if all(not self._valid_against_branch(v, b) for v in a["values"]) else safe
             except Exception:
-                return False
+                return safe
         if b["values"] is not None:
-            # a generates values; b only accepts its enumerated values: fine if a excludes them all
+            # b only accepts its enumerated values: a's outputs fail b if a rejects them all
             try:
-                return all(not self._valid_against_branch(v, a) for v in b["values"])
+                return set(ka) if all(not self._valid_against_branch(v, a) for v in b["values"]) else safe
             except Exception:
-                return False
-        if ta - {"object"}:
-            # scalars / arrays of a may satisfy b unless types differ
-            if (ta - {"object"}) & tb:
-                return False
+                return safe
+        if "object" in ka & kb and self._objects_fail(a, b, forbid):
+            safe.add("object")
+        return safe
+
+    def _objects_fail(self, a: dict, b: dict, forbid: list[str]) -> bool:
+        """True when no object generated for branch a satisfies branch b (possibly after forbidding names)."""
         # both objects (for the overlapping part)
         sa, sb = a["schema"], b["schema"]
         req_a = list(sa.get("required", []) or [])
@@ -900,7 +994,7 @@ class SchemaCompiler:
                     return True
                 if props_b[p] is False:
                     return True
-                if self._outputs_fail(pa, pb, []):
+                if pa is not None and pa["kinds"] and self._kinds_failing(pa, pb, []) >= pa["kinds"]:
                     return True
         # narrow a: forbid a property that b requires and a does not
         for p in req_b:
@@ -939,7 +1033,12 @@ class SchemaCompiler:
         # enum / const: the finite set of values that satisfy every conjunct
         if "const" in s or "enum" in s:
             return self._compile_enum(s, path)
-        types = self._type_set(s["type"], path) if "type" in s else self._inferred_types(s)
+        if "type" in s:
+            types = self._type_set(s["type"], path)
+        elif self.opts.untyped_types == "inferred":
+            types = self._inferred_types(s)
+        else:
+            types = set(ALL_TYPES)  # JSON Schema: keywords constrain only the values of their own type
         excluded = list(s.get("__exclude__", []))
         if "number" in types and "integer" in types:
             types.discard("integer")
@@ -957,7 +1056,7 @@ class SchemaCompiler:
             elif t == "integer":
                 node = self._integer(s, path)
                 if ex:
-                    node = self._difference(node, [A.lit(str(int(v))) for v in ex], "not", path)
+                    node = self._difference(node, [_number_spellings(v) for v in ex], "not", path)
             elif t == "number":
                 if ex:
                     # no exponent spellings, then remove every decimal spelling of the excluded values
@@ -1009,6 +1108,15 @@ class SchemaCompiler:
                 if "number" in t:
                     rem.discard("integer")
                 return {"type": sorted(rem)} if rem else False
+            if len(kws) == 1 and next(iter(kws)) in _NEGATED_BOUND:
+                k = next(iter(kws))
+                v = n[k]
+                if not _is_number(v):
+                    raise InvalidSchemaError(f"{k} at {path} must be a number")
+                t, k2, shift = _NEGATED_BOUND[k]
+                if shift and v + shift < 0:
+                    return False  # not {minLength: 0}: nothing
+                return {"type": t, k2: v + shift}
             if kws in ({"enum"}, {"const"}, {"enum", "type"}, {"const", "type"}):
                 vals = list(n["enum"]) if "enum" in n else [n["const"]]
                 if "type" in n:
@@ -1029,6 +1137,8 @@ class SchemaCompiler:
                 if req:
                     return {"type": "object", "anyOf": [{"properties": {p: False}}, present_bad]}
                 return {"type": "object", **present_bad}
+            if kws == {"not"}:
+                return n["not"]
             if kws == {"anyOf"}:
                 return {"allOf": [{"not": b} for b in n["anyOf"]]}
             if kws == {"allOf"}:
@@ -1087,12 +1197,17 @@ class SchemaCompiler:
             self.unsat.append(f"no value of the enum/const at {path} satisfies the schema")
             return A.NOTHING
         lits = []
+        spelled = []  # values holding numbers: every decimal spelling of each number (1 == 1.0)
         for v in keep:
             try:
-                lits.append(json.dumps(v, ensure_ascii=False, separators=(",", ":"), allow_nan=False))
+                lit = json.dumps(v, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
             except ValueError:
                 continue
-        return A.alt_literals(lits)
+            if _holds_number(v):
+                spelled.append(A.alt(A.lit(lit), _value_spellings(v)))
+            else:
+                lits.append(lit)
+        return A.alt(A.alt_literals(lits), *spelled) if lits else A.alt(*spelled)
 
     # -------------------------------------------------------------- numbers
     def _bounds(self, s: dict, path: str):
@@ -1125,6 +1240,21 @@ class SchemaCompiler:
         return ilo, ihi
 
     def _integer(self, s: dict, path: str) -> A.Node:
+        """Integers in canonical digits, optionally followed by `.0...` (JSON Schema counts 1.0 as an
+        integer). A validator reads "n.0" as a float, exact only up to 2**53: the suffix is allowed where
+        float rounding cannot change the verdict (bounds of at most 2**53 without multipleOf, or a range
+        within +-2**53 with it)."""
+        digits = self._integer_digits(s, path)
+        if A.is_nothing(digits):
+            return A.NOTHING
+        b = self._int_bounds(s, path)
+        lo, hi = b if b is not None else (None, None)
+        small = [x is not None and abs(x) <= _FLOAT_EXACT for x in (lo, hi)]
+        if all(small) or ("multipleOf" not in s and all(ok or x is None for ok, x in zip(small, (lo, hi)))):
+            return A.seq(digits, _ZERO_FRACTION)
+        return digits
+
+    def _integer_digits(self, s: dict, path: str) -> A.Node:
         b = self._int_bounds(s, path)
         if b is None:
             return A.NOTHING
@@ -1266,6 +1396,11 @@ class SchemaCompiler:
         if not isinstance(prefix, list):
             raise InvalidSchemaError(f"prefixItems at {path} must be an array")
         rest = s.get("items", True)
+        if "items" not in s and s.get("unevaluatedItems", True) not in (True, {}):
+            # without applicators or `contains`, the items no keyword evaluates are those after the prefix
+            if len(s.get("__conj__", [])) > 1 or "contains" in s:
+                raise UnsupportedSchemaError("unevaluatedItems", path, "combined with applicators or contains")
+            rest = s["unevaluatedItems"]
         mn = int(s.get("minItems", 0) or 0)
         mx = s.get("maxItems")
         if mx is not None:
@@ -1276,6 +1411,12 @@ class SchemaCompiler:
         unique = bool(s.get("uniqueItems", False))
         ws = self.ws
         comma = A.seq(ws, A.lit(","), ws)
+        contains = self._contains_counter(s, path)
+        if contains is not None and contains[2] is not None and contains[2] < contains[1]:
+            self.unsat.append(f"minContains > maxContains at {path}")
+            return A.NOTHING
+        if unique and contains is not None:
+            raise UnsupportedSchemaError("contains", path, "together with uniqueItems")
         if unique:
             if self.opts.unique_items == "error":
                 raise UnsupportedSchemaError("uniqueItems", path)
@@ -1284,20 +1425,69 @@ class SchemaCompiler:
                 return res
         if mx is not None:
             mx = min(mx, max(self.opts.max_items_unroll, mn, len(prefix) if mx >= len(prefix) else mx))
-        item_nodes = [self.compile(p, f"{path}/prefixItems/{i}") for i, p in enumerate(prefix)]
-        rest_node = self.compile(rest, f"{path}/items")
         K = mx if mx is not None else max(len(prefix), mn, 1)
+        if contains is None:
+            item_nodes = [self.compile(p, f"{path}/prefixItems/{i}") for i, p in enumerate(prefix)]
+            rest_node = self.compile(rest, f"{path}/items")
+            edges = []
+            for k in range(K):
+                it = item_nodes[k] if k < len(item_nodes) else rest_node
+                if A.is_nothing(it):
+                    continue
+                edges.append((k, it if k == 0 else A.seq(comma, it), k + 1))
+            if mx is None and not A.is_nothing(rest_node) and K >= len(item_nodes):
+                edges.append((K, A.seq(comma, rest_node), K))
+            finals = tuple(k for k in range(mn, K + 1))
+            body = A.Graph(K + 1, 0, finals, tuple(edges))
+            return A.seq(A.lit("["), ws, body, ws, A.lit("]"))
+        # contains: states (index k, count c of items matching `contains`, capped at C)
+        cond, lo_c, hi_c = contains
+        C = lo_c if hi_c is None else hi_c
+
+        def item_langs(sch: Any, where: str) -> tuple[A.Node, A.Node]:
+            """(items matching `contains`, items that do not count). Without maxContains an item may
+            match and not be counted (the count is a lower bound), so the second is every item."""
+            hit = self.compile({"allOf": [sch, cond]}, where)
+            if hi_c is None:
+                return hit, self.compile(sch, where)
+            try:
+                return hit, self.compile({"allOf": [sch, {"not": cond}]}, where)
+            except UnsupportedSchemaError as e:
+                raise UnsupportedSchemaError("maxContains", path, f"needs the negation of `contains`: {e}") from None
+
+        langs = [item_langs(p, f"{path}/prefixItems/{i}") for i, p in enumerate(prefix)]
+        rest_langs = item_langs(rest, f"{path}/items")
+        nid = lambda k, c: k * (C + 1) + c  # noqa: E731
         edges = []
-        for k in range(K):
-            it = item_nodes[k] if k < len(item_nodes) else rest_node
-            if A.is_nothing(it):
-                continue
-            edges.append((k, it if k == 0 else A.seq(comma, it), k + 1))
-        if mx is None and not A.is_nothing(rest_node) and K >= len(item_nodes):
-            edges.append((K, A.seq(comma, rest_node), K))
-        finals = tuple(k for k in range(mn, K + 1))
-        body = A.Graph(K + 1, 0, finals, tuple(edges))
+        for k in range(K + 1):
+            if k == K and (mx is not None or K < len(langs)):
+                break
+            hit, miss = langs[k] if k < len(langs) else rest_langs
+            k2 = min(k + 1, K)
+            for c in range(C + 1):
+                for lab, c2 in ((hit, c + 1 if hi_c is not None else min(c + 1, C)), (miss, c)):
+                    if c2 <= C and not A.is_nothing(lab):
+                        edges.append((nid(k, c), lab if k == 0 else A.seq(comma, lab), nid(k2, c2)))
+        finals = tuple(nid(k, c) for k in range(mn, K + 1) for c in range(lo_c, C + 1))
+        body = A.Graph((K + 1) * (C + 1), 0, finals, tuple(edges))
         return A.seq(A.lit("["), ws, body, ws, A.lit("]"))
+
+    def _contains_counter(self, s: dict, path: str) -> tuple[Any, int, int | None] | None:
+        """(contains schema, minContains, maxContains or None) when `contains` constrains the array."""
+        if "contains" not in s:
+            return None
+        lo = s.get("minContains", 1)
+        hi = s.get("maxContains")
+        for k, v in (("minContains", lo), ("maxContains", hi)):
+            if v is not None and (isinstance(v, bool) or not _is_number(v) or v < 0 or int(v) != v):
+                raise InvalidSchemaError(f"{k} at {path} must be a non-negative integer")
+        lo, hi = int(lo), None if hi is None else int(hi)
+        if lo == 0 and hi is None:
+            return None  # always satisfied
+        if max(lo, hi or 0) > self.opts.max_items_unroll:
+            raise UnsupportedSchemaError("minContains" if hi is None else "maxContains", path,
+                                         f"counts above max_items_unroll ({self.opts.max_items_unroll})")
+        return s["contains"], lo, hi
 
     def _unique_array(self, s, prefix, rest, mn, mx, path) -> A.Node | None:
         ws = self.ws
@@ -1362,8 +1552,8 @@ class SchemaCompiler:
                 raise UnsupportedSchemaError("unevaluatedProperties", path, "combined with applicators")
         else:
             addl = True if self.opts.additional_properties == "allow" else False
-        if addl is True or addl == {} or addl is None:
-            addl = _SHALLOW_ANY
+        if addl == {} or addl is None:
+            addl = True
         pnames = s.get("propertyNames")
         mnp = int(s.get("minProperties", 0) or 0)
         mxp = s.get("maxProperties")
@@ -1378,27 +1568,29 @@ class SchemaCompiler:
             for k, v in s["dependencies"].items():
                 if isinstance(v, list):
                     deps[k] = v
-                else:
+                else:  # (schema dependencies are lowered to applicators before)
                     raise UnsupportedSchemaError("dependencies", path, "schema dependencies")
-        req_set = set(required)
-        # dependencies (a present => b present): narrow by making b required when a is required;
-        # when a is optional, make a's presence imply b by forbidding a unless b is required
-        forbidden: set[str] = set()
-        changed = True
-        while changed:
-            changed = False
-            for a, bs in deps.items():
-                if a in req_set:
-                    for b in bs:
-                        if b not in req_set:
-                            req_set.add(b)
-                            changed = True
         for a, bs in deps.items():
-            if a not in req_set and any(b not in req_set for b in bs):
-                forbidden.add(a)  # sound narrowing: never generate a
-        # declared properties (order: properties, then required-only names)
+            if not isinstance(bs, list) or not all(isinstance(b, str) for b in bs):
+                raise InvalidSchemaError(f"dependentRequired at {path} must map names to arrays of names")
+        req_set = _required_closure(required, deps)
+        # dependencies (a present => b present). A name whose dependencies are not all required is "free":
+        # with few free names the object is the exact union, over which free names are present, of objects
+        # with those names (and their dependencies) required and the other free names absent; with more,
+        # the free names are never generated (a sound narrowing)
+        free = sorted(a for a, bs in deps.items() if a not in req_set and any(b not in req_set for b in bs))
+        if free and not s.get("__dependencies_split__") and len(free) <= self.opts.max_dependency_branches:
+            outs = []
+            for mask in range(1 << len(free)):
+                present = [a for i, a in enumerate(free) if mask >> i & 1]
+                branch = dict(s, required=list(required) + present, __dependencies_split__=True)
+                outs.append(self._object(branch, path))
+            return A.alt(*outs)
+        forbidden = set(free)
+        # declared properties (order: properties, then required-only names); forbidden names are listed so
+        # that no additional key can spell them
         names = list(props.keys()) + [r for r in required if r not in props]
-        for r in req_set:
+        for r in sorted(req_set) + free:
             if r not in names:
                 names.append(r)
         entries = []  # (name, value node, required)
@@ -1445,6 +1637,8 @@ class SchemaCompiler:
     def _extra_entries(self, names: list[str], pats: dict, addl: Any, pnames: Any, path: str) -> list[A.Node]:
         """Key/value alternatives for properties beyond the declared ones (one per key class)."""
         ws = self.ws
+        if self.opts.additional_names == "nonempty":
+            names = names + [""]  # (a sound narrowing: excluded like a declared name)
         out = []
         declared = A.alt_literals([json.dumps(n, ensure_ascii=False)[1:-1] for n in names]) if names else A.NOTHING
         if not pats and pname_lang_is_trivial(pnames):
@@ -1469,29 +1663,36 @@ class SchemaCompiler:
             # classifying keys against many patterns needs large product automata: generate no
             # undeclared keys at all (a sound narrowing: the declared properties carry their schemas)
             return []
-        classes = []  # (key body language, value schema)
-        for i, p in enumerate(pats):
-            others = [pat_langs[j] for j in range(len(pat_langs)) if j != i]
-            classes.append(([pat_langs[i]], others + [declared], pats[p]))
+        classes = []  # (key body languages, languages it must avoid, value schema, required to fit)
+        # a key matching exactly the patterns of a subset S: the value satisfies every schema of S
+        pat_list = list(pats)
+        for mask in range(1, 1 << len(pat_list)):
+            inside = [i for i in range(len(pat_list)) if mask >> i & 1]
+            others = [pat_langs[j] for j in range(len(pat_list)) if not mask >> j & 1]
+            vs = pats[pat_list[inside[0]]] if len(inside) == 1 else {"allOf": [pats[pat_list[i]] for i in inside]}
+            classes.append(([pat_langs[i] for i in inside], others + [declared], vs, len(inside) == 1))
         if addl is not False:
-            classes.append(([ANY_STRING_BODY], pat_langs + [declared], addl))
-        for pos, negs, vs in classes:
+            classes.append(([ANY_STRING_BODY], pat_langs + [declared], addl, True))
+        for pos, negs, vs, needed in classes:
             if pname_lang is not None:
                 pos = pos + [pname_lang]
             negs = [n for n in negs if not A.is_nothing(n)]
-            vnode = self.compile(vs, f"{path}/additionalProperties")
-            if A.is_nothing(vnode):
-                continue
             try:
                 if negs or len(pos) > 1:
+                    limit = self.opts.intersection_limit if needed else self.opts.intersection_limit // 10
                     key_body = dfa_ops.product(pos + negs, [False] * len(pos) + [True] * len(negs), self.deadline,
-                                               self.opts.intersection_limit)
+                                               limit)
                 else:
                     key_body = pos[0]
             except dfa_ops.TooLarge:
+                if not needed:
+                    continue  # keys matching several patterns are not generated (a sound narrowing)
                 raise UnsupportedSchemaError("patternProperties" if pats else "additionalProperties", path,
                                              "key language too large") from None
             if A.is_nothing(key_body):
+                continue
+            vnode = self.compile(vs, f"{path}/additionalProperties")
+            if A.is_nothing(vnode):
                 continue
             out.append(A.seq(A.lit('"'), key_body, A.lit('"'), ws, A.lit(":"), ws, vnode))
         return out
@@ -1538,6 +1739,18 @@ class SchemaCompiler:
         return node
 
 
+def _required_closure(required: list[str], deps: dict[str, list[str]]) -> set[str]:
+    """The required names plus, transitively, the names they depend on."""
+    out = set(required)
+    todo = list(out)
+    while todo:
+        for b in deps.get(todo.pop(), []):
+            if b not in out:
+                out.add(b)
+                todo.append(b)
+    return out
+
+
 def pname_lang_is_trivial(pnames) -> bool:
     return pnames is None or pnames is True or pnames == {}
 
@@ -1582,6 +1795,48 @@ def _strings_except(names: tuple[str, ...]) -> A.Node:
     return A.Graph(len(nodes), start, tuple(finals), tuple(edges))
 
 
+# `not {k: v}` for a single bound k: the values of k's type beyond the bound (type, keyword, shift of v)
+_NEGATED_BOUND = {
+    "minimum": ("number", "exclusiveMaximum", 0), "maximum": ("number", "exclusiveMinimum", 0),
+    "exclusiveMinimum": ("number", "maximum", 0), "exclusiveMaximum": ("number", "minimum", 0),
+    "minLength": ("string", "maxLength", -1), "maxLength": ("string", "minLength", 1),
+    "minItems": ("array", "maxItems", -1), "maxItems": ("array", "minItems", 1),
+    "minProperties": ("object", "maxProperties", -1), "maxProperties": ("object", "minProperties", 1),
+}
+
+
+def _holds_number(v) -> bool:
+    if _is_number(v):
+        return True
+    if isinstance(v, list):
+        return any(_holds_number(x) for x in v)
+    if isinstance(v, dict):
+        return any(_holds_number(x) for x in v.values())
+    return False
+
+
+def _value_spellings(v) -> A.Node:
+    """Compact JSON texts of values equal to v: numbers in any decimal spelling without exponent (integers
+    beyond 2**53 only as written: a validator would read "n.0" as an inexact float)."""
+    if _is_number(v):
+        if isinstance(v, int) and abs(v) > _FLOAT_EXACT:
+            return json_literal(v)
+        return _number_spellings(v)
+    if isinstance(v, list):
+        items = [_value_spellings(x) for x in v]
+        body = [items[0]] + [A.seq(A.lit(","), x) for x in items[1:]] if items else []
+        return A.seq(A.lit("["), *body, A.lit("]"))
+    if isinstance(v, dict):
+        members = [A.seq(A.lit(json.dumps(k, ensure_ascii=False) + ":"), _value_spellings(x)) for k, x in v.items()]
+        body = [members[0]] + [A.seq(A.lit(","), m) for m in members[1:]] if members else []
+        return A.seq(A.lit("{"), *body, A.lit("}"))
+    return json_literal(v)
+
+
+_FLOAT_EXACT = 2 ** 53  # every integer up to this magnitude is a double
+_ZERO_FRACTION = A.opt(A.seq(A.lit("."), A.plus(A.lit("0"))))
+
+
 def _number_spellings(v) -> A.Node:
     """Every decimal spelling (no exponent) of the number v: canonical digits plus trailing zeros."""
     d = N.to_decimal(v)
@@ -1595,11 +1850,26 @@ def _number_spellings(v) -> A.Node:
     return A.seq(A.lit("-"), body) if neg else body
 
 
-def _expand_number(types: set[str]) -> set[str]:
-    t = set(types)
-    if "number" in t:
-        t.add("integer")
-    return t
+def _kinds_of_types(types) -> set[str]:
+    """JSON types as disjoint kinds of values: "number" is "integer" plus "fraction" (non-integers)."""
+    out = set(types)
+    if "number" in out:
+        out.discard("number")
+        out |= {"integer", "fraction"}
+    return out
+
+
+def _kind_of(v) -> str:
+    t = _type_of(v)
+    return "fraction" if t == "number" else t
+
+
+def _types_of_kinds(kinds: set[str]) -> list[str]:
+    """A `type` list for a set of kinds; non-integers without integers are not expressible (dropped)."""
+    out = sorted(k for k in kinds if k not in ("integer", "fraction"))
+    if "integer" in kinds:
+        out.append("number" if "fraction" in kinds else "integer")
+    return sorted(out)
 
 
 def _intersect_types(a: set[str], b: set[str]) -> set[str]:
