@@ -11,10 +11,11 @@ For one row of logits l over a vocabulary of V tokens and an allowed set A (all 
   entropy = -sum_j p_j log p_j = log S - (sum_j (x_j - m) e^{x_j - m}) / S,   m = max_j x_j, S = sum_j e^{x_j - m}
   margin  = p_(1) - p_(2) = (1 - e^{x_(2) - m}) / S      (x_(2) the second largest masked logit; p_(1) if |A| = 1)
 
-A row with no allowed token gets token -1, prob 0, entropy +inf, margin 0 (the engine never commits it). These are
-the semantics of `dllm_constrain.engine.sampling.reduce_logits`; `masked_row_stats(logits, allowed, T, generator)`
-is a drop-in for it (same arguments, same noise stream from the generator, same outputs up to float rounding of
-the statistics; tokens are bit-identical because scores are compared exactly as torch compares them).
+A row with no allowed token gets token -1, prob 0, entropy +inf, margin 0 (the engine never commits it). This module
+is the one implementation of that math: the engine's seam `dllm_constrain.engine.sampling.reduce_logits` and its
+budgeted logits path call `masked_row_stats` / `masked_row_stats_from_hidden`. The Triton kernels give the torch
+reference's outputs up to float rounding of the statistics; tokens are bit-identical because scores are compared
+exactly as torch compares them.
 
 The Triton kernels stream each row's vocabulary in tiles, keeping an online (max, sum-exp, sum (x - m) exp) state,
 the running best score and the top-2 logits, so each logit is read once (`masked_row_stats`) or never written at
@@ -466,7 +467,7 @@ def masked_row_stats(
 ) -> RowStats:
     """Token, probability, entropy and top-2 margin of each row of a [rows, vocab] logits chunk (float32/bf16/fp16).
 
-    Drop-in for engine.sampling.reduce_logits(logits_chunk, allowed_mask, temperature, generator). `allowed` is None,
+    What engine.sampling.reduce_logits(logits_chunk, allowed_mask, temperature, generator) calls. `allowed` is None,
     bool [rows, vocab] or xgrammar-packed int32 [rows, >= ceil(vocab/32)]. At T > 0 the standard Gumbel noise is
     `noise` (float64 [rows, vocab]) or is drawn from `generator` exactly as engine.sampling draws it.
     backend: "auto" (Triton on CUDA, torch elsewhere), "triton" (forced; on CPU needs TRITON_INTERPRET=1), "torch".

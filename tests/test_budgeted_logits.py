@@ -96,3 +96,23 @@ def test_row_chunks_follow_the_budget() -> None:
     stats = path.row_stats(hidden, allowed, 0.0, None)
     assert path.chunks == 3 and len(stats) == 13
     torch.testing.assert_close(stats.token, model.logits(hidden).masked_fill(~allowed, -1e9).argmax(-1))
+
+
+def test_the_unbudgeted_seam_runs_the_kernels_row_statistics(monkeypatch) -> None:
+    """One implementation of the row statistics: engine.sampling.reduce_logits (the unbudgeted path) is the kernels'
+    dispatcher, so the two paths cannot drift apart."""
+    from dllm_constrain.engine import sampling
+    from dllm_constrain.kernels import masked_row_stats as mrs
+
+    calls = []
+    real = mrs.masked_row_stats
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("backend"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mrs, "masked_row_stats", spy)
+    logits = torch.randn(3, 20, generator=torch.Generator().manual_seed(0))
+    stats = sampling.reduce_logits(logits, None, 0.0, None)
+    assert calls == ["auto"] and stats.token.tolist() == logits.argmax(-1).tolist()
+    assert sampling.RowStats is mrs.RowStats and sampling.gumbel_noise is mrs.gumbel_noise
