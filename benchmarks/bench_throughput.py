@@ -21,9 +21,14 @@ the get_num_transfer_tokens quota, Gumbel noise as add_gumbel_noise. Batches are
 (as the repository's batched version); the position ids count real tokens only (our models' convention), so a row
 computes what it computes alone, as in our engine.
 
-    python benchmarks/bench_throughput.py                         # every section, defaults below
-    python benchmarks/bench_throughput.py --sections bundled --n 32 --runs 5
-    python benchmarks/bench_throughput.py --sections agreement --n 32
+    python benchmarks/bench_throughput.py                         # bundled, mid, gemma with the defaults below
+    python benchmarks/bench_throughput.py --sections bundled,mid,gemma --n 24 --runs 3   # docs/performance.md
+    python benchmarks/bench_throughput.py --sections agreement --n 16
+    python benchmarks/bench_throughput.py --sections bundled --constrained   # + schema-constrained rows (masks)
+
+The bundled section's canvas and block length default to the checkpoint's generation_config.json; its engine rows
+name their policy (quota: LLaDA's one commit per step; threshold: Fast-dLLM's confidence threshold) and cache
+setting explicitly.
 """
 from __future__ import annotations
 
