@@ -487,7 +487,7 @@ class SchemaCompiler:
 
     def _check_keywords(self, s: dict, path: str) -> None:
         for k in s:
-            if k in ANNOTATIONS or k in SUPPORTED:
+            if k in ANNOTATIONS or k in SUPPORTED or k.startswith("__"):  # (__: the compiler's own marks)
                 continue
             if k in KNOWN_UNSUPPORTED:
                 raise UnsupportedSchemaError(k, path)
@@ -507,7 +507,10 @@ class SchemaCompiler:
             try:
                 if not rest:
                     return self.compile(target, ref)
-                return self.compile({"allOf": [target, rest]}, path)
+                # the schema holding the $ref stays the base of the conjunction (for unevaluatedProperties)
+                both = {**rest, "allOf": [target] + list(rest.get("allOf", []))}
+                self._keep.append(both)
+                return self.compile(both, path)
             finally:
                 if cnt == 0:
                     del self.ref_counts[ref]
@@ -583,6 +586,8 @@ class SchemaCompiler:
 
     def _compile_applicators(self, s: dict, path: str) -> A.Node:
         base = {k: v for k, v in s.items() if k not in ("allOf", "anyOf", "oneOf", "not", "if", "then", "else")}
+        if s.get("unevaluatedProperties", True) not in (True, {}) and self._annotations_are_positive(s, path):
+            base["__unevaluated_root__"] = True
         conj: list = [base]
         if "allOf" in s:
             if not isinstance(s["allOf"], list) or not s["allOf"]:
@@ -603,6 +608,37 @@ class SchemaCompiler:
             # (if AND then) OR (NOT if AND else)
             disj_groups.append(("if", [{"allOf": [cond, then]}, {"allOf": [{"__not__": cond}, els]}]))
         return self._compile_conjunction(conj, disj_groups, path)
+
+    def _annotations_are_positive(self, s: dict, path: str) -> bool:
+        """True when the properties the in-place applicators under s name may all count as evaluated for s's
+        unevaluatedProperties: each conjunction we build from them then evaluates a subset of what the
+        validator sees (a sound narrowing). Not so with `not`/`if` (their negations are compiled to
+        positive schemas that name properties but produce no annotations), with an unevaluatedProperties
+        below s (it sees only its own subtree) or with dynamic references."""
+        stack: list = [(s, True)]
+        seen: set[int] = set()
+        while stack:
+            x, is_root = stack.pop()
+            if not isinstance(x, dict) or id(x) in seen:
+                continue
+            seen.add(id(x))
+            if "not" in x or "if" in x or "$dynamicRef" in x or "$recursiveRef" in x:
+                return False
+            if not is_root and "unevaluatedProperties" in x:
+                return False
+            for kw in ("allOf", "anyOf", "oneOf"):
+                if isinstance(x.get(kw), list):
+                    stack.extend((y, False) for y in x[kw])
+            for kw in ("dependentSchemas", "dependencies"):
+                if isinstance(x.get(kw), dict):
+                    stack.extend((y, False) for y in x[kw].values())
+            if "$ref" in x:
+                try:
+                    target, _ = self.resolve_ref(x["$ref"], path, self._base_of(x))
+                except (InvalidSchemaError, UnsupportedSchemaError):
+                    return False
+                stack.append((target, False))
+        return True
 
     def _compile_conjunction(self, conj: list, disj_groups: list, path: str) -> A.Node:
         # flatten nested allOf and bare refs, pulling their anyOf/oneOf up
@@ -1548,7 +1584,7 @@ class SchemaCompiler:
             addl = s["additionalProperties"]
         elif "unevaluatedProperties" in s and s["unevaluatedProperties"] not in (True, {}):
             addl = s["unevaluatedProperties"]
-            if len(s.get("__conj__", [])) > 1:
+            if len(s.get("__conj__", [])) > 1 and not s.get("__unevaluated_root__"):
                 raise UnsupportedSchemaError("unevaluatedProperties", path, "combined with applicators")
         else:
             addl = True if self.opts.additional_properties == "allow" else False
