@@ -447,6 +447,12 @@ def test_integers_may_be_written_with_a_zero_fraction(schema, text, ok):
         assert validator(schema).is_valid(json.loads(text))
 
 
+def test_object_values_of_enum_and_const_match_in_any_member_order():
+    s = {"const": {"foo": "bar", "baz": [1, {"x": None, "y": 2}]}}
+    assert lang(s).matches(b'{"baz":[1.0,{"y":2,"x":null}],"foo":"bar"}')
+    assert not lang(s).matches(b'{"baz":[1,{"y":2}],"foo":"bar"}')
+
+
 def test_a_key_matching_several_patterns_satisfies_all_their_schemas():
     s = {"patternProperties": {"a*": {"type": "integer"}, "aaa*": {"maximum": 20}}}
     assert accepts(s, {"aaaa": 18}) and accepts(s, {"a": 21, "aaaa": 18})

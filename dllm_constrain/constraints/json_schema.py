@@ -26,6 +26,7 @@ Sound narrowings (outputs stay valid; some valid instances are not producible):
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 import re
@@ -1239,7 +1240,7 @@ class SchemaCompiler:
                 lit = json.dumps(v, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
             except ValueError:
                 continue
-            if _holds_number(v):
+            if _has_other_spellings(v):
                 spelled.append(A.alt(A.lit(lit), _value_spellings(v)))
             else:
                 lits.append(lit)
@@ -1841,19 +1842,24 @@ _NEGATED_BOUND = {
 }
 
 
-def _holds_number(v) -> bool:
+def _has_other_spellings(v) -> bool:
+    """True when v has compact JSON texts other than json.dumps's: a number, or an object of several keys."""
     if _is_number(v):
         return True
     if isinstance(v, list):
-        return any(_holds_number(x) for x in v)
+        return any(_has_other_spellings(x) for x in v)
     if isinstance(v, dict):
-        return any(_holds_number(x) for x in v.values())
+        return len(v) > 1 or any(_has_other_spellings(x) for x in v.values())
     return False
+
+
+_MAX_PERMUTED_KEYS = 4  # objects of enum/const values: members in every order up to this many keys
 
 
 def _value_spellings(v) -> A.Node:
     """Compact JSON texts of values equal to v: numbers in any decimal spelling without exponent (integers
-    beyond 2**53 only as written: a validator would read "n.0" as an inexact float)."""
+    beyond 2**53 only as written: a validator would read "n.0" as an inexact float), object members in any
+    order (up to _MAX_PERMUTED_KEYS keys; larger objects in their given order)."""
     if _is_number(v):
         if isinstance(v, int) and abs(v) > _FLOAT_EXACT:
             return json_literal(v)
@@ -1864,8 +1870,9 @@ def _value_spellings(v) -> A.Node:
         return A.seq(A.lit("["), *body, A.lit("]"))
     if isinstance(v, dict):
         members = [A.seq(A.lit(json.dumps(k, ensure_ascii=False) + ":"), _value_spellings(x)) for k, x in v.items()]
-        body = [members[0]] + [A.seq(A.lit(","), m) for m in members[1:]] if members else []
-        return A.seq(A.lit("{"), *body, A.lit("}"))
+        orders = itertools.permutations(members) if len(members) <= _MAX_PERMUTED_KEYS else [members]
+        bodies = [A.seq(order[0], *[A.seq(A.lit(","), m) for m in order[1:]]) for order in orders if order]
+        return A.seq(A.lit("{"), A.alt(*bodies), A.lit("}")) if bodies else A.lit("{}")
     return json_literal(v)
 
 
