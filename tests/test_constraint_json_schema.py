@@ -523,6 +523,27 @@ def test_unevaluated_properties_see_the_properties_of_in_place_applicators():
     assert e.value.keyword == "unevaluatedProperties"
 
 
+_BRANCHES = st.sampled_from([
+    {"minimum": 5}, {"type": "string"}, {"maxLength": 2}, {"required": ["a"]}, {"required": ["b"]},
+    {"type": "integer"}, {"enum": [1, "x", None]}, {"const": 6}, {"properties": {"a": {"type": "integer"}}},
+    {"type": "object", "properties": {"k": {"const": 1}}, "required": ["k"]}, {"type": ["null", "boolean"]},
+    {"minItems": 1}, {"items": {"type": "string"}}, {"not": {"type": "number"}},
+])
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(branches=st.lists(_BRANCHES, min_size=2, max_size=3), seed=st.integers(0, 2**32 - 1))
+def test_one_of_untyped_branches_every_text_of_the_language_validates(branches, seed):
+    s = {"oneOf": branches}
+    try:
+        dfa = lang(s, any_json_depth=1)
+    except (UnsupportedSchemaError, UnsatisfiableSchemaError):
+        return
+    v = validator(s)
+    for t in random_texts(dfa, random.Random(seed), n=15, max_len=60):
+        assert v.is_valid(json.loads(t.decode("utf-8"))), (s, t)
+
+
 # ------------------------------------------------------------------------------------------ errors
 @pytest.mark.parametrize("schema,keyword", [
     ({"type": "array", "contains": {"type": "string", "pattern": "a"}, "maxContains": 1}, "maxContains"),
