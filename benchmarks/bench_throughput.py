@@ -24,6 +24,7 @@ computes what it computes alone, as in our engine.
     python benchmarks/bench_throughput.py                         # bundled, mid, gemma with the defaults below
     python benchmarks/bench_throughput.py --sections bundled,mid,gemma --n 24 --runs 3   # docs/performance.md
     python benchmarks/bench_throughput.py --sections agreement --n 16
+    python benchmarks/bench_throughput.py --sections quality --n 200          # the reference loop's held-out quality
     python benchmarks/bench_throughput.py --sections bundled --constrained   # + schema-constrained rows (masks)
 
 The bundled section's canvas and block length default to the checkpoint's generation_config.json; its engine rows
@@ -279,6 +280,34 @@ def section_bundled(args, log) -> dict[str, Any]:
     return {"table": text, "rows": {k: {"times": r.times, "produced": r.result.produced, "nfe": r.result.nfe,
                                         "schema_valid": quality[k][0], "field_recall": quality[k][1],
                                         "refreshes": r.result.extra.get("refreshes")} for k, r in rows.items()}}
+
+
+def section_quality(args, log) -> dict[str, Any]:
+    """Held-out quality of the LLaDA-reference loop (once, untimed beyond one pass): the figures the engine's
+    `python -m dllm_constrain.train.heldout` results are compared with."""
+    llm = load_bundled(args.model)
+    examples, prompts = heldout(llm, args.n)
+    new_tokens = args.max_new_tokens or llm.defaults.max_new_tokens
+    block = args.block_length or llm.defaults.block_length
+    steps = args.steps or new_tokens
+    t = time.perf_counter()
+    res = reference_loop(llm.model, llm.tokenizer, prompts, args.batch, steps, new_tokens, block, llm.engine.decode)()
+    dt = time.perf_counter() - t
+    schema, recall = quality_of(examples, res.texts)
+    valid = 0
+    for text in res.texts:
+        try:
+            json.loads(text)
+            valid += 1
+        except ValueError:
+            pass
+    log(f"quality: reference loop on {args.n} held-out requests in {dt:.0f}s")
+    table_text = ("| loop | requests | valid JSON | schema-valid | field recall | s/sample |\n"
+                  "|---|---:|---:|---:|---:|---:|\n"
+                  f"| LLaDA-reference loop | {args.n} | {valid / args.n:.1%} | {schema:.1%} | {recall:.1%} | "
+                  f"{dt / args.n:.2f} |")
+    row = {"valid_json": valid / args.n, "schema_valid": schema, "field_recall": recall, "seconds": dt}
+    return {"table": table_text, "rows": {"LLaDA-reference loop": row}}
 
 
 def section_mid(args, log) -> dict[str, Any]:
@@ -545,7 +574,8 @@ def section_roofline(args, log) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sections", default="bundled,mid,gemma", help="comma list of bundled, mid, gemma, agreement, roofline")
+    ap.add_argument("--sections", default="bundled,mid,gemma",
+                    help="comma list of bundled, mid, gemma, agreement, quality, roofline")
     ap.add_argument("--model", default=None, help="checkpoint folder for the bundled/agreement sections "
                                                   "(default: the bundled model)")
     ap.add_argument("--n", type=int, default=16, help="held-out requests")
@@ -586,7 +616,7 @@ def main(argv: list[str] | None = None) -> None:
     report: dict[str, Any] = {"argv": sys.argv, "threads": args.threads, "torch": torch.__version__,
                               "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     fns = {"bundled": section_bundled, "mid": section_mid, "gemma": section_gemma, "agreement": section_agreement,
-           "roofline": section_roofline}
+           "quality": section_quality, "roofline": section_roofline}
     for name in args.sections.split(","):
         name = name.strip()
         t = time.perf_counter()
