@@ -76,3 +76,14 @@ def test_micro_training_is_reproducible_by_seed(micro_run, tmp_path):
     a = load_file(str(out / "model.safetensors"))
     b = load_file(str(tmp_path / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_micro_training_writes_the_measured_decoding_defaults(micro_run):
+    """A retrained bundled model keeps the decoding defaults the engine benchmarks chose (threshold 0.9)."""
+    from dllm_constrain.api import GenerationDefaults
+
+    out, _ = micro_run
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert gen["policy"] == "threshold" and gen["threshold"] == 0.9
+    defaults = GenerationDefaults.from_folder(out)
+    assert defaults.policy == "threshold"
