@@ -252,3 +252,10 @@ def test_schemas_compile_strict_for_generation_unless_asked_otherwise(llm) -> No
     open_object = {"type": "object", "additionalProperties": {"type": "integer"}}
     assert not llm.compile(schema=open_object).accepts_text('{"":1}')
     assert llm.compile(schema=open_object).accepts_text('{"b":1}')
+
+
+def test_strict_generation_writes_properties_in_declared_order(llm) -> None:
+    s = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+    assert llm.compile(schema=s).accepts_text('{"a":1,"b":2}')
+    assert not llm.compile(schema=s).accepts_text('{"b":2,"a":1}')
+    assert llm.compile(schema=s, strict=False).accepts_text('{"b":2,"a":1}')
