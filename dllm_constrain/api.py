@@ -39,13 +39,14 @@ CONSTRAINT_ISSUE = "The constraint layer: JSON Schema and regex compiled to per-
 PROMPT_FORMATS = ("auto", "request", "raw")
 _CACHE_SIZE = 4
 # JSON Schema options for generation (like xgrammar's strict_mode): an object schema that does not say
-# `additionalProperties` gets no undeclared properties, and a schema without `type` produces the types its
-# keywords imply, undeclared property names (where the schema allows them) are never empty, and properties
-# come in their declared order (what a model asked for a schema writes anyway; any-order member sets make
-# the canvas explore many more states: docs/constraints.md, Figures). All are sound narrowings;
-# `strict=False` compiles with the specification's defaults.
+# `additionalProperties` gets no undeclared properties, a schema without `type` produces the types its
+# keywords imply, undeclared property names (where the schema allows them) are never empty, properties come in
+# their declared order (what a model asked for the schema writes; any-order member sets make the canvas
+# explore many more states: docs/constraints.md, Figures) and integers are written without ".0". All are
+# sound narrowings; `strict=False` compiles with the specification's defaults.
 STRICT_SCHEMA_OPTIONS: dict[str, Any] = {"additional_properties": "forbid", "untyped_types": "inferred",
-                                         "additional_names": "nonempty", "property_order": "declared"}
+                                         "additional_names": "nonempty", "property_order": "declared",
+                                         "integer_zero_fraction": "never"}
 _LLM_CACHE: "OrderedDict[str, LLM]" = OrderedDict()
 
 

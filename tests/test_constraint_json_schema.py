@@ -470,6 +470,23 @@ def test_refs_resolve_against_the_nearest_enclosing_id():
     assert validator(s).is_valid({"foo": 1, "bar": 2}) and not validator(s).is_valid({"foo": "x"})
 
 
+def test_a_fragment_missing_from_the_enclosing_id_resource_resolves_against_the_document():
+    """Draft-04 schemas put `id`s on definitions and still point at the whole document ("#/definitions/...")."""
+    s = {"definitions": {"lemon": {"id": "schema/lemon",
+                                   "definitions": {"ripe": {"type": "boolean"}},
+                                   "properties": {"ripe": {"$ref": "#/definitions/lemon/definitions/ripe"}}}},
+         "$ref": "#/definitions/lemon"}
+    assert accepts(s, {"ripe": True}) and not accepts(s, {"ripe": 1})
+
+
+def test_integers_with_a_zero_fraction_follow_the_declared_draft():
+    """Draft 6+ counts 1.0 as an integer; draft-04 validators do not, so neither do we there."""
+    assert accepts({"type": "integer"}, 1.0)
+    assert not accepts({"$schema": "http://json-schema.org/draft-04/schema#", "type": "integer"}, 1.0)
+    assert not accepts({"type": "integer"}, 1.0, integer_zero_fraction="never")
+    assert accepts({"type": "integer"}, 1, integer_zero_fraction="never")
+
+
 def test_undeclared_property_names_can_be_kept_nonempty():
     s = {"type": "object", "additionalProperties": {"type": "integer"}}
     assert accepts(s, {"": 1}) and not accepts(s, {"": 1}, additional_names="nonempty")

@@ -60,6 +60,9 @@ class SchemaOptions:
     intersection_limit: int = 20000  # states of an eager intersection automaton
     additional_names: str = "any"  # names of undeclared properties: "any" | "nonempty" (never "")
     untyped_types: str = "all"  # a schema without `type`: "all" JSON types (spec) | "inferred" from its keywords
+    # integers spelled with a zero fraction ("1.0"): "auto" = where the schema's draft counts them as integers
+    # (draft 6 and later; draft-03/04 validators reject 1.0 for "integer") | "never"
+    integer_zero_fraction: str = "auto"
     max_dependency_branches: int = 3  # optional dependentRequired names compiled exactly (2^n object branches)
     property_order: str = "any"  # declared properties: "any" order (spec) | "declared" order (cheaper canvas masks)
 
@@ -75,6 +78,8 @@ class SchemaOptions:
             raise ValueError("unknown_keywords must be 'ignore' or 'error'")
         if self.additional_names not in ("any", "nonempty"):
             raise ValueError("additional_names must be 'any' or 'nonempty'")
+        if self.integer_zero_fraction not in ("auto", "never"):
+            raise ValueError("integer_zero_fraction must be 'auto' or 'never'")
         if self.untyped_types not in ("all", "inferred"):
             raise ValueError("untyped_types must be 'all' or 'inferred'")
         if self.unique_items not in ("narrow", "error"):
@@ -348,7 +353,19 @@ class SchemaCompiler:
         if not isinstance(ref, str):
             raise InvalidSchemaError(f"$ref at {path} must be a string")
         resources, root_base = self._resources()
-        uri = _join_uri(root_base if base is None else base, ref)
+        found = self._lookup(ref, root_base if base is None else base, resources, root_base, path)
+        if found is None and ref.startswith("#") and base not in (None, root_base):
+            # a fragment that does not resolve inside the enclosing `id` resource: many real schemas
+            # (draft-04 `id`s on definitions) mean the whole document, as most validators read them
+            found = self._lookup(ref, root_base, resources, root_base, path)
+        if found is None:
+            raise InvalidSchemaError(f"unresolvable $ref {ref!r} at {path}")
+        return found
+
+    def _lookup(self, ref: str, base: str, resources: dict[str, Any], root_base: str,
+                path: str) -> tuple[Any, str] | None:
+        """(target, absolute URI) of `ref` against `base`, or None when the document has no such target."""
+        uri = _join_uri(base, ref)
         doc_uri, _, frag = uri.partition("#")
         doc = self.root if doc_uri == root_base else resources.get(doc_uri)
         if doc is None:
@@ -364,12 +381,10 @@ class SchemaCompiler:
                 elif isinstance(target, list) and tok.isdigit() and int(tok) < len(target):
                     target = target[int(tok)]
                 else:
-                    raise InvalidSchemaError(f"unresolvable $ref {ref!r} at {path}")
+                    return None
             return target, uri
         target = resources.get(uri)
-        if target is None:
-            raise InvalidSchemaError(f"unresolvable $ref {ref!r} at {path}")
-        return target, uri
+        return None if target is None else (target, uri)
 
     def _base_of(self, s: Any) -> str | None:
         """The base URI of a schema of the document (None: the root's, e.g. for the compiler's own dicts)."""
@@ -1284,12 +1299,21 @@ class SchemaCompiler:
         digits = self._integer_digits(s, path)
         if A.is_nothing(digits):
             return A.NOTHING
+        if not self._zero_fraction_integers():
+            return digits
         b = self._int_bounds(s, path)
         lo, hi = b if b is not None else (None, None)
         small = [x is not None and abs(x) <= _FLOAT_EXACT for x in (lo, hi)]
         if all(small) or ("multipleOf" not in s and all(ok or x is None for ok, x in zip(small, (lo, hi)))):
             return A.seq(digits, _ZERO_FRACTION)
         return digits
+
+    def _zero_fraction_integers(self) -> bool:
+        """Whether "1.0" is an integer here: from draft 6 on; draft-03/04 (by the root's `$schema`) say no."""
+        if self.opts.integer_zero_fraction == "never":
+            return False
+        declared = self.root.get("$schema", "") if isinstance(self.root, dict) else ""
+        return not (isinstance(declared, str) and ("draft-03" in declared or "draft-04" in declared))
 
     def _integer_digits(self, s: dict, path: str) -> A.Node:
         b = self._int_bounds(s, path)
