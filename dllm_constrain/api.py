@@ -42,11 +42,12 @@ _CACHE_SIZE = 4
 # `additionalProperties` gets no undeclared properties, a schema without `type` produces the types its
 # keywords imply, undeclared property names (where the schema allows them) are never empty, properties come in
 # their declared order (what a model asked for the schema writes; any-order member sets make the canvas
-# explore many more states: docs/constraints.md, Figures) and integers are written without ".0". All are
-# sound narrowings; `strict=False` compiles with the specification's defaults.
+# explore many more states: docs/constraints.md, Figures), integers are written without ".0" and free-form
+# values nest at most 3 levels (6 for the spec semantics: deeper free-form values cost the canvas states).
+# All are sound narrowings; `strict=False` compiles with the specification's defaults.
 STRICT_SCHEMA_OPTIONS: dict[str, Any] = {"additional_properties": "forbid", "untyped_types": "inferred",
                                          "additional_names": "nonempty", "property_order": "declared",
-                                         "integer_zero_fraction": "never"}
+                                         "integer_zero_fraction": "never", "any_json_depth": 3}
 _LLM_CACHE: "OrderedDict[str, LLM]" = OrderedDict()
 
 

@@ -51,7 +51,7 @@ class SchemaOptions:
     whitespace: str = "compact"  # "compact" | "flexible"
     flexible_whitespace_max: int = 4  # max whitespace chars between tokens in "flexible" mode
     max_recursion_depth: int = 3  # $ref recursion unrolled this many times
-    any_json_depth: int = 3  # nesting depth of free-form values (schema `true` / `{}`, additional properties)
+    any_json_depth: int = 6  # nesting depth of free-form values (schema `true` / `{}`, additional properties)
     additional_properties: str = "allow"  # when the schema does not say: "allow" (spec) | "forbid"
     unknown_keywords: str = "ignore"  # "ignore" | "error"
     unique_items: str = "narrow"  # "narrow" | "error"
