@@ -187,9 +187,9 @@ class LLM:
         """The compiled constraint for a schema, a regex or a Lark grammar (a shipped name, a .lark path or
         grammar text), compiled once per LLM (hence per tokenizer).
 
-        strict: JSON Schema options STRICT_SCHEMA_OPTIONS (no undeclared properties unless the schema allows
-        them explicitly; untyped schemas narrowed to the types their keywords imply); False: the
-        specification's semantics. schema_options: `json_schema.SchemaOptions` fields overriding these."""
+        strict: compile a JSON Schema with STRICT_SCHEMA_OPTIONS (sound narrowings for generation, see the
+        comment there); False: the specification's semantics. schema_options: `json_schema.SchemaOptions`
+        fields overriding either."""
         if grammar is not None:
             from dllm_constrain.constraints.cfg import GrammarCompiler
             from dllm_constrain.grammars import load_grammar

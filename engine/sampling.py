@@ -25,19 +25,7 @@ import torch
 from dllm_constrain.kernels import masked_row_stats as mrs
 from dllm_constrain.kernels.masked_row_stats import RowStats, gumbel_noise
 
-__all__ = ["RowStats", "gumbel_noise", "reduce_logits", "sample_tokens"]
-
-
-def sample_tokens(
-    logits: torch.Tensor, temperature: float, generator: torch.Generator | None
-) -> torch.Tensor:
-    """argmax(logits) at T = 0; argmax(logits / T + Gumbel) in float64 at T > 0 (a sample of softmax(l / T))."""
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    noisy = logits.to(torch.float64) / temperature + gumbel_noise(tuple(logits.shape), generator, logits.device)
-    return noisy.argmax(dim=-1)
+__all__ = ["RowStats", "gumbel_noise", "reduce_logits"]
 
 
 def reduce_logits(

@@ -282,3 +282,12 @@ def test_under_a_tiny_expansion_budget_masks_stay_sound_and_never_empty(data, se
         canvas[p] = t
     text = canvas_text(canvas, tokens, info.eos_id)
     assert text is not None and accepts(text)
+
+
+@given(st.sets(st.integers(min_value=0, max_value=5000), max_size=300))
+@settings(max_examples=200, deadline=None)
+def test_state_set_members_are_the_set_bits_ascending(bits):
+    """bits_of is exact on both of its paths (bit peeling for small sets, numpy unpacking for large ones)."""
+    from dllm_constrain.constraints.canvas import bits_of
+
+    assert bits_of(sum(1 << b for b in bits)) == sorted(bits)

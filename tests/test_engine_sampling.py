@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from dllm_constrain.engine.sampling import reduce_logits, sample_tokens
+from dllm_constrain.engine.sampling import reduce_logits
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -27,7 +27,7 @@ def test_gumbel_sampling_follows_softmax_of_logits_over_temperature() -> None:
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
     temperature = 2.0
     expected = torch.softmax(logits / temperature, -1)
-    tokens = sample_tokens(logits.expand(20000, -1), temperature, _gen(1))
+    tokens = reduce_logits(logits.expand(20000, -1), None, temperature, _gen(1)).token
     freq = torch.bincount(tokens, minlength=4).double() / 20000
     assert torch.allclose(freq, expected.double(), atol=0.015)
 
