@@ -131,6 +131,9 @@ def main() -> int:
                          "(no canvas TTFM, no canvas walk; the walk is exact, so the counts agree up to its budget)")
     ap.add_argument("--schema-option", action="append", default=[], metavar="NAME=VALUE",
                     help="a json_schema.SchemaOptions field for every compile, e.g. any_json_depth=5 (repeatable)")
+    ap.add_argument("--strict", action="store_true",
+                    help="compile with generate()'s default options (api.STRICT_SCHEMA_OPTIONS: no undeclared "
+                         "properties, declared order, free-form depth 3, ...); --schema-option overrides them")
     args = ap.parse_args()
 
     import torch
@@ -170,6 +173,10 @@ def main() -> int:
     misses = [0, 0, 0]
     schema_options = {k: int(v) if v.lstrip("-").isdigit() else v
                       for k, v in (o.split("=", 1) for o in args.schema_option)}
+    if args.strict:
+        from dllm_constrain.api import STRICT_SCHEMA_OPTIONS
+
+        schema_options = {**STRICT_SCHEMA_OPTIONS, **schema_options}
     # warm-up (first-use costs: imports, jsonschema, GC) on a trivial schema
     comp.compile_json_schema({"type": "object", "properties": {"a": {"type": "integer"}}}).matcher().fill_mask()
     for k, r in enumerate(items):
@@ -263,7 +270,7 @@ def main() -> int:
     steps_us = [x * 1e6 for x in step_times]
     commits_us = [x * 1e6 for x in commit_times]
     print(f"\n# bench_masks: {len(items)} schemas, tokenizer {os.path.basename(os.path.normpath(args.tokenizer))} "
-          f"(vocab {info.vocab_size}), setup {setup_s:.2f} s, torch threads 1\n")
+          f"(vocab {info.vocab_size}), setup {setup_s:.2f} s, torch threads 1, schema options {schema_options or 'none'}\n")
     print("| metric | p50 | p95 | max | n |")
     print("|---|---|---|---|---|")
     for name, xs, unit in (("compile (ms)", comp_ms, ""), ("TTFM left-to-right (ms)", ttfm_ar, ""),

@@ -55,8 +55,8 @@ class Terms:
         self._chars_bytes: dict[int, int] = {}
         # graphs: per graph, (edges by node, finals, eps closure, expansion cache, dist)
         self.graphs: list[dict] = []
-        # Members nodes: MEM(i, used, tail) is the state of self.members[i] after the entries in `used`
-        # (tail: object_members.DECLARED, or the room left once additional members started)
+        # Members nodes: MEM(i, used, extra) is the state of self.members[i] after the entries in `used`
+        # and `extra` additional members (clamped, see object_members.py)
         self.members: list[MembersTerms] = []
         self.deadline = deadline
         self._ast_memo: dict[int, tuple[A.Node, int]] = {}
@@ -212,12 +212,12 @@ class Terms:
         extras = tuple(x for x in (self.from_ast(x) for x in m.extras) if x != T_NOTHING)
         req = sum(1 << i for i, r in enumerate(m.required) if r)
         mi = len(self.members)  # after the entries: they may register nested members first
-        self.members.append(MembersTerms(entries, req, extras, self.from_ast(m.sep), m.lo, m.hi))
-        return self.mem(mi, 0, OM.DECLARED)
+        self.members.append(MembersTerms(entries, req, extras, self.from_ast(m.sep), m.lo, m.hi, m.interleave))
+        return self.mem(mi, 0, OM.START_EXTRA)
 
     def members_expansion(self, t: int) -> int:
-        """MEM(i, used, tail) as an ordinary term: [sep] Alt(entry_j MEM(i, used+j, tail) for unused j,
-        extra MEM(i, 0, next tail)) [+ EMPTY if the member list may close here]."""
+        """MEM(i, used, extra) as an ordinary term: [sep] Alt(entry_j MEM(i, used+j, extra) for unused j,
+        additional MEM(i, used, extra+1)) [+ EMPTY if the member list may close here]."""
         m = self.members[self.a[t]]
         used, tail = self.b[t], self.c[t]
         key = (used, tail)
@@ -230,9 +230,9 @@ class Terms:
             for j, kv in enumerate(m.entries):
                 if not used >> j & 1:
                     items.append(self.seq(kv, self.mem(mi, used | (1 << j), tail)))
-        nt = OM.after_extra(used, tail, m.required_mask, m.lo, m.hi) if m.extras else None
-        if nt is not None:
-            items.append(self.seq(self.alt(m.extras), self.mem(mi, 0, nt)))
+        nxt = OM.after_extra(used, tail, m.required_mask, m.lo, m.hi, m.interleave) if m.extras else None
+        if nxt is not None:
+            items.append(self.seq(self.alt(m.extras), self.mem(mi, *nxt)))
         e = self.alt(items)
         if OM.is_started(used, tail):
             e = self.seq(m.sep, e)
@@ -472,6 +472,7 @@ class MembersTerms:
     sep: int
     lo: int
     hi: int | None
+    interleave: bool
     exp: dict[tuple[int, int], int] = field(default_factory=dict)
     costs: list[int] | None = None
     extra_cost: int = INF

@@ -8,8 +8,10 @@ typos) have no validation semantics and are ignored unless `unknown_keywords="er
 
 Sound narrowings (outputs stay valid; some valid instances are not producible):
 * whitespace: none between tokens by default ("compact"); "flexible" allows up to N whitespace chars;
-* object properties appear in the declared order (`properties` order, then `required` names not in
-  `properties`), each at most once; additional properties (when allowed) come after the declared ones;
+* object properties appear in any order, each declared one at most once; additional properties (when
+  allowed) stand anywhere among them in objects with at most `interleave_additional_max` (32) declared
+  properties, after all declared ones in larger objects; `property_order="declared"` narrows to the
+  declared order;
 * no exponent notation for bounded numbers; integers without "-0", and with a zero fraction ("1.0") only
   where a validator's float reading of it is exact;
 * strings use the canonical JSON escapes only (what json.dumps(ensure_ascii=False) writes);
@@ -50,7 +52,7 @@ WHITESPACE_MODES = ("compact", "flexible")
 class SchemaOptions:
     whitespace: str = "compact"  # "compact" | "flexible"
     flexible_whitespace_max: int = 4  # max whitespace chars between tokens in "flexible" mode
-    max_recursion_depth: int = 3  # $ref recursion unrolled this many times
+    max_recursion_depth: int = 5  # $ref recursion unrolled this many times
     any_json_depth: int = 6  # nesting depth of free-form values (schema `true` / `{}`, additional properties)
     additional_properties: str = "allow"  # when the schema does not say: "allow" (spec) | "forbid"
     unknown_keywords: str = "ignore"  # "ignore" | "error"
@@ -65,6 +67,9 @@ class SchemaOptions:
     integer_zero_fraction: str = "auto"
     max_dependency_branches: int = 3  # optional dependentRequired names compiled exactly (2^n object branches)
     property_order: str = "any"  # declared properties: "any" order (spec) | "declared" order (cheaper canvas masks)
+    # additional properties stand anywhere among the declared ones in objects with at most this many declared
+    # properties, after them in larger objects (each interleaved state is a written subset times a key prefix)
+    interleave_additional_max: int = 32
 
     def __post_init__(self):
         ws = self.whitespace
@@ -86,6 +91,8 @@ class SchemaOptions:
             raise ValueError("unique_items must be 'narrow' or 'error'")
         if self.property_order not in ("any", "declared"):
             raise ValueError("property_order must be 'any' or 'declared'")
+        if not isinstance(self.interleave_additional_max, int) or self.interleave_additional_max < 0:
+            raise ValueError("interleave_additional_max must be an integer >= 0")
 
     def key(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
@@ -515,7 +522,7 @@ class SchemaCompiler:
         # ---- applicators that combine whole schemas
         if "$ref" in s:
             target, ref = self.resolve_ref(s["$ref"], path, self._base_of(s))
-            rest = {k: v for k, v in s.items() if k != "$ref" and k not in ANNOTATIONS}
+            rest = self._ref_siblings(s)
             cnt = self.ref_counts.get(ref, 0)
             if cnt >= self.opts.max_recursion_depth:
                 return A.NOTHING  # recursion bound reached: this branch is not generated
@@ -576,7 +583,7 @@ class SchemaCompiler:
         seen = 0
         while isinstance(s, dict) and "$ref" in s:
             target, ref = self.resolve_ref(s["$ref"], path, self._base_of(s))
-            rest = {k: v for k, v in s.items() if k != "$ref" and k not in ANNOTATIONS}
+            rest = self._ref_siblings(s)
             cnt = self.ref_counts.get(ref, 0)
             if cnt >= self.opts.max_recursion_depth:
                 for r in entered:
@@ -1308,6 +1315,14 @@ class SchemaCompiler:
             return A.seq(digits, _ZERO_FRACTION)
         return digits
 
+    def _ref_siblings(self, s: dict) -> dict:
+        """The validation keywords next to a `$ref`. Up to draft 7 (by the root's `$schema`) a `$ref`
+        replaces its whole schema object and its siblings are ignored; from 2019-09 on they apply with it."""
+        declared = self.root.get("$schema", "") if isinstance(self.root, dict) else ""
+        if isinstance(declared, str) and any(d in declared for d in ("draft-03", "draft-04", "draft-06", "draft-07")):
+            return {}
+        return {k: v for k, v in s.items() if k != "$ref" and k not in ANNOTATIONS}
+
     def _zero_fraction_integers(self) -> bool:
         """Whether "1.0" is an integer here: from draft 6 on; draft-03/04 (by the root's `$schema`) say no."""
         if self.opts.integer_zero_fraction == "never":
@@ -1687,7 +1702,8 @@ class SchemaCompiler:
         extra = self._extra_entries(names, pats, addl, pnames, path)
         # declared properties in any order, each at most once (a lazily expanded subset automaton)
         members = object_members(entries, extra, A.seq(ws, A.lit(","), ws), mnp, mxp, path,
-                                 ordered=self.opts.property_order == "declared")
+                                 ordered=self.opts.property_order == "declared",
+                                 interleave_max=self.opts.interleave_additional_max)
         if A.is_nothing(members):
             return A.NOTHING
         return A.seq(A.lit("{"), ws, members, ws, A.lit("}"))

@@ -21,11 +21,13 @@ INF = 1 << 30
 
 
 def object_members(entries: Sequence[tuple[A.Node, bool]], extras: Sequence[A.Node], sep: A.Node, lo: int,
-                   hi: int | None, path: str = "#", ordered: bool = False) -> A.Node:
+                   hi: int | None, path: str = "#", ordered: bool = False, interleave_max: int = 32) -> A.Node:
     """Members of an object: `entries` are (key-value node, required) pairs, each usable at most once, in
-    any order; `extras` are key-value nodes usable any number of times after them (additional properties,
-    whose names may repeat); lo/hi bound the member count. NOTHING when no member list satisfies them.
-    `ordered`: entries only in their given order (a linear automaton: cheaper canvas masks, fewer texts).
+    any order; `extras` are key-value nodes usable any number of times, before, between or after them
+    (additional properties, whose names may repeat); lo/hi bound the member count. NOTHING when no member
+    list satisfies them. With more than `interleave_max` entries, additional members come after the entries
+    only (see the state notes below). `ordered`: entries only in their given order, additional members after
+    them (a linear automaton: cheaper canvas masks, fewer texts).
 
     Repeated additional names collapse when the text is parsed, so counting them towards `lo` would accept
     objects with too few properties: at most one additional member counts towards `lo` (all of them count
@@ -46,51 +48,66 @@ def object_members(entries: Sequence[tuple[A.Node, bool]], extras: Sequence[A.No
         return A.EMPTY
     if ordered:
         return _ordered_members(entries, extras, sep, lo, hi)
-    return A.Members(tuple(kv for kv, _ in entries), tuple(req for _, req in entries), extras, sep, lo, hi)
+    return A.Members(tuple(kv for kv, _ in entries), tuple(req for _, req in entries), extras, sep, lo, hi,
+                     interleave=len(entries) <= interleave_max)
 
 
-# A state is (used, tail). Before the first additional member, tail is DECLARED and `used` is the set of
-# entries written (a bit mask). After it only additional members follow, so the state forgets `used`
-# (stored as 0: this is what keeps additional values from multiplying with the subsets) and keeps only
-# the room left under hi (UNBOUNDED without hi).
-DECLARED = -2
-UNBOUNDED = -1
+# A state is (used, extra): `used` is the set of declared entries written (a bit mask) and `extra` the
+# number of additional members written, clamped to what the bounds can tell apart (0/1 without hi: only
+# one additional member counts towards lo; up to hi with it).
+# Interleaved (`Members.interleave`): additional and declared members mix freely, as JSON Schema leaves an
+# object's member order open. The DFA then holds a state per (written subset, key prefix), which for
+# objects with many declared names multiplies fast; so larger objects take additional members after the
+# declared ones only, and the first additional member freezes the state to (FROZEN, room left under hi):
+# additional values are then not multiplied by the subsets.
+START_EXTRA = 0
+FROZEN = -1  # `used` once additional members closed the declared ones (non-interleaved objects)
+UNBOUNDED = -1  # room left without hi
 
 
-def is_started(used: int, tail: int) -> bool:
+def is_started(used: int, extra: int) -> bool:
     """Whether a separator precedes the next member."""
-    return used != 0 or tail != DECLARED
+    return used != 0 or extra != 0
 
 
-def can_add_entry(used: int, tail: int, hi: int | None) -> bool:
-    return tail == DECLARED and (hi is None or used.bit_count() < hi)
+def can_add_entry(used: int, extra: int, hi: int | None) -> bool:
+    return used != FROZEN and (hi is None or used.bit_count() + extra < hi)
 
 
-def after_extra(used: int, tail: int, required_mask: int, lo: int, hi: int | None) -> int | None:
-    """The tail after one more additional member; None when it is not allowed (a required entry still
-    missing or lo out of reach, as no declared entry may follow; or no room under hi)."""
-    if tail == DECLARED:
-        n = used.bit_count()
-        if (used & required_mask) != required_mask or n + 1 < lo:
+def after_extra(used: int, extra: int, required_mask: int, lo: int, hi: int | None,
+                interleave: bool = True) -> tuple[int, int] | None:
+    """The state after one more additional member; None when it is not allowed (no room under hi; when
+    not interleaved, also a required entry still missing or lo out of reach, as no entry may follow)."""
+    if interleave:
+        if hi is not None and used.bit_count() + extra >= hi:
             return None
-        if hi is None:
-            return UNBOUNDED
-        return hi - n - 1 if n < hi else None
-    if tail == UNBOUNDED:
-        return UNBOUNDED
-    return tail - 1 if tail > 0 else None
+        return used, (min(extra + 1, 1) if hi is None else extra + 1)
+    if used == FROZEN:
+        if extra == UNBOUNDED:
+            return FROZEN, UNBOUNDED
+        return (FROZEN, extra - 1) if extra > 0 else None
+    n = used.bit_count()
+    if (used & required_mask) != required_mask or n + 1 < lo:
+        return None
+    if hi is None:
+        return FROZEN, UNBOUNDED
+    return (FROZEN, hi - n - 1) if n < hi else None
 
 
-def can_close(used: int, tail: int, required_mask: int, lo: int) -> bool:
-    return tail != DECLARED or ((used & required_mask) == required_mask and used.bit_count() >= lo)
+def can_close(used: int, extra: int, required_mask: int, lo: int) -> bool:
+    if used == FROZEN:
+        return True
+    return (used & required_mask) == required_mask and used.bit_count() + min(extra, 1) >= lo
 
 
 def shortest_completion(entry_costs: Sequence[int], required_mask: int, extra_cost: int, sep_cost: int, lo: int,
-                        hi: int | None, used: int, tail: int) -> int:
-    """Exact length of the shortest continuation that closes the member list from state (used, tail):
-    every missing required entry, then the cheapest further members towards lo (at most one additional,
-    last), a separator before each member but the very first. INF when no continuation closes it."""
-    if tail != DECLARED:
+                        hi: int | None, used: int, extra: int) -> int:
+    """Exact length of the shortest continuation that closes the member list from state (used, extra):
+    every missing required entry, then the cheapest further members towards lo (at most one additional
+    member counts, in all), a separator before each member but the very first. INF when none closes it.
+    (Non-interleaved objects reach FROZEN only through a state that could close, so the cheapest
+    completion of an unfrozen state never needs an additional member before a declared one.)"""
+    if used == FROZEN:
         return 0
     need = required_mask & ~used
     total = 0
@@ -105,16 +122,16 @@ def shortest_completion(entry_costs: Sequence[int], required_mask: int, extra_co
             added += 1
         elif not used & bit and w < INF:
             optional.append(w)
-    k = max(0, lo - used.bit_count() - added)
+    k = max(0, lo - used.bit_count() - min(extra, 1) - added)
     if k:
-        pool = sorted(optional + ([extra_cost] if extra_cost < INF else []))
+        pool = sorted(optional + ([extra_cost] if extra_cost < INF and extra == 0 else []))
         if len(pool) < k:
             return INF
         total += sum(pool[:k])
         added += k
-    if hi is not None and used.bit_count() + added > hi:
+    if hi is not None and used.bit_count() + extra + added > hi:
         return INF
-    n_seps = added if used else max(added - 1, 0)
+    n_seps = added if is_started(used, extra) else max(added - 1, 0)
     return min(INF, total + sep_cost * n_seps)
 
 
@@ -122,21 +139,21 @@ def members_to_graph(m: A.Members, max_nodes: int = 4096) -> A.Node:
     """The eager subset automaton of `m` as a `Graph` (for the Thompson-NFA path); refuses with
     CompilationTimeoutError beyond `max_nodes` states rather than growing exponentially."""
     req_mask = sum(1 << i for i, r in enumerate(m.required) if r)
-    index: dict[tuple[int, int], int] = {(0, DECLARED): 0}
-    order = [(0, DECLARED)]
+    index: dict[tuple[int, int], int] = {(0, START_EXTRA): 0}
+    order = [(0, START_EXTRA)]
     edges: list[tuple[int, A.Node, int]] = []
     finals = []
     i = 0
     while i < len(order):
-        used, tail = order[i]
-        if can_close(used, tail, req_mask, m.lo):
+        used, extra = order[i]
+        if can_close(used, extra, req_mask, m.lo):
             finals.append(i)
         succ = []
-        if can_add_entry(used, tail, m.hi):
-            succ = [(kv, (used | (1 << j), DECLARED)) for j, kv in enumerate(m.entries) if not used >> j & 1]
-        nt = after_extra(used, tail, req_mask, m.lo, m.hi)
-        if nt is not None:
-            succ += [(x, (0, nt)) for x in m.extras]
+        if can_add_entry(used, extra, m.hi):
+            succ = [(kv, (used | (1 << j), extra)) for j, kv in enumerate(m.entries) if not used >> j & 1]
+        nx = after_extra(used, extra, req_mask, m.lo, m.hi, m.interleave)
+        if nx is not None:
+            succ += [(x, nx) for x in m.extras]
         for kv, key in succ:
             v = index.get(key)
             if v is None:
@@ -144,7 +161,7 @@ def members_to_graph(m: A.Members, max_nodes: int = 4096) -> A.Node:
                     raise CompilationTimeoutError(f"object members automaton too large (> {max_nodes} states)")
                 v = index[key] = len(order)
                 order.append(key)
-            edges.append((i, A.seq(m.sep, kv) if is_started(used, tail) else kv, v))
+            edges.append((i, A.seq(m.sep, kv) if is_started(used, extra) else kv, v))
         i += 1
     if not finals:
         return A.NOTHING

@@ -222,27 +222,28 @@ class Graph(Node):
 
 
 class Members(Node):
-    """A JSON object's members: `entries` at most once each in any order, then `extras` any number of
-    times, separated by `sep`; complete when every `required` entry is present and the member count is in
+    """A JSON object's members: `entries` at most once each in any order, `extras` any number of times
+    (among the entries when `interleave`, else after them), separated by `sep`; complete when every `required` entry is present and the member count is in
     [lo, hi] (hi None = unbounded; see object_members.py for how additional members count).
 
     Written out eagerly this is an automaton over subsets of the entries (2^n states); the derivative
     engine (`deriv.py`) materialises only the subsets a walk visits. Build it with
     `object_members.object_members`, which checks satisfiability."""
 
-    __slots__ = ("entries", "required", "extras", "sep", "lo", "hi")
+    __slots__ = ("entries", "required", "extras", "sep", "lo", "hi", "interleave")
 
     def __init__(self, entries: tuple[Node, ...], required: tuple[bool, ...], extras: tuple[Node, ...], sep: Node,
-                 lo: int, hi: int | None):
+                 lo: int, hi: int | None, interleave: bool = True):
         self.entries = entries
         self.required = required
         self.extras = extras
         self.sep = sep
         self.lo = lo
         self.hi = hi
+        self.interleave = interleave  # extras may come before / between entries (else after all of them)
 
     def key(self) -> tuple:
-        return ("M", self.entries, self.required, self.extras, self.sep, self.lo, self.hi)
+        return ("M", self.entries, self.required, self.extras, self.sep, self.lo, self.hi, self.interleave)
 
     def __repr__(self) -> str:
         return f"Members(entries={len(self.entries)}, extras={len(self.extras)}, lo={self.lo}, hi={self.hi})"
