@@ -415,6 +415,25 @@ def test_min_and_max_contains_without_contains_mean_nothing():
     assert accepts({"allOf": [{"contains": {"const": 1}}, {"minContains": 2}]}, [1])
 
 
+def test_a_schema_of_several_keywords_negates_to_the_union_of_their_negations():
+    s = {"not": {"type": "object", "properties": {"kind": {"const": "a"}}, "required": ["kind"]}}
+    for value in ({"kind": "b"}, {"kind": "a"}, {}, {"other": 1}, 3, "a", [1]):
+        assert accepts(s, value) == validator(s).is_valid(value), value
+    s = {"not": {"type": "string", "minLength": 2, "maxLength": 3}}
+    for value in ("a", "ab", "abcd", 5, None):
+        assert accepts(s, value) == validator(s).is_valid(value), value
+
+
+def test_values_failing_if_take_the_else_side_in_an_if_chain_on_a_discriminator():
+    cases = [{"if": {"type": "object", "properties": {"kind": {"const": k}}, "required": ["kind"]},
+              "then": {"properties": {"size": {"type": t}}}} for k, t in
+             (("a", "integer"), ("b", "string"), ("c", "boolean"), ("d", "null"), ("e", "array"), ("f", "object"))]
+    s = {"type": "object", "allOf": cases, "required": ["kind"]}
+    for value in ({"kind": "a", "size": 1}, {"kind": "a", "size": "x"}, {"kind": "b", "size": "x"},
+                  {"kind": "f", "size": {}}, {"kind": "f", "size": 1}, {"kind": "z", "size": 1}, {"kind": "z"}):
+        assert accepts(s, value) == validator(s).is_valid(value), value
+
+
 def test_negated_single_bounds_are_the_values_beyond_the_bound():
     s = {"if": {"exclusiveMaximum": 0}, "then": {"minimum": -10}, "else": {"multipleOf": 2}}
     assert accepts(s, -1) and accepts(s, 4) and not accepts(s, 3) and not accepts(s, -11)

@@ -70,6 +70,9 @@ class SchemaOptions:
     # additional properties stand anywhere among the declared ones in objects with at most this many declared
     # properties, after them in larger objects (each interleaved state is a written subset times a key prefix)
     interleave_additional_max: int = 32
+    # cases of a distributed conjunction (allOf over anyOf/oneOf/if) compiled before further `else` sides
+    # (values failing an `if`) are dropped
+    max_conjunction_leaves: int = 256
 
     def __post_init__(self):
         ws = self.whitespace
@@ -152,6 +155,22 @@ ARRAY_KW = frozenset({"items", "prefixItems", "additionalItems", "minItems", "ma
 STRING_KW = frozenset({"minLength", "maxLength", "pattern", "format"})
 NUMBER_KW = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
 APPLICATORS = frozenset({"allOf", "anyOf", "oneOf", "not", "if", "then", "else", "$ref"})
+# keywords whose meaning depends on each other (a schema is the conjunction of these groups and of every
+# other keyword alone)
+_DEPENDENT_KEYWORDS = (frozenset({"properties", "patternProperties", "additionalProperties", "unevaluatedProperties"}),
+                       frozenset({"prefixItems", "items", "additionalItems", "unevaluatedItems"}),
+                       frozenset({"contains", "minContains", "maxContains"}),
+                       frozenset({"if", "then", "else"}))
+
+
+def _independent_keyword_groups(kws: set[str]) -> list[frozenset[str]]:
+    groups = []
+    rest = set(kws)
+    for g in _DEPENDENT_KEYWORDS:
+        if rest & g:
+            groups.append(frozenset(rest & g))
+            rest -= g
+    return groups + [frozenset({k}) for k in sorted(rest)]
 SUPPORTED = OBJECT_KW | ARRAY_KW | STRING_KW | NUMBER_KW | APPLICATORS | {"type", "enum", "const"}
 # spec keywords we refuse (always, or in the forms we cannot honour)
 KNOWN_UNSUPPORTED = frozenset({"$dynamicRef", "$recursiveRef", "extends", "disallow", "divisibleBy"})
@@ -327,6 +346,7 @@ class SchemaCompiler:
         self._bases: dict[int, str] = {}
         self._enum_sets: dict = {}
         self._direct_memo: dict = {}
+        self._conjunction_leaves = 0  # merged conjunctions compiled so far (bounds if/else distribution)
         self._reach_memo: dict = {}
         self._enc_memo: dict = {}
         self.unsat: list[str] = []  # why sub-languages came out empty (for UnsatisfiableSchemaError)
@@ -630,7 +650,11 @@ class SchemaCompiler:
             els = s.get("else", True)
             # (if AND then) OR (NOT if AND else)
             disj_groups.append(("if", [{"allOf": [cond, then]}, {"allOf": [{"__not__": cond}, els]}]))
-        return self._compile_conjunction(conj, disj_groups, path)
+        outer_leaves, self._conjunction_leaves = self._conjunction_leaves, 0  # counted per distribution
+        try:
+            return self._compile_conjunction(conj, disj_groups, path)
+        finally:
+            self._conjunction_leaves = outer_leaves
 
     def _annotations_are_positive(self, s: dict, path: str) -> bool:
         """True when the properties the in-place applicators under s name may all count as evaluated for s's
@@ -718,10 +742,13 @@ class SchemaCompiler:
                 else:
                     flat.append(x)
             if not disj_groups:
+                self._conjunction_leaves += 1
                 merged = self.merge(flat, path)
                 if merged is None:
                     return A.NOTHING
                 return self._compile_simple(merged, path)
+            if self._conjuncts_conflict(flat, path):
+                return A.NOTHING  # prune before distributing the remaining disjunctions
             # distribute the first disjunction over the rest
             kw, branches = disj_groups[0]
             rest_groups = disj_groups[1:]
@@ -730,6 +757,10 @@ class SchemaCompiler:
             outs = []
             for k, b in enumerate(branches):
                 self.check_deadline()
+                if kw == "if" and k == 1 and self._conjunction_leaves > self.opts.max_conjunction_leaves:
+                    # distributing many if/then/else over each other multiplies the cases: past the
+                    # bound, values that fail `if` are not generated (a sound narrowing)
+                    continue
                 saved = dict(self.ref_counts)
                 try:
                     outs.append(self._compile_conjunction(list(flat) + [b], list(rest_groups), f"{path}/{kw}/{k}"))
@@ -744,6 +775,41 @@ class SchemaCompiler:
         finally:
             for r in entered:
                 self._leave(r)
+
+    def _conjuncts_conflict(self, flat: list[dict], path: str) -> bool:
+        """A cheap unsatisfiability proof for a partial conjunction: disjoint `type`s, or objects only with a
+        required property whose const/enum values the conjuncts leave empty (a discriminator chosen twice by
+        if/then or oneOf branches). False means nothing proven."""
+        types: set[str] | None = None
+        required: set[str] = set()
+        values: dict[str, list] = {}
+        for x in flat:
+            if "type" in x:
+                t = self._type_set(x["type"], path)
+                types = t if types is None else _intersect_types(types, t)
+                if not types:
+                    return True
+            req = x.get("required")
+            if isinstance(req, list):
+                required.update(r for r in req if isinstance(r, str))
+            props = x.get("properties")
+            if not isinstance(props, dict):
+                continue
+            for p, sub in props.items():
+                if sub is False:
+                    vals = []
+                elif not isinstance(sub, dict):
+                    continue
+                elif "const" in sub:
+                    vals = [sub["const"]]
+                elif isinstance(sub.get("enum"), list):
+                    vals = sub["enum"]
+                else:
+                    continue
+                cur = values.get(p)
+                values[p] = vals if cur is None else [v for v in cur if any(_json_eq(v, w) for w in vals)]
+        # required/properties bind objects only: other types satisfy them vacuously
+        return types == {"object"} and any(not values[p] for p in required if p in values)
 
     # -------------------------------------------------------------- merging conjunctions
     def merge(self, schemas: list[dict], path: str) -> dict | None:
@@ -1202,11 +1268,14 @@ class SchemaCompiler:
                 return {"allOf": [{"not": b} for b in n["anyOf"]]}
             if kws == {"allOf"}:
                 return {"anyOf": [{"not": b} for b in n["allOf"]]}
-            if "type" in kws and len(kws) > 1 and not (kws & APPLICATORS):
-                # not (type T and rest) = (not type T) or (type T and not rest), for a single-keyword rest
-                rest = {k: v for k, v in n.items() if k != "type" and k not in ANNOTATIONS}
-                if len(rest) == 1:
-                    return {"anyOf": [{"not": {"type": n["type"]}}, {"type": n["type"], "not": rest}]}
+            if kws == {"properties"} and isinstance(n["properties"], dict) and n["properties"]:
+                # some declared property is present and fails its schema
+                return {"type": "object", "anyOf": [{"required": [p], "properties": {p: {"not": sub}}}
+                                                    for p, sub in n["properties"].items()]}
+            groups = _independent_keyword_groups(kws)
+            if len(groups) > 1 and not (kws & APPLICATORS):
+                # a schema is the conjunction of its independent keyword groups: not (A and B) = not A or not B
+                return {"anyOf": [{"not": {k: n[k] for k in g}} for g in groups]}
             raise UnsupportedSchemaError("not", path, f"negation of {sorted(kws)}")
         finally:
             for r in ent:
