@@ -159,6 +159,25 @@ def test_unique_items_over_a_finite_domain_take_distinct_values_in_any_order():
     assert not dfa.matches(b'["x",2,null,true]')
 
 
+def test_unique_string_items_start_with_distinct_characters():
+    s = {"type": "array", "items": {"type": "string", "maxLength": 4}, "uniqueItems": True, "minItems": 2}
+    dfa = lang(s)
+    for value in (["example", "x"], ["ab", "b", ""], ["", "a"], ['"q', "q", "-", "^"], ["é", "a"]):
+        assert dfa.matches(compact(value).encode()) == (all(len(v) <= 4 for v in value)), value
+    for value in (["ab", "ab"], ["ab", "ac"], ["é", "ü"], ["", ""], ["a"]):
+        assert not dfa.matches(compact(value).encode()), value  # repeats; a shared first character (narrowing)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 2**32 - 1), item=st.sampled_from([{"type": "string"}, {"type": "string", "pattern": "^[a-c]+$"},
+                                                            {"type": "string", "format": "date"}, {"type": "string", "minLength": 2}]))
+def test_every_text_of_a_unique_string_array_has_distinct_items(seed, item):
+    s = {"type": "array", "items": item, "uniqueItems": True, "maxItems": 5}
+    v = validator(s)
+    for t in random_texts(lang(s), random.Random(seed), n=15, max_len=120):
+        assert v.is_valid(json.loads(t)), (s, t)
+
+
 # ------------------------------------------------------------------------------------------ automata
 def test_the_lazy_automaton_visits_only_the_subsets_a_walk_reaches():
     names = [f"p{i:02d}" for i in range(40)]

@@ -18,8 +18,8 @@ Sound narrowings (outputs stay valid; some valid instances are not producible):
 * recursion through $ref is unrolled to `max_recursion_depth` levels; free-form values (`true`/`{}`
   schemas, undeclared properties) are nested at most `any_json_depth` levels;
 * maxLength / maxItems above `max_string_unroll` / `max_items_unroll` are lowered to those caps;
-* `uniqueItems: true`: arrays of at most one item (or, for a small finite item domain, items in the
-  domain's order without repetition);
+* `uniqueItems: true`: over a small finite item domain, distinct values in any order (exact); string items
+  with distinct first characters; otherwise arrays of at most one item;
 * `oneOf`: each branch is narrowed to the JSON types where it is provably disjoint from the others, and may
   forbid a property another branch requires;
 * optional `dependentRequired` names beyond `max_dependency_branches` are never generated;
@@ -1643,6 +1643,12 @@ class SchemaCompiler:
                 # distinct values in any order: the domain's values as object-member-like entries
                 items = object_members([(v, False) for v in dom], [], comma, mn, mx, path)
                 return A.seq(A.lit("["), ws, items, ws, A.lit("]"))
+            strings = self._distinct_first_char_strings(rest, path)
+            if strings is not None and mn <= len(strings):
+                # strings that start with different characters are different: each first-character class
+                # at most once, in any order (a sound narrowing of uniqueItems)
+                items = object_members([(v, False) for v in strings], [], comma, mn, mx, path)
+                return A.seq(A.lit("["), ws, items, ws, A.lit("]"))
         # otherwise: at most one item (every such array is unique)
         if mn > 1:
             raise UnsupportedSchemaError("uniqueItems", path, "with minItems > 1 over a non-finite item domain")
@@ -1654,6 +1660,22 @@ class SchemaCompiler:
         if mn == 0:
             return A.alt(A.seq(A.lit("["), ws, A.lit("]")), one)
         return one
+
+    def _distinct_first_char_strings(self, sch, path) -> list[A.Node] | None:
+        """For a string-only item schema: its strings split by first character (each printable ASCII one,
+        every other character, the empty string), the classes that have strings; None for other items."""
+        x, ent = self._deref(sch, path)
+        try:
+            if not (isinstance(x, dict) and x.get("type") == "string"
+                    and set(x) - ANNOTATIONS <= {"type", "minLength", "maxLength", "pattern", "format"}):
+                return None
+        finally:
+            for r in ent:
+                self._leave(r)
+        classes = [re.escape(chr(c)) for c in range(0x20, 0x7F)] + ["[^\\x20-\\x7e]"]
+        out = [self.compile({"allOf": [sch, {"pattern": f"^{c}"}]}, f"{path}/items") for c in classes]
+        out.append(self.compile({"allOf": [sch, {"maxLength": 0}]}, f"{path}/items"))
+        return [n for n in out if not A.is_nothing(n)]
 
     def _finite_domain(self, sch, path) -> list[A.Node] | None:
         x, ent = self._deref(sch, path)
