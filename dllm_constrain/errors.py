@@ -46,6 +46,10 @@ class UnsatisfiableSchemaError(ConstraintError):
     """No JSON value satisfies the schema (e.g. minimum > maximum)."""
 
 
+class InvalidOptionError(ConstraintError, ValueError):
+    """A compile option is unknown or has an invalid value; the message names it."""
+
+
 class InvalidRegexError(ConstraintError, ValueError):
     """The regular expression does not parse, or uses a feature the compiler cannot honour."""
 

@@ -15,8 +15,8 @@ from hypothesis_jsonschema import from_schema
 from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo, normalize_schema_input
 from dllm_constrain.constraints.deriv import DEAD, START, DerivDFA
 from dllm_constrain.constraints.json_schema import SchemaOptions, schema_to_regex_ast
-from dllm_constrain.errors import (CompilationTimeoutError, InvalidSchemaError, UnsatisfiableSchemaError,
-                                   UnsupportedSchemaError)
+from dllm_constrain.errors import (CompilationTimeoutError, InvalidOptionError, InvalidSchemaError,
+                                   UnsatisfiableSchemaError, UnsupportedSchemaError)
 
 
 def lang(schema, **opts) -> DerivDFA:
@@ -505,6 +505,16 @@ def test_large_objects_take_additional_properties_after_the_declared_ones():
     assert accepts(s, {"z": 0, "a": 1, "b": 2})
     assert not accepts(s, {"z": 0, "a": 1}, interleave_additional_max=2)
     assert accepts(s, {"a": 1, "c": 3, "z": 0, "y": 1}, interleave_additional_max=2)
+
+
+def test_unknown_or_invalid_compile_options_are_refused_by_name():
+    compiler = ConstraintCompiler(TokenizerInfo([bytes([b]) for b in range(256)] + [None, None], eos_id=256, mask_id=257))
+    with pytest.raises(InvalidOptionError, match="'max_depth'"):
+        compiler.compile_json_schema({"type": "integer"}, max_depth=3)
+    with pytest.raises(InvalidOptionError, match="property_order"):
+        compiler.compile_json_schema({"type": "integer"}, property_order="sorted")
+    with pytest.raises(InvalidOptionError, match="any_json_depth"):
+        compiler.compile_json_schema({"type": "integer"}, any_json_depth=-1)
 
 
 def test_integers_with_a_zero_fraction_follow_the_declared_draft():

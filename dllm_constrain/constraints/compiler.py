@@ -274,7 +274,7 @@ class ConstraintCompiler:
         from .json_schema import SchemaOptions, normalize_schema_input, schema_to_regex_ast
 
         sch = normalize_schema_input(schema)
-        opts = SchemaOptions(whitespace=whitespace, **options)
+        opts = SchemaOptions.from_options(whitespace=whitespace, **options)
         key_src = json.dumps(sch, sort_keys=False, separators=(",", ":"), ensure_ascii=False, default=str)
 
         def build():

@@ -35,7 +35,8 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..errors import InvalidRegexError, InvalidSchemaError, UnsatisfiableSchemaError, UnsupportedSchemaError
+from ..errors import (InvalidOptionError, InvalidRegexError, InvalidSchemaError, UnsatisfiableSchemaError,
+                      UnsupportedSchemaError)
 from . import dfa_ops
 from . import numeric as N
 from . import regex_ast as A
@@ -79,26 +80,38 @@ class SchemaOptions:
         if ws is None:
             object.__setattr__(self, "whitespace", "compact")
         elif ws not in WHITESPACE_MODES:
-            raise ValueError(f"whitespace must be one of {WHITESPACE_MODES}, got {ws!r}")
+            raise InvalidOptionError(f"whitespace must be one of {WHITESPACE_MODES}, got {ws!r}")
         if self.additional_properties not in ("allow", "forbid"):
-            raise ValueError("additional_properties must be 'allow' or 'forbid'")
+            raise InvalidOptionError("additional_properties must be 'allow' or 'forbid'")
         if self.unknown_keywords not in ("ignore", "error"):
-            raise ValueError("unknown_keywords must be 'ignore' or 'error'")
+            raise InvalidOptionError("unknown_keywords must be 'ignore' or 'error'")
         if self.additional_names not in ("any", "nonempty"):
-            raise ValueError("additional_names must be 'any' or 'nonempty'")
+            raise InvalidOptionError("additional_names must be 'any' or 'nonempty'")
         if self.integer_zero_fraction not in ("auto", "never"):
-            raise ValueError("integer_zero_fraction must be 'auto' or 'never'")
+            raise InvalidOptionError("integer_zero_fraction must be 'auto' or 'never'")
         if self.untyped_types not in ("all", "inferred"):
-            raise ValueError("untyped_types must be 'all' or 'inferred'")
+            raise InvalidOptionError("untyped_types must be 'all' or 'inferred'")
         if self.unique_items not in ("narrow", "error"):
-            raise ValueError("unique_items must be 'narrow' or 'error'")
+            raise InvalidOptionError("unique_items must be 'narrow' or 'error'")
         if self.property_order not in ("any", "declared"):
-            raise ValueError("property_order must be 'any' or 'declared'")
-        if not isinstance(self.interleave_additional_max, int) or self.interleave_additional_max < 0:
-            raise ValueError("interleave_additional_max must be an integer >= 0")
+            raise InvalidOptionError("property_order must be 'any' or 'declared'")
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(f.default, int) and not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+                raise InvalidOptionError(f"{f.name} must be an integer >= 0, got {v!r}")
 
     def key(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
+
+    @classmethod
+    def from_options(cls, **options: Any) -> "SchemaOptions":
+        """SchemaOptions from keyword options, refusing unknown names with InvalidOptionError."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise InvalidOptionError(f"unknown JSON Schema option(s) {', '.join(map(repr, unknown))}; "
+                                     f"known: {', '.join(sorted(known))}")
+        return cls(**options)
 
 
 # ------------------------------------------------------------------------------------------ inputs
