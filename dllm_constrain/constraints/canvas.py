@@ -158,17 +158,20 @@ class SetAlgebra:
         ended = bool(F & ENDED_BIT)
         partial = False
         unknown: list[int] = []
+        sget = self.ta.succ_bits.get
         for q in self.members(F):
             if q == ENDED:
                 continue
             if not ended and acc[q]:
                 ended = True
-            sb = self._expand(q, budget)
+            sb = sget(q)
             if sb is None:
-                partial = True
-                unknown.append(q)
-            else:
-                r |= sb
+                sb = self._expand(q, budget)
+                if sb is None:
+                    partial = True
+                    unknown.append(q)
+                    continue
+            r |= sb
         self.last_partial = partial
         if partial and not r and not ended:
             # keep a spine: follow the member closest to acceptance even past the budget
@@ -378,12 +381,11 @@ class SetAlgebra:
             return row
         row = np.zeros(vocab_size, dtype=bool)
         full: list[int] = []
-        partial: list[tuple[int, int]] = []
+        partial: list[tuple[int, int]] = []  # (state, targets in Bn as a bitset)
         eos_ok = False
         acc = self.dfa.accepting
         ended_in_next = bool(Bn & ENDED_BIT)
         notBn = ~Bn
-        trans = self.ta.trans
         sget = self.ta.succ_bits.get
         partial_row = False
         for q in self.members(Bi):
@@ -401,8 +403,8 @@ class SetAlgebra:
             else:
                 inter = sb & Bn
                 if inter:
-                    partial.extend((q, u) for u in self.members(inter))
-        self.ta.mask_row(full, partial, eos_ok, row)
+                    partial.append((q, inter))
+        self.ta.mask_row(full, partial, eos_ok, row, self.members)
         if partial_row:
             return row
         self.rows[key] = row
@@ -429,8 +431,10 @@ class SetAlgebra:
             if not sb & ~Bn:
                 full.append(q)
             else:
-                partial.extend((q, u) for u in self.members(sb & Bn))
-        cnt, tok = self.ta.count_allowed(full, partial)
+                inter = sb & Bn
+                if inter:
+                    partial.append((q, inter))
+        cnt, tok = self.ta.count_allowed(full, partial, self.members)
         return cnt, tok, eos_ok
 
 

@@ -283,9 +283,11 @@ class TokenAutomaton:
         return self.trans(s).succ
 
     # ------------------------------------------------------------------ masks
-    def mask_row(self, full: list[int], partial: list[tuple[int, int]], eos: bool, out: np.ndarray) -> None:
+    def mask_row(self, full: list[int], partial: list[tuple[int, int]], eos: bool, out: np.ndarray,
+                 members=None) -> None:
         """Write into `out` (bool [>= vocab_size], zeroed) the union of: every token allowed from the
-        states in `full`, the groups (state, target) in `partial`, and EOS if asked."""
+        states in `full`, the tokens from each state q of `partial` = [(q, U)] into the targets U (a bitset;
+        `members` lists a bitset's elements, memoised by the caller), and EOS if asked."""
         dense: set[int] = set()
         sparse: list[np.ndarray] = []
         known = self._trans
@@ -296,15 +298,19 @@ class TokenAutomaton:
                 dense.add(tt.all_row)
             elif tt.all_sparse is not None and tt.all_sparse.size:
                 sparse.append(tt.all_sparse)
-        for q, u in partial:
+        members = members or _bits
+        for q, targets in partial:
             tt = known.get(q) or trans(q)
-            d = tt.dense.get(u)
-            if d is not None:
-                dense.add(d)
-                continue
-            sp = tt.sparse.get(u)
-            if sp is not None:
-                sparse.append(sp)
+            dget = tt.dense.get
+            sget = tt.sparse.get
+            for u in members(targets):
+                d = dget(u)
+                if d is not None:
+                    dense.add(d)
+                else:
+                    sp = sget(u)
+                    if sp is not None:
+                        sparse.append(sp)
         V = self.vocab_size
         if dense:
             acc = self._union(dense)
@@ -341,8 +347,8 @@ class TokenAutomaton:
             self._unions.popitem(last=False)
         return acc
 
-    def count_allowed(self, full: list[int], partial: list[tuple[int, int]]) -> tuple[int, int | None]:
-        """(number of allowed text tokens capped at 2, the token if exactly one)."""
+    def count_allowed(self, full: list[int], partial: list[tuple[int, int]], members=None) -> tuple[int, int | None]:
+        """(number of allowed text tokens capped at 2, the token if exactly one); `partial` as in mask_row."""
         sparse: list[np.ndarray] = []
         for q in full:
             tt = self.trans(q)
@@ -350,16 +356,28 @@ class TokenAutomaton:
                 return 2, None
             if tt.all_sparse.size:
                 sparse.append(tt.all_sparse)
-        for q, u in partial:
+        members = members or _bits
+        for q, targets in partial:
             tt = self.trans(q)
-            if u in tt.dense:
-                return 2, None
-            sp = tt.sparse.get(u)
-            if sp is not None:
-                sparse.append(sp)
+            for u in members(targets):
+                if u in tt.dense:
+                    return 2, None
+                sp = tt.sparse.get(u)
+                if sp is not None:
+                    sparse.append(sp)
         if not sparse:
             return 0, None
         u = np.unique(np.concatenate(sparse)) if len(sparse) > 1 else sparse[0]
         if u.size == 1:
             return 1, int(u[0])
         return 2, None
+
+
+def _bits(x: int) -> list[int]:
+    """Indices of the set bits of x, ascending."""
+    out = []
+    while x:
+        low = x & -x
+        out.append(low.bit_length() - 1)
+        x ^= low
+    return out
