@@ -107,7 +107,9 @@ def canvas_walk(cc, ids: list[int], eos: int, mask_id: int, block: int, per_step
             misses[1] += len(props) - len(kept)  # remasked: not certified jointly within the budget
             for p, t in kept:
                 canvas[p] = t
-    if not st.is_completable(canvas):
+    ok = st.is_completable(canvas)
+    misses[3] += st.exact_fallbacks
+    if not ok:
         return False, "final canvas not valid"
     return True, ""
 
@@ -170,7 +172,7 @@ def main() -> int:
     per_sub: dict[str, Counter] = defaultdict(Counter)
     errors: Counter = Counter()
     rng = random.Random(args.seed)
-    misses = [0, 0, 0]
+    misses = [0, 0, 0, 0]
     schema_options = {k: int(v) if v.lstrip("-").isdigit() else v
                       for k, v in (o.split("=", 1) for o in args.schema_option)}
     if args.strict:
@@ -281,7 +283,8 @@ def main() -> int:
             print(f"| {name} | {pct(xs, .5):.1f} | {pct(xs, .95):.1f} | {max(xs):.1f} | {len(xs)} |")
     print(f"\nopen positions whose instance token was not (yet) allowed at a step: {misses[0]}; proposals remasked "
           f"by select_commits: {misses[1]}; steps repeated because no block position allowed its instance "
-          f"token yet: {misses[2]} (over {len(step_times)} steps; masks narrowed by the per-call expansion budget)")
+          f"token yet: {misses[2]} (over {len(step_times)} steps; masks narrowed by the per-call expansion budget); "
+          f"calls redone without the budget because it left them inconclusive: {misses[3]}")
     over = sum(1 for x in comp_ms if x > 10_000)
     print(f"\nschemas over 10 s: {over};  compiled {len(comp_ms)}/{len(items)}")
     print("\n| subset | schemas | compiled | valid accepted (instances) | outside the narrowed language | "

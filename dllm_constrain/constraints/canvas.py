@@ -451,6 +451,7 @@ class CanvasState:
         self.vocab_size = vocab_size
         self.eos = algebra.eos
         self._fwd_canvas: tuple | None = None
+        self.exact_fallbacks = 0  # calls that the expansion budget left inconclusive, redone exactly
         self._fwd: list[int] = [START_BIT]
         self._fwd_ok: list[bool] = [True]
 
@@ -542,6 +543,13 @@ class CanvasState:
                 raise IndexError(f"position {p} outside the canvas of length {self.n}")
         self._new_budget()
         an = self._analyze(c, max(positions) + 1)
+        if self._budget is not None and any(c[p] is None and not (an.B[p] and an.B[p + 1]) for p in positions):
+            # the budget cut every completion through some asked position: recompute exactly, so a mask is
+            # never empty while the canvas is completable (costly only for a canvas that is not completable,
+            # which select_commits never produces)
+            self._budget = None
+            self.exact_fallbacks += 1
+            an = self._analyze(c, max(positions) + 1)
         o = out.numpy()
         B = an.B
         V = self.vocab_size
@@ -557,8 +565,15 @@ class CanvasState:
         return out
 
     def is_completable(self, canvas: Sequence[int]) -> bool:
+        c = self._norm(canvas)
         self._new_budget()
-        return self._completable(self._norm(canvas))
+        if self._completable(c):
+            return True
+        if self._budget is None:
+            return False
+        self._budget = None  # "not completable" decides a backtrack: make sure, exactly
+        self.exact_fallbacks += 1
+        return self._completable(c)
 
     def select_commits(self, canvas: Sequence[int], proposals: Sequence[tuple[int, int, float]]) -> list[tuple[int, int]]:
         c = list(self._norm(canvas))
@@ -575,7 +590,25 @@ class CanvasState:
                 kept.append((p, t))
             else:
                 c[p] = None
+        if not kept and self._budget is not None and proposals:
+            # nothing certified within the budget: decide the proposals exactly, best first, until one holds
+            self._budget = None
+            self.exact_fallbacks += 1
+            return self._select_one_exactly(c, proposals, order)
         return kept
+
+    def _select_one_exactly(self, c: list, proposals: Sequence[tuple[int, int, float]],
+                            order: list[int]) -> list[tuple[int, int]]:
+        for k in order:
+            p, t, _ = proposals[k]
+            p, t = int(p), int(t)
+            if not 0 <= p < self.n or c[p] is not None or t == self.mask_id:
+                continue
+            c[p] = t
+            if self._completable(tuple(c)):
+                return [(p, t)]
+            c[p] = None
+        return []
 
     def forced_tokens(self, canvas: Sequence[int]) -> dict[int, int]:
         c = self._norm(canvas)
