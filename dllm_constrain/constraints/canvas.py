@@ -30,8 +30,9 @@ compute at most `expand_budget` new token transitions and spend at most `expand_
 left to right: the positions next to the committed frontier first). States whose transitions are not known yet are not followed: the sets are
 then the states reachable through known states only, a subset of the exact ones, so every allowed token
 is still part of a valid completion (sound), and select_commits verifies in the same system. One state of
-minimal distance to acceptance is always followed (a "spine"), so an open position keeps at least one
-allowed token. The transition cache is shared by all requests of the compiled constraint and never
+minimal distance to acceptance is always followed (a "spine"); when the budget still leaves the left frontier
+(the first open position) without completions, its mask is recomputed exactly, so the engine always has a
+position to commit, and select_commits / is_completable redo an inconclusive call exactly. The transition cache is shared by all requests of the compiled constraint and never
 shrinks, so masks become exact once the reachable part is known; with a budget that covers it (always for
 small constraints) they are exact from the first call.
 """
@@ -543,15 +544,18 @@ class CanvasState:
                 raise IndexError(f"position {p} outside the canvas of length {self.n}")
         self._new_budget()
         an = self._analyze(c, max(positions) + 1)
-        if self._budget is not None and any(c[p] is None and not (an.B[p] and an.B[p + 1]) for p in positions):
-            # the budget cut every completion through some asked position: recompute exactly, so a mask is
-            # never empty while the canvas is completable (costly only for a canvas that is not completable,
-            # which select_commits never produces)
+        B = an.B
+        frontier = next((i for i, x in enumerate(c) if x is None), None)
+        exact_frontier = None
+        if self._budget is not None and frontier in positions and not (B[frontier] and B[frontier + 1]):
+            # the budget cut every completion through the left frontier: decide the frontier exactly, so its
+            # mask is never empty while the canvas is completable (the engine always has a position to
+            # commit; further open positions may stay empty under the budget: sound, filled in later calls)
             self._budget = None
             self.exact_fallbacks += 1
-            an = self._analyze(c, max(positions) + 1)
+            ex = self._analyze(c, frontier + 1)
+            exact_frontier = (ex.B[frontier], ex.B[frontier + 1])
         o = out.numpy()
-        B = an.B
         V = self.vocab_size
         for j, p in enumerate(positions):
             if c[p] is not None:
@@ -559,9 +563,10 @@ class CanvasState:
                 if B[0] and 0 <= c[p] < V:
                     o[j, c[p]] = True
                 continue
-            if not B[p] or not B[p + 1]:
+            bi, bn = exact_frontier if (exact_frontier is not None and p == frontier) else (B[p], B[p + 1])
+            if not bi or not bn:
                 continue
-            o[j] = self.alg.row(B[p], B[p + 1], V)
+            o[j] = self.alg.row(bi, bn, V)
         return out
 
     def is_completable(self, canvas: Sequence[int]) -> bool:
