@@ -758,12 +758,15 @@ def test_random_schemas_random_canvas_decoding_always_ends_valid(schema, seed, n
     while info.mask_id in canvas:
         opens = [i for i, c in enumerate(canvas) if c == info.mask_id]
         pick = rng.sample(opens, min(len(opens), rng.randint(1, 6)))
+        if opens[0] not in pick:
+            pick.append(opens[0])  # the left frontier, whose mask is never empty (others may wait for a later call)
         masks = state.allowed_tokens(canvas, pick)
         props = []
         for j, p in enumerate(pick):
             ids = torch.nonzero(masks[j]).flatten().tolist()
-            assert ids
-            props.append((p, rng.choice(ids), rng.random()))
+            assert ids or p != opens[0]
+            if ids:
+                props.append((p, rng.choice(ids), rng.random()))
         kept = state.select_commits(canvas, props)
         assert kept
         for p, t in kept:
