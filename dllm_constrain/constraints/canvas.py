@@ -584,6 +584,17 @@ class CanvasState:
         c = list(self._norm(canvas))
         self._new_budget()
         order = sorted(range(len(proposals)), key=lambda k: -float(proposals[k][2]))
+        kept = self._greedy_commits(c, proposals, order, first_only=False)
+        if not kept and self._budget is not None and proposals:
+            # nothing certified within the budget: decide the proposals exactly, best first, until one holds
+            self._budget = None
+            self.exact_fallbacks += 1
+            return self._greedy_commits(c, proposals, order, first_only=True)
+        return kept
+
+    def _greedy_commits(self, c: list, proposals: Sequence[tuple[int, int, float]], order: list[int],
+                        first_only: bool) -> list[tuple[int, int]]:
+        """Commit the proposals in `order` onto c, each kept iff the canvas stays completable."""
         kept: list[tuple[int, int]] = []
         for k in order:
             p, t, _ = proposals[k]
@@ -593,27 +604,11 @@ class CanvasState:
             c[p] = t
             if self._completable(tuple(c)):
                 kept.append((p, t))
+                if first_only:
+                    break
             else:
                 c[p] = None
-        if not kept and self._budget is not None and proposals:
-            # nothing certified within the budget: decide the proposals exactly, best first, until one holds
-            self._budget = None
-            self.exact_fallbacks += 1
-            return self._select_one_exactly(c, proposals, order)
         return kept
-
-    def _select_one_exactly(self, c: list, proposals: Sequence[tuple[int, int, float]],
-                            order: list[int]) -> list[tuple[int, int]]:
-        for k in order:
-            p, t, _ = proposals[k]
-            p, t = int(p), int(t)
-            if not 0 <= p < self.n or c[p] is not None or t == self.mask_id:
-                continue
-            c[p] = t
-            if self._completable(tuple(c)):
-                return [(p, t)]
-            c[p] = None
-        return []
 
     def forced_tokens(self, canvas: Sequence[int]) -> dict[int, int]:
         c = self._norm(canvas)
