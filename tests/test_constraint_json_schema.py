@@ -434,6 +434,14 @@ def test_values_failing_if_take_the_else_side_in_an_if_chain_on_a_discriminator(
         assert accepts(s, value) == validator(s).is_valid(value), value
 
 
+def test_past_max_conjunction_leaves_values_failing_if_are_not_generated():
+    s = {"type": "object", "if": {"type": "object", "properties": {"kind": {"const": "a"}}, "required": ["kind"]},
+         "then": {"properties": {"size": {"type": "integer"}}}}
+    assert accepts(s, {"kind": "b"}) and accepts(s, {"kind": "a", "size": 1})
+    assert not accepts(s, {"kind": "b"}, max_conjunction_leaves=0)  # the else side (a sound narrowing)
+    assert accepts(s, {"kind": "a", "size": 1}, max_conjunction_leaves=0)
+
+
 def test_negated_single_bounds_are_the_values_beyond_the_bound():
     s = {"if": {"exclusiveMaximum": 0}, "then": {"minimum": -10}, "else": {"multipleOf": 2}}
     assert accepts(s, -1) and accepts(s, 4) and not accepts(s, 3) and not accepts(s, -11)

@@ -1400,17 +1400,20 @@ class SchemaCompiler:
     def _ref_siblings(self, s: dict) -> dict:
         """The validation keywords next to a `$ref`. Up to draft 7 (by the root's `$schema`) a `$ref`
         replaces its whole schema object and its siblings are ignored; from 2019-09 on they apply with it."""
-        declared = self.root.get("$schema", "") if isinstance(self.root, dict) else ""
-        if isinstance(declared, str) and any(d in declared for d in ("draft-03", "draft-04", "draft-06", "draft-07")):
+        if self._declares_draft("draft-03", "draft-04", "draft-06", "draft-07"):
             return {}
         return {k: v for k, v in s.items() if k != "$ref" and k not in ANNOTATIONS}
+
+    def _declares_draft(self, *drafts: str) -> bool:
+        """Whether the root's `$schema` names one of these drafts."""
+        declared = self.root.get("$schema", "") if isinstance(self.root, dict) else ""
+        return isinstance(declared, str) and any(d in declared for d in drafts)
 
     def _zero_fraction_integers(self) -> bool:
         """Whether "1.0" is an integer here: from draft 6 on; draft-03/04 (by the root's `$schema`) say no."""
         if self.opts.integer_zero_fraction == "never":
             return False
-        declared = self.root.get("$schema", "") if isinstance(self.root, dict) else ""
-        return not (isinstance(declared, str) and ("draft-03" in declared or "draft-04" in declared))
+        return not self._declares_draft("draft-03", "draft-04")
 
     def _integer_digits(self, s: dict, path: str) -> A.Node:
         b = self._int_bounds(s, path)
