@@ -1,23 +1,34 @@
-"""The denoising loop: a batch of requests, one model forward per step, a policy deciding what to commit.
+"""The request loop: a scheduler picks the running requests, one model forward per step serves them all, a policy
+per request decides what to commit. Continuous batching in nano-vllm's shape: LLMEngine = this loop,
+`engine.scheduler.Scheduler` = what runs next, `engine.model_runner.ModelRunner` = one forward.
 
-One step (`LLMEngine.step`):
-  1. forward-free work per request: commit the active block's tokens a constraint forces (the only allowed
-     token at a position; the masks are computed here, before the forward, and reused after it), close
-     finished blocks, stop requests whose answer has ended (a committed EOS with everything left of it
-     committed: the rest is filled with EOS and no more forwards are spent on it);
-  2. the forwards for all running requests (`engine.model_runner`; left-padded, key-padding mask, position ids
-     that count only real tokens, so each row computes what it computes alone): by default through the
-     Refresh/Reuse KV cache (`engine.kv_cache`: a full forward when a request's block changes, otherwise only
-     the active block's tokens against the cached keys/values; `EngineConfig`), else one full forward;
-  3. per request: project logits only for the open positions of its active block, in row chunks under a byte
-     budget (`engine.logits`; never a [batch, canvas, vocab] tensor); apply the allowed-token mask (the
-     constraint's, plus never the mask token) inside each chunk BEFORE any statistic, so policies rank by
-     constrained probabilities; the policy picks rows;
+One step (`LLMEngine._step`, shared by `generate` and the continuous `step()`):
+  0. admission (`Scheduler.schedule`): waiting requests fill the slots and tokens freed by the ones that ended
+     (FCFS with backfill, a wait bound, a token budget), so a straggler never holds back the others;
+  1. forward-free work per request (`_prepare_step`): step/time bound, commit the active block's tokens a
+     constraint forces (the only allowed token at a position; the masks are computed here, before the forward,
+     and reused after it), close finished blocks, stop requests whose answer has ended (a committed EOS with
+     everything left of it committed: the rest is filled with EOS and no more forwards are spent on it);
+  2. ONE forward for all running requests (`ModelRunner.forward_rows`): Refresh rows (whole sequence, KV cache
+     entry rewritten) and Reuse rows (active block only, against the request's cached keys/values) of different
+     requests are packed into one varlen forward; attention is per request, so each row computes bitwise what
+     it computes alone (see engine.model_runner);
+  3. per request (`_after_forward`): project logits only for the open positions of its active block, in row
+     chunks under a byte budget (`engine.logits`; never a [batch, canvas, vocab] tensor); apply the allowed-token
+     mask (the constraint's, plus never the mask token) inside each chunk BEFORE any statistic, so policies rank
+     by constrained probabilities; the policy picks rows;
      the constraint verifies them jointly (`select_commits`); rejected ones stay open (counted as remasks).
      If the constraint then reports the canvas uncompletable (possible only with approximate masks), the
-     step's commits are undone and banned at their positions (counted as backtracks).
+     step's commits are undone and banned at their positions (counted as backtracks);
+  4. departures: a request that ended (EOS, full canvas, or its own typed error: ConstraintError,
+     GenerationTimeoutError) is returned at once as a `RequestOutput`, and its slot, tokens and cache entry are
+     freed. Steps 1 and 3 run per request under `_isolated`: one request's failure never touches the others.
 Termination: every step commits at least one position (or bans one (position, token) pair), and a step
-bound raises GenerationTimeoutError rather than looping forever.
+bound (and the optional per-request `SamplingParams.timeout`) ends a request with GenerationTimeoutError rather
+than looping forever.
+
+Threading: the engine is single-threaded; a server drives `step()` from one thread and hands it `add_request` /
+`abort` calls through a queue (the loop state lives in `_Loop`, no global state).
 
 Block-diffusion models (DiffusionGemma: `encode_prompt`, `init_canvas`, `denoise_step`, `advance`,
 `extend_prompt`, `noise`) run the same per-request logic in lockstep blocks (`_generate_blocks`): the prompt
@@ -45,80 +56,80 @@ import torch
 
 from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.logits import LogitsPath
-from dllm_constrain.engine.model_runner import ModelRunner
+from dllm_constrain.engine.model_runner import ForwardStats, ModelRunner
 from dllm_constrain.engine.models.base import DiffusionLM
+from dllm_constrain.engine.outputs import (
+    CanvasSnapshot,
+    GenerationResult,
+    ProgressCallback,
+    RequestOutput,
+    StepEvent,
+    StreamHook,
+    StreamUpdate,
+)
 from dllm_constrain.engine.policies import CommitPolicy, make_policy
 from dllm_constrain.engine.sampling import RowStats
+from dllm_constrain.engine.scheduler import Scheduler, SchedulerConfig
 from dllm_constrain.engine.state import Request, RequestState
 from dllm_constrain.errors import (
     ConstraintError,
+    DllmConstrainError,
     GenerationTimeoutError,
     InvalidRequestError,
     PromptTooLongError,
 )
 
-
-@dataclass
-class GenerationResult:
-    """What one request produced, with the counters every result carries."""
-
-    text: str  # decoded answer, stopping at the first EOS
-    token_ids: list[int]  # answer ids before the first EOS
-    nfe: int  # model forward passes spent on this request
-    tokens_per_forward: float  # answer tokens (incl. the first EOS) / nfe
-    forced_tokens: int  # tokens committed because the constraint allowed exactly one
-    remasks: int  # proposals rejected by joint verification and left open
-    wall_time: float  # seconds from the start of generate() to this request's end
-    finish_reason: str  # "eos": the answer ended with EOS; "length": the canvas filled up without one
-    canvas_ids: list[int] = field(default_factory=list)  # the whole final canvas (EOS-padded tail)
-    steps: int = 0  # loop iterations, forward-free forced steps included
-    forwards_saved: int = 0  # scheduled steps skipped because forced tokens completed blocks
-    renoised: int = 0  # positions re-noised by the entropy-bound policy
-    backtracks: int = 0  # steps undone because the canvas became uncompletable
-    refreshes: int = 0  # forwards that were full (KV cache Refresh or no cache); nfe - refreshes reused the cache
+__all__ = ["LLMEngine", "GenerationResult", "RequestOutput", "StreamUpdate", "StepEvent", "CanvasSnapshot",
+           "ProgressCallback", "SchedulerConfig", "is_block_diffusion"]
 
 
 @dataclass
-class CanvasSnapshot:
-    """One request's canvas at a step, for progress displays (open positions hold mask_id)."""
+class _Loop:
+    """The machinery of one request loop: its scheduler, forward runner (with the KV cache), logits path, and the
+    states and policies of the requests it holds. `generate` makes one per call; the continuous API keeps one."""
 
-    index: int
-    canvas: list[int]
-    committed: list[bool]
-    done: bool
-
-
-@dataclass
-class StepEvent:
-    """Passed to the progress callback after every step."""
-
-    step: int
-    snapshots: list[CanvasSnapshot]
-    mask_id: int
-
-
-ProgressCallback = Callable[[StepEvent], None]
+    scheduler: Scheduler
+    runner: ModelRunner
+    logits_path: LogitsPath
+    states: dict[int, RequestState] = field(default_factory=dict)
+    policies: dict[int, CommitPolicy] = field(default_factory=dict)
+    streamed: dict[int, int] = field(default_factory=dict)  # request id -> prefix length already streamed
+    pending: list[RequestOutput] = field(default_factory=list)  # aborted requests, delivered by the next step
 
 
 class LLMEngine:
-    """Runs batches of requests through the denoising loop of a `DiffusionLM`."""
+    """The request loop over a `DiffusionLM`: a scheduler picks the running set, one forward per step serves it.
+
+    Continuous use (nano-vllm's shape; one thread drives it):
+        rid = engine.add_request(request)      # queued; typed errors for requests that can never run
+        while engine.has_unfinished():
+            for out in engine.step():          # the requests that ended at this step, as soon as they end
+                ...out.request_id, out.result (finish_reason "eos" | "length" | "error" | "aborted")
+        engine.abort(rid)                       # removes it, frees its slot; its output comes with the next step
+        engine.stream_hook = fn                 # fn(list[StreamUpdate]) after each step: committed left prefixes
+    Static use: `generate(requests)` runs its own loop (same per-request code) and returns results in order."""
 
     def __init__(self, model: DiffusionLM, tokenizer: Any = None, *, max_logit_rows: int | None = None,
-                 config: EngineConfig | None = None) -> None:
+                 config: EngineConfig | None = None, scheduler_config: SchedulerConfig | None = None) -> None:
         """config: the engine settings (KV cache, refresh policy, keep ratio, logits budget; see EngineConfig);
-        max_logit_rows, when given, caps the rows of one logits chunk (overrides config.max_logit_rows)."""
+        max_logit_rows, when given, caps the rows of one logits chunk (overrides config.max_logit_rows);
+        scheduler_config: admission limits of the request loop (engine.scheduler), generate() included."""
         self.model = model
         self.tokenizer = tokenizer
         config = config if config is not None else EngineConfig()
         if max_logit_rows is not None:
             config = config.with_overrides(max_logit_rows=max(1, max_logit_rows))
         self.config = config.validate()
+        self.scheduler_config = (scheduler_config or SchedulerConfig()).validate()
         self.special = model.special
         self.vocab_size = int(model.vocab_size)
         self.base_allowed = self._base_allowed()
         # called with (states, hidden, offsets) after every KV cache Reuse forward (agreement measurements)
         self.reuse_hook: Callable[[list[RequestState], torch.Tensor, list[int]], None] | None = None
+        # called after every step() of the continuous loop with the requests whose committed prefix grew or ended
+        self.stream_hook: StreamHook | None = None
         self._setup_call(self.config)
+        self._loop: _Loop | None = None  # the continuous loop, made by the first add_request
 
     def _setup_call(self, config: EngineConfig) -> None:
         """The per-call machinery: the forward runner (with its KV cache) and the budgeted logits path."""
@@ -127,6 +138,11 @@ class LLMEngine:
         self.logits_path = LogitsPath(self.model, budget_bytes=config.logits_budget_bytes,
                                       max_rows=config.max_logit_rows, budgeted=config.budgeted_logits,
                                       backend=config.backend)
+        self.logits_path.reset_budget(self.runner.device)
+
+    def _new_loop(self, config: EngineConfig, scheduler_config: SchedulerConfig) -> _Loop:
+        self._setup_call(config)
+        return _Loop(Scheduler(scheduler_config), self.runner, self.logits_path)
 
     # ------------------------------------------------------------------ set-up
     def _base_allowed(self) -> torch.Tensor:
@@ -176,28 +192,150 @@ class LLMEngine:
             hook(state)
         return state
 
-    # ------------------------------------------------------------------ public loop
+    def _add(self, loop: _Loop, request: Request, request_id: int | None = None) -> int:
+        """Validate a request and queue it in `loop` (typed errors: InvalidRequestError, PromptTooLongError)."""
+        if request_id is None:
+            request_id = loop.scheduler._next_id
+        state = self._new_state(request_id, request)
+        rid = loop.scheduler.add(len(state.prompt_ids) + state.canvas_len, state, request_id)
+        loop.states[rid] = state
+        loop.policies[rid] = make_policy(state.params)
+        return rid
+
+    # ------------------------------------------------------------------ continuous loop
+    def add_request(self, request: Request) -> int:
+        """Queue one request for the continuous loop; returns its id. Raises InvalidRequestError (bad parameters,
+        empty prompt) or PromptTooLongError (prompt + canvas over the model's context or the token budget) for a
+        request that could never run."""
+        if is_block_diffusion(self.model):
+            raise InvalidRequestError("continuous batching needs a model with a per-step forward; block-diffusion "
+                                      "models (prompt cache + canvas decoder) run through generate() in lockstep")
+        if self._loop is None:
+            self._loop = self._new_loop(self.config, self.scheduler_config)
+        return self._add(self._loop, request)
+
+    def abort(self, request_id: int) -> bool:
+        """Remove a waiting or running request and free its slot, tokens and cache entry; its output (finish_reason
+        "aborted") comes with the next step(). False if the id is unknown or the request already ended."""
+        loop = self._loop
+        if loop is None:
+            return False
+        entry = loop.scheduler.abort(request_id)
+        if entry is None:
+            return False
+        s = loop.states.pop(request_id)
+        loop.policies.pop(request_id, None)
+        loop.streamed.pop(request_id, None)
+        s.finish("aborted")
+        loop.pending.append(RequestOutput(request_id, self._result(s, loop.runner)))
+        loop.runner.release(request_id)
+        return True
+
+    def has_unfinished(self) -> bool:
+        loop = self._loop
+        return loop is not None and (loop.scheduler.has_unfinished() or bool(loop.pending))
+
+    @torch.inference_mode()
+    def step(self) -> list[RequestOutput]:
+        """One step of the continuous loop: refill free slots, one forward for the running set, per-request
+        commits; returns the requests that ended at this step (and those aborted since the last one)."""
+        loop = self._loop
+        if loop is None:
+            return []
+        outputs = self._step(loop)
+        if self.stream_hook is not None:
+            updates = self._stream_updates(loop, outputs)
+            if updates:
+                self.stream_hook(updates)
+        for out in outputs:
+            loop.streamed.pop(out.request_id, None)
+        return outputs
+
+    @property
+    def forward_stats(self) -> ForwardStats:
+        """Counted cost of the continuous loop's forwards (occupancy figures); `self.runner.stats` for generate."""
+        return self._loop.runner.stats if self._loop is not None else ForwardStats()
+
+    def _step(self, loop: _Loop) -> list[RequestOutput]:
+        """The per-step work both loops share: admission, forward-free work, one forward, commits, departures. A
+        request whose own work raises a DllmConstrainError (constraint failure, step or time bound) ends with it;
+        the others go on."""
+        outputs, loop.pending = loop.pending, []
+        loop.scheduler.schedule()
+        running = [loop.states[e.request_id] for e in loop.scheduler.running]
+        for s in running:
+            self._isolated(s, self._prepare_step, s)
+        live = [s for s in running if not s.done]
+        for row in loop.runner.forward_rows(live):
+            s = row.state
+            self._isolated(s, self._after_forward, s, loop.policies[s.index], row.hidden, row.offset)
+        for s in running:
+            if s.done:
+                outputs.append(RequestOutput(s.index, self._result(s, loop.runner)))
+                loop.scheduler.finish(s.index)
+                loop.runner.release(s.index)
+                del loop.states[s.index], loop.policies[s.index]
+        return outputs
+
+    @staticmethod
+    def _isolated(s: RequestState, fn: Callable[..., None], *args: Any) -> None:
+        """Run one request's part of a step; its typed failure ends that request only."""
+        try:
+            fn(*args)
+        except DllmConstrainError as err:
+            s.fail(err)
+
+    def _stream_updates(self, loop: _Loop, outputs: list[RequestOutput]) -> list[StreamUpdate]:
+        """Committed left prefixes that grew at this step (running requests) or ended (outputs)."""
+        eos = self.special.eos_id
+        updates = []
+        for s in loop.states.values():
+            if loop.scheduler.get(s.index) is None or s.done:
+                continue
+            prefix = s.committed_prefix(eos)
+            seen = loop.streamed.get(s.index, 0)
+            if len(prefix) > seen:
+                loop.streamed[s.index] = len(prefix)
+                updates.append(StreamUpdate(s.index, prefix, prefix[seen:], False))
+        for out in outputs:
+            ids = out.result.token_ids
+            seen = min(loop.streamed.get(out.request_id, 0), len(ids))
+            updates.append(StreamUpdate(out.request_id, ids, ids[seen:], True))
+        return updates
+
+    # ------------------------------------------------------------------ static batch
     @torch.inference_mode()
     def generate(self, requests: Sequence[Request], progress: ProgressCallback | None = None,
-                 config: EngineConfig | None = None) -> list[GenerationResult]:
-        """Denoise all requests as one batch; results come back in request order. `config` replaces the engine's
-        settings for this call only."""
+                 config: EngineConfig | None = None, *, raise_errors: bool = True) -> list[GenerationResult]:
+        """Denoise all requests (through the request loop under the engine's scheduler limits; each request gets
+        the answer it gets alone); results come back in request order. `config` replaces the engine's settings for
+        this call only. A request's failure (ConstraintError, GenerationTimeoutError) is raised at once when
+        raise_errors, else returned in its result (finish_reason "error", `error` set) while the others go on."""
         t0 = time.perf_counter()
-        states = [self._new_state(i, r) for i, r in enumerate(requests)]
+        call_config = config.validate() if config is not None else self.config
+        if is_block_diffusion(self.model):
+            states = [self._new_state(i, r) for i, r in enumerate(requests)]
+            for s in states:
+                s.start_time = t0
+            self._setup_call(call_config)
+            self._generate_blocks(states, [make_policy(s.params) for s in states], progress)
+            return [self._result(s, self.runner) for s in states]
+        loop = self._new_loop(call_config, self.scheduler_config)
+        states = []
+        for i, r in enumerate(requests):
+            self._add(loop, r, i)
+            states.append(loop.states[i])
         for s in states:
             s.start_time = t0
-        self._setup_call(config.validate() if config is not None else self.config)
-        self.runner.reset(states)
-        self.logits_path.reset_budget(self.runner.device)
-        policies = [make_policy(s.params) for s in states]
-        if is_block_diffusion(self.model):
-            self._generate_blocks(states, policies, progress)
-        else:
-            while not all(s.done for s in states):
-                self.step(states, policies)
-                if progress is not None:
-                    progress(self._event(states))
-        return [self._result(s) for s in states]
+        results: dict[int, GenerationResult] = {}
+        while loop.scheduler.has_unfinished():
+            for out in self._step(loop):
+                if out.error is not None and raise_errors:
+                    raise out.error
+                results[out.request_id] = out.result
+            if progress is not None:
+                progress(self._event(states))
+        return [results[i] for i in range(len(states))]
 
     def _prepare_step(self, s: RequestState) -> None:
         """The forward-free part of a step: bound check, block/EOS bookkeeping, forced tokens."""
@@ -207,21 +345,12 @@ class LLMEngine:
         if not s.done and s.constraint is not None:
             self._commit_forced(s)
 
-    def step(self, states: list[RequestState], policies: list[CommitPolicy]) -> None:
-        """One iteration: forced commits, then one forward for every request still running."""
-        for s in states:
-            if not s.done:
-                self._prepare_step(s)
-        running = [s for s in states if not s.done]
-        if not running:
-            return
-        policy_of = {id(s): p for s, p in zip(states, policies)}
-        for group, hidden, offsets in self.runner.forward(running):
-            for row, s in enumerate(group):
-                s.nfe += 1
-                self._denoise(s, policy_of[id(s)], hidden[row], offsets[row])
-                s.block_step += 1
-                self._settle(s)
+    def _after_forward(self, s: RequestState, policy: CommitPolicy, hidden: torch.Tensor, offset: int) -> None:
+        """The part of a step after the forward: policy, joint verification, backtracking, bookkeeping."""
+        s.nfe += 1
+        self._denoise(s, policy, hidden, offset)
+        s.block_step += 1
+        self._settle(s)
 
     def _generate_blocks(self, states: list[RequestState], policies: list[CommitPolicy],
                          progress: ProgressCallback | None) -> None:
@@ -256,11 +385,7 @@ class LLMEngine:
                               self_conditioning_logits=sc_logits)
                 out = model.denoise_step(canvas)
                 for b in active:
-                    s = states[b]
-                    s.nfe += 1
-                    self._denoise(s, policies[b], out.hidden[b], -start)
-                    s.block_step += 1
-                    self._settle(s)
+                    self._after_forward(states[b], policies[b], out.hidden[b], -start)
                 temperature = first.temperature
                 sc_logits = (out.logits / temperature if temperature > 0 else out.logits).to(out.hidden.dtype)
                 if progress is not None:
@@ -286,6 +411,9 @@ class LLMEngine:
         if s.step >= bound:
             raise GenerationTimeoutError(
                 f"request {s.index} did not finish within {bound} steps (canvas of {s.canvas_len} tokens)")
+        timeout = s.params.timeout
+        if timeout is not None and time.perf_counter() - s.start_time > timeout:
+            raise GenerationTimeoutError(f"request {s.index} did not finish within its timeout of {timeout} s")
 
     def _allowed(self, s: RequestState, view: list[int], positions: list[int]) -> torch.Tensor:
         """Bool [len(positions), vocab]: the base mask, the constraint's mask, minus banned pairs."""
@@ -416,11 +544,18 @@ class LLMEngine:
             return ""
         return self.tokenizer.decode(ids)
 
-    def _result(self, s: RequestState) -> GenerationResult:
-        canvas = s.canvas.tolist()
+    def _result(self, s: RequestState, runner: ModelRunner) -> GenerationResult:
+        """The result of an ended request (before `runner` releases it). A failed or aborted request's answer is
+        its committed left prefix and its canvas shows open positions as mask_id."""
         eos = self.special.eos_id
-        end = canvas.index(eos) if eos in canvas else len(canvas)
-        answer = canvas[:end]
+        if s.finish_reason in ("eos", "length"):
+            canvas = s.canvas.tolist()
+            end = canvas.index(eos) if eos in canvas else len(canvas)
+            answer = canvas[:end]
+        else:
+            canvas = s.canvas_view(self.special.mask_id)
+            answer = s.committed_prefix(eos)
+            end = len(answer)
         produced = end + (1 if end < len(canvas) else 0)
         wall = (s.end_time or time.perf_counter()) - s.start_time
         return GenerationResult(
@@ -437,7 +572,8 @@ class LLMEngine:
             forwards_saved=s.forwards_saved,
             renoised=s.renoised,
             backtracks=s.backtracks,
-            refreshes=self.runner.refreshes.get(s.index, s.nfe) if self.runner.cached else s.nfe,
+            refreshes=runner.refreshes.get(s.index, s.nfe) if runner.cached else s.nfe,
+            error=s.error,
         )
 
 

@@ -1,21 +1,34 @@
-"""One step's forwards for the running requests: a full forward, or Refresh/Reuse forwards over a KV cache.
+"""One step's forward for the running requests: ONE model forward, whatever mix of Refresh and Reuse rows it holds.
 
-`ModelRunner.forward(states)` returns groups `(states, hidden [b, L, D], offsets)`: for request `states[r]`, canvas
-position p's hidden state is `hidden[r, offsets[r] + p]` (only the active block's positions are guaranteed).
+`ModelRunner.forward_rows(states)` returns one `Row(state, hidden [L, D], offset)` per request: canvas position p's
+hidden state is `hidden[offset + p]` (only the active block's positions are guaranteed). `forward(states)` gives the
+same as one padded group `(states, hidden [b, L, D], offsets)`.
 
-Without a cache (EngineConfig.kv_cache="none", or a model without `hidden_states_kv`/`hidden_states_cached`, or a
-model with per-request state) every step is one full forward of prompt + canvas, left-padded to the longest row.
+Packed (varlen) forward, for models with a span forward (`hidden_states_cached`: LLaDA, Dream): every request's
+tokens of this step are concatenated into one sequence of T rows (`Segment`s), which goes through the embedding,
+the projections, the MLP and the norms as one [1, T, D] batch; attention is computed per request, on its own
+segment's queries against its own keys only (`attend` below), so no row ever sees another request's tokens and
+nothing is padded to a common width. A request's segment is
+  refresh: its whole sequence (prompt + canvas), when it has no cache entry yet, when its active block changed since
+           its last refresh, or when the refresh policy says so (every k forwards; or once a share of the block was
+           committed since the last refresh); its layer keys/values replace its cache entry (engine.kv_cache);
+  reuse:   its query span only, [block start - shift, block end) where shift = `model.kv_query_shift` (Dream: 1,
+           its shifted head predicts the block's first token from the position before it; LLaDA: 0), attending to
+           its cache entry with the span's fresh keys/values;
+  full:    its whole sequence without any cache (EngineConfig.kv_cache="none").
+Requests join and leave at any step (`release`): other requests' cache entries are never copied or rebuilt.
 
-With the cache (engine.kv_cache), each request is either
-  refreshed: when it has no cache row yet, when its active block changed since its last refresh, or when the
-             refresh policy says so (every k forwards; or once a share of the block was committed since the last
-             refresh); the refreshed requests share one full forward (left-padded to the call's width W), whose
-             hidden states serve this step's commits and whose keys/values replace their cache rows;
-  reused:    every other request runs its query span only, [block start - shift, block end) where shift =
-             `model.kv_query_shift` (Dream: 1, its shifted head predicts the block's first token from the position
-             before it; LLaDA: 0), against its cache row. Requests with equal span lengths share one forward.
-A row computes what it computes alone: padding is masked, position ids count real tokens, and refresh decisions
-depend on the request's own progress only, so a request gets the same answer alone and in any batch.
+Row independence: position ids are the request's own slots, attention sees only the request's keys, and the
+per-token ops (norms, RoPE, SwiGLU, embedding) are row-wise. The one shared reduction is the GEMM of the linear
+layers over the T packed rows; measured on this project's CPU (MKL, float32) a row's result is bitwise the same for
+any number of rows M >= 4 at any offset, while M <= 3 takes another kernel (last-ulp differences), so a packed
+forward always has at least MIN_PACKED_ROWS rows (padding rows, whose attention output is zero, are dropped). Then a
+request gets bitwise the same hidden states alone and in any mix (tests/test_engine_scheduler.py checks it). GPU
+GEMMs choose kernels (split-K, tile shapes) by M, so there bitwise independence needs batch-invariant kernels.
+
+Models without a span forward (DiffusionGemma's canvas decoder, test doubles) or with per-request state run one
+full forward of prompt + canvas per step, left-padded to the longest row with a key-padding mask and position ids
+counting real tokens (`full_forward`).
 """
 from __future__ import annotations
 
@@ -28,15 +41,23 @@ import torch
 from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.kv_cache import KVCache
 from dllm_constrain.engine.models.base import default_position_ids
+from dllm_constrain.engine.models.layers import bidirectional_attention
 from dllm_constrain.engine.state import RequestState
 
 Group = tuple[list[RequestState], torch.Tensor, list[int]]
 
+# Fewest rows of a packed forward: below 4 rows the CPU GEMM takes a different kernel (see the module docstring).
+MIN_PACKED_ROWS = 4
+
+
+def supports_packed_forward(model: Any) -> bool:
+    """Families with a span forward (LLaDA, Dream); models with per-request state never pack."""
+    return callable(getattr(model, "hidden_states_cached", None)) and not getattr(model, "uses_request_state", False)
+
 
 def supports_kv_cache(model: Any) -> bool:
     """Families with a cached forward (LLaDA, Dream); models with per-request state never use the cache."""
-    return (callable(getattr(model, "hidden_states_kv", None)) and callable(getattr(model, "hidden_states_cached", None))
-            and not getattr(model, "uses_request_state", False))
+    return callable(getattr(model, "hidden_states_kv", None)) and supports_packed_forward(model)
 
 
 def model_device(model: Any) -> torch.device:
@@ -49,12 +70,47 @@ def model_device(model: Any) -> torch.device:
 
 @dataclass
 class RowMeta:
-    """A request's cache bookkeeping: the block its cache row was refreshed for, forwards since, and how many of
+    """A request's cache bookkeeping: the block its cache entry was refreshed for, forwards since, and how many of
     that block's positions were committed at the refresh."""
 
     block: int
     forwards: int
     committed_at_refresh: int
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One request's rows in a packed forward."""
+
+    state: RequestState
+    kind: str  # "refresh" | "reuse" | "full" (see the module docstring)
+    start: int  # first packed row
+    first: int  # the request's slot of the segment's first token (0 for a whole sequence, the span start for reuse)
+    length: int
+    span: tuple[int, int]  # the request's query span [a, b) in its own slots
+
+    @property
+    def rows(self) -> slice:
+        return slice(self.start, self.start + self.length)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One request's output of a step's forward: canvas position p's hidden state is hidden[offset + p]."""
+
+    state: RequestState
+    hidden: torch.Tensor  # [L, D]
+    offset: int
+
+
+@dataclass
+class ForwardStats:
+    """What the forwards cost, counted (not timed): for occupancy figures."""
+
+    forwards: int = 0  # model forward calls
+    request_rows: int = 0  # requests served, summed over forwards
+    token_rows: int = 0  # token rows run, padding included
+    refresh_rows: int = 0  # request rows that refreshed (or ran whole without a cache)
 
 
 class ModelRunner:
@@ -64,22 +120,30 @@ class ModelRunner:
         self.config = config
         self.device = model_device(model)
         self.shift = int(getattr(model, "kv_query_shift", 0))
+        self.packed = supports_packed_forward(model)
         self.cached = config.kv_cache == "dual" and supports_kv_cache(model)
-        self.cache: KVCache | None = None
+        self.cache: KVCache | None = KVCache(config.keep_ratio, config.backend) if self.cached else None
         self.meta: dict[int, RowMeta] = {}
-        self.refreshes: dict[int, int] = {}  # request index -> refresh forwards it took part in
-        self.width = 0
-        # called with (states, hidden, offsets) after every Reuse forward (agreement measurements)
+        self.refreshes: dict[int, int] = {}  # request index -> refresh forwards it took part in (until released)
+        self.stats = ForwardStats()
+        # called with (states, hidden, offsets) after every forward that reused the cache, for those rows
+        # (agreement measurements)
         self.on_reuse: Callable[[list[RequestState], torch.Tensor, list[int]], None] | None = None
 
-    def reset(self, states: Sequence[RequestState]) -> None:
-        """Start a generate() call: an empty cache whose width fits every request of the call."""
-        self.width = max((len(s.prompt_ids) + s.canvas_len for s in states), default=0)
+    def reset(self, states: Sequence[RequestState] = ()) -> None:
+        """Forget every request: an empty cache."""
         self.cache = KVCache(self.config.keep_ratio, self.config.backend) if self.cached else None
         self.meta = {}
         self.refreshes = {s.index: 0 for s in states}
 
-    # ------------------------------------------------------------------ inputs
+    def release(self, index: int) -> None:
+        """A request left (finished, failed or aborted): drop its cache entry and bookkeeping, nobody else's."""
+        if self.cache is not None:
+            self.cache.release(index)
+        self.meta.pop(index, None)
+        self.refreshes.pop(index, None)
+
+    # ------------------------------------------------------------------ full forward (no span forward)
     def _rows(self, states: Sequence[RequestState], width: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """Left-padded ids [b, width], key-padding mask, and each row's slot of canvas position 0."""
         ids = torch.full((len(states), width), self.pad_id, dtype=torch.long)
@@ -95,7 +159,7 @@ class ModelRunner:
         return ids, kpm, offsets
 
     def full_forward(self, states: Sequence[RequestState]) -> Group:
-        """One forward of every request's whole sequence (no cache)."""
+        """One forward of every request's whole sequence, left-padded to the longest (no cache)."""
         width = max(len(s.prompt_ids) + s.canvas_len for s in states)
         ids, kpm, offsets = self._rows(states, width)
         kwargs: dict[str, Any] = {}
@@ -106,11 +170,7 @@ class ModelRunner:
                                           key_padding_mask=kpm_d, **kwargs)
         return list(states), hidden, offsets
 
-    # ------------------------------------------------------------------ cached steps
-    def _span(self, s: RequestState, offset: int) -> tuple[int, int]:
-        start, end = s.block_bounds()
-        return offset + start - self.shift, offset + end
-
+    # ------------------------------------------------------------------ refresh decisions
     def _committed_in_block(self, s: RequestState) -> int:
         start, end = s.block_bounds()
         return int(s.committed[start:end].sum())
@@ -127,58 +187,108 @@ class ModelRunner:
             return new >= self.config.refresh_threshold * (end - start)
         return False
 
-    def _refresh(self, states: list[RequestState]) -> Group:
-        assert self.cache is not None
-        ids, kpm, offsets = self._rows(states, self.width)
-        spans = [self._span(s, off) for s, off in zip(states, offsets)]
-        kpm_d = kpm.to(self.device)
-        observe, layers = self.cache.observer(kpm_d, spans)
-        hidden = self.model.hidden_states_kv(ids.to(self.device), default_position_ids(kpm_d), kpm_d, observe)
-        self.cache.store([s.index for s in states], kpm_d, layers)
+    # ------------------------------------------------------------------ packed forward
+    def _span(self, s: RequestState) -> tuple[int, int]:
+        start, end = s.block_bounds()
+        p = len(s.prompt_ids)
+        return p + start - self.shift, p + end
+
+    def plan(self, states: Sequence[RequestState]) -> list[Segment]:
+        """Each request's segment of this step's packed forward (the refresh decisions are made here)."""
+        segments: list[Segment] = []
+        row = 0
         for s in states:
-            self.meta[s.index] = RowMeta(block=s.block, forwards=0, committed_at_refresh=self._committed_in_block(s))
-            self.refreshes[s.index] = self.refreshes.get(s.index, 0) + 1
-        return states, hidden, offsets
+            n = len(s.prompt_ids) + s.canvas_len
+            span = self._span(s)
+            if not self.cached:
+                seg = Segment(s, "full", row, 0, n, span)
+            elif self.needs_refresh(s):
+                seg = Segment(s, "refresh", row, 0, n, span)
+            else:
+                seg = Segment(s, "reuse", row, span[0], span[1] - span[0], span)
+            segments.append(seg)
+            row += seg.length
+        return segments
 
-    def _reuse(self, states: list[RequestState]) -> Group:
-        assert self.cache is not None
-        ids, kpm, offsets = self._rows(states, self.width)
-        pos = default_position_ids(kpm)
-        spans = [self._span(s, off) for s, off in zip(states, offsets)]
-        length = spans[0][1] - spans[0][0]
-        slots = torch.stack([torch.arange(a, b) for a, b in spans])  # [b, Lq]
-        q_ids = ids.gather(1, slots)
-        q_pos = pos.gather(1, slots)
-        slots_d = slots.to(self.device)
-        attend = self.cache.attend([s.index for s in states], slots_d)
-        hidden = self.model.hidden_states_cached(q_ids.to(self.device), q_pos.to(self.device), attend)
-        assert hidden.shape[1] == length
-        # canvas position p of request r sits at span index (offset_r + p) - span_start_r
-        offs = [off - a for off, (a, _) in zip(offsets, spans)]
-        if self.on_reuse is not None:
-            self.on_reuse(states, hidden, offs)
-        return states, hidden, offs
+    def _packed_forward(self, segments: list[Segment]) -> torch.Tensor:
+        """Hidden states [T, D] of the packed rows of `segments` (one model forward)."""
+        total = sum(seg.length for seg in segments)
+        rows = max(total, MIN_PACKED_ROWS)
+        ids = torch.full((1, rows), self.pad_id, dtype=torch.long)
+        pos = torch.zeros((1, rows), dtype=torch.long)
+        for seg in segments:
+            s = seg.state
+            seq = torch.cat([torch.tensor(s.prompt_ids, dtype=torch.long), s.canvas.cpu()])
+            ids[0, seg.rows] = seq[seg.first:seg.first + seg.length]
+            pos[0, seg.rows] = torch.arange(seg.first, seg.first + seg.length)
+        cache = self.cache
 
-    def forward(self, states: Sequence[RequestState]) -> list[Group]:
-        """This step's forwards for the running `states` (see the module docstring)."""
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            out = q.new_zeros(q.shape)  # padding rows attend to nothing
+            for seg in segments:
+                r = seg.rows
+                qs, ks, vs = q[:, :, r], k[:, :, r], v[:, :, r]
+                if seg.kind == "refresh":
+                    assert cache is not None
+                    out[:, :, r] = cache.refresh_attention(seg.state.index, layer, qs, ks, vs, seg.span)
+                elif seg.kind == "reuse":
+                    assert cache is not None
+                    a, _ = seg.span
+                    out[:, :, r] = cache.reuse_attention(seg.state.index, layer, qs, ks, vs,
+                                                         (a, a + seg.length))
+                else:
+                    out[:, :, r] = bidirectional_attention(qs, ks, vs, None)
+            return out
+
+        hidden = self.model.hidden_states_cached(ids.to(self.device), pos.to(self.device), attend)
+        return hidden[0, :total]
+
+    def forward_rows(self, states: Sequence[RequestState]) -> list[Row]:
+        """This step's forward for the running `states`: one model call (see the module docstring)."""
         states = list(states)
         if not states:
             return []
-        if not self.cached:
-            return [self.full_forward(states)]
-        assert self.cache is not None
-        self.cache.keep([s.index for s in states])
-        refresh = [s for s in states if self.needs_refresh(s)]
-        reuse = [s for s in states if not any(s is r for r in refresh)]
-        groups: list[Group] = []
-        if refresh:
-            groups.append(self._refresh(refresh))
-        by_length: dict[int, list[RequestState]] = {}
-        for s in reuse:
-            start, end = s.block_bounds()
-            by_length.setdefault(end - start + self.shift, []).append(s)
-        for group in by_length.values():
-            groups.append(self._reuse(group))
-        for s in states:
-            self.meta[s.index].forwards += 1
-        return groups
+        self.stats.forwards += 1
+        self.stats.request_rows += len(states)
+        if not self.packed:
+            group, hidden, offsets = self.full_forward(states)
+            self.stats.token_rows += hidden.shape[0] * hidden.shape[1]
+            self.stats.refresh_rows += len(states)
+            for s in states:
+                self.refreshes[s.index] = self.refreshes.get(s.index, 0) + 1
+            return [Row(s, hidden[b], offsets[b]) for b, s in enumerate(group)]
+        segments = self.plan(states)
+        hidden = self._packed_forward(segments)
+        self.stats.token_rows += max(hidden.shape[0], MIN_PACKED_ROWS)
+        out = []
+        for seg in segments:
+            s = seg.state
+            out.append(Row(s, hidden[seg.rows], len(s.prompt_ids) - seg.first))
+            if seg.kind == "reuse":
+                self.meta[s.index].forwards += 1
+                continue
+            self.stats.refresh_rows += 1
+            self.refreshes[s.index] = self.refreshes.get(s.index, 0) + 1
+            if seg.kind == "refresh":
+                self.meta[s.index] = RowMeta(block=s.block, forwards=1,
+                                             committed_at_refresh=self._committed_in_block(s))
+        reused = [row for row, seg in zip(out, segments) if seg.kind == "reuse"]
+        if self.on_reuse is not None and reused:
+            group, hidden_b, offs = _stack(reused)
+            self.on_reuse(group, hidden_b, offs)
+        return out
+
+    def forward(self, states: Sequence[RequestState]) -> list[Group]:
+        """`forward_rows` as one padded group [(states, hidden [b, L, D], offsets)] (empty list for no states)."""
+        rows = self.forward_rows(states)
+        return [_stack(rows)] if rows else []
+
+
+def _stack(rows: list[Row]) -> Group:
+    """Rows of different lengths as one right-padded tensor [b, L, D] (offsets unchanged)."""
+    width = max(r.hidden.shape[0] for r in rows)
+    first = rows[0].hidden
+    hidden = first.new_zeros((len(rows), width, first.shape[-1]))
+    for b, r in enumerate(rows):
+        hidden[b, :r.hidden.shape[0]] = r.hidden
+    return [r.state for r in rows], hidden, [r.offset for r in rows]

@@ -39,6 +39,7 @@ class SamplingParams:
     policy: str = "quota"
     threshold: float = 0.9
     entropy_bound: float = 0.1
+    timeout: float | None = None  # seconds from arrival after which the request ends with GenerationTimeoutError
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the first bad field."""
@@ -57,6 +58,9 @@ class SamplingParams:
             raise InvalidRequestError(f"threshold must be in [0, 1], got {self.threshold!r}")
         if not self.entropy_bound > 0:
             raise InvalidRequestError(f"entropy_bound must be > 0, got {self.entropy_bound!r}")
+        if self.timeout is not None and (not isinstance(self.timeout, (int, float)) or isinstance(self.timeout, bool)
+                                         or not self.timeout > 0):
+            raise InvalidRequestError(f"timeout must be a number of seconds > 0 (or None), got {self.timeout!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise InvalidRequestError(f"seed must be an integer or None, got {self.seed!r}")
 
@@ -117,7 +121,8 @@ class RequestState:
     allowed_cache: tuple[list[int], torch.Tensor] | None = None
     model_state: dict[str, Any] = field(default_factory=dict)  # family-specific (e.g. self-conditioning)
     done: bool = False
-    finish_reason: str | None = None  # "eos" | "length"
+    finish_reason: str | None = None  # "eos" | "length" | "error" | "aborted"
+    error: Exception | None = None  # the typed error a failed request ended with
     start_time: float = field(default_factory=time.perf_counter)
     end_time: float | None = None
 
@@ -150,7 +155,19 @@ class RequestState:
             self.canvas[pos] = tok
             self.committed[pos] = True
 
+    def committed_prefix(self, eos_id: int) -> list[int]:
+        """The committed ids left of the first open position, stopping before the first EOS: what may be shown."""
+        open_at = (~self.committed).nonzero()
+        end = int(open_at[0, 0]) if open_at.numel() else self.canvas_len
+        prefix = self.canvas[:end].tolist()
+        return prefix[:prefix.index(eos_id)] if eos_id in prefix else prefix
+
     def finish(self, reason: str) -> None:
         self.done = True
         self.finish_reason = reason
         self.end_time = time.perf_counter()
+
+    def fail(self, error: Exception) -> None:
+        """End the request with its own error (the other requests of the loop go on)."""
+        self.error = error
+        self.finish("error")
