@@ -42,6 +42,16 @@ class UnsupportedSchemaError(ConstraintError):
         super().__init__(msg)
 
 
+class UnknownKeywordError(UnsupportedSchemaError):
+    """A schema keyword outside the JSON Schema vocabularies (`x-*`, `nullable`, a typo such as `maxLenght`)
+    while compiling with `unknown_keywords="error"`; `.keyword` and `.path` name it."""
+
+
+class UnknownKeywordWarning(UserWarning):
+    """A schema keyword outside the JSON Schema vocabularies was not enforced (`unknown_keywords="warn"`,
+    the default); `compiled.ignored_keywords` lists every such (path, keyword)."""
+
+
 class UnsatisfiableSchemaError(ConstraintError):
     """No JSON value satisfies the schema (e.g. minimum > maximum)."""
 

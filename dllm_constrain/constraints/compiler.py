@@ -45,6 +45,9 @@ class CompiledConstraint:
         self.algebra = SetAlgebra(self.ta)
         self._min_tokens: int | None = None
         self._lock = threading.Lock()
+        # (JSON pointer, keyword) of the schema keywords that were not enforced (outside the JSON Schema
+        # vocabularies: `x-*`, `nullable`, typos); see the `unknown_keywords` option
+        self.ignored_keywords: tuple[tuple[str, str], ...] = ()
 
     def __repr__(self) -> str:
         src = self.source if isinstance(self.source, str) else json.dumps(self.source)[:60]
@@ -279,8 +282,10 @@ class ConstraintCompiler:
 
         def build():
             deadline = Deadline(self.timeout_s)
-            node = schema_to_regex_ast(sch, opts, deadline)
+            ignored: list = []
+            node = schema_to_regex_ast(sch, opts, deadline, ignored=ignored)
             cc = CompiledConstraint("json_schema", sch, node, self.tokenizer_info, deadline)
+            cc.ignored_keywords = tuple(ignored)
             if cc.empty_language:
                 raise UnsatisfiableSchemaError("no JSON value satisfies the schema (within the supported bounds)")
             return cc

@@ -4,7 +4,8 @@ Principle: never under-constrain. Every text in the produced language is a JSON 
 against the schema (jsonschema, with format assertion). Where the exact language is not regular or not
 implemented, we either narrow it soundly (documented below and in docs/constraints.md) or refuse with
 UnsupportedSchemaError naming the keyword. Keywords outside the JSON Schema vocabularies (x-*, "nullable",
-typos) have no validation semantics and are ignored unless `unknown_keywords="error"`.
+typos) are not enforced: each is reported (UnknownKeywordWarning and `ignored_keywords`), or refused
+with UnknownKeywordError under `unknown_keywords="error"`.
 
 Sound narrowings (outputs stay valid; some valid instances are not producible):
 * whitespace: none between tokens by default ("compact"); "flexible" allows up to N whitespace chars;
@@ -23,7 +24,11 @@ Sound narrowings (outputs stay valid; some valid instances are not producible):
 * `oneOf`: each branch is narrowed to the JSON types where it is provably disjoint from the others, and may
   forbid a property another branch requires;
 * optional `dependentRequired` names beyond `max_dependency_branches` are never generated;
-* a property matching several `patternProperties` patterns is generated only when its key class is small.
+* a property matching several `patternProperties` patterns is generated only when its key class is small;
+* patterns are read by Python's `re` and by ECMA-262 alike: strings match under every reading, keys whose
+  classification differs between the readings are not generated;
+* numbers near a strict bound (or any bound beyond 2**53) or near an excluded number, within the rounding
+  margin of a double (numeric.float_margin), are not generated.
 """
 from __future__ import annotations
 
@@ -32,15 +37,18 @@ import itertools
 import json
 import math
 import re
+import threading
+import warnings
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..errors import (InvalidOptionError, InvalidRegexError, InvalidSchemaError, UnsatisfiableSchemaError,
-                      UnsupportedSchemaError)
+from ..errors import (InvalidOptionError, InvalidRegexError, InvalidSchemaError, UnknownKeywordError,
+                      UnknownKeywordWarning, UnsatisfiableSchemaError, UnsupportedSchemaError)
 from . import dfa_ops
 from . import numeric as N
 from . import regex_ast as A
 from .deadline import Deadline
+from .deriv import DerivDFA
 from .formats import STANDARD_FORMATS, format_node
 from .object_members import object_members
 from .regex_parser import parse_regex, search_language
@@ -56,7 +64,9 @@ class SchemaOptions:
     max_recursion_depth: int = 5  # $ref recursion unrolled this many times
     any_json_depth: int = 6  # nesting depth of free-form values (schema `true` / `{}`, additional properties)
     additional_properties: str = "allow"  # when the schema does not say: "allow" (spec) | "forbid"
-    unknown_keywords: str = "ignore"  # "ignore" | "error"
+    # keywords outside the JSON Schema vocabularies (never enforced): "warn" (UnknownKeywordWarning; listed in
+    # `ignored_keywords` either way) | "ignore" (listed only) | "error" (UnknownKeywordError)
+    unknown_keywords: str = "warn"
     unique_items: str = "narrow"  # "narrow" | "error"
     max_string_unroll: int = 1024
     max_items_unroll: int = 64
@@ -83,8 +93,8 @@ class SchemaOptions:
             raise InvalidOptionError(f"whitespace must be one of {WHITESPACE_MODES}, got {ws!r}")
         if self.additional_properties not in ("allow", "forbid"):
             raise InvalidOptionError("additional_properties must be 'allow' or 'forbid'")
-        if self.unknown_keywords not in ("ignore", "error"):
-            raise InvalidOptionError("unknown_keywords must be 'ignore' or 'error'")
+        if self.unknown_keywords not in ("warn", "ignore", "error"):
+            raise InvalidOptionError("unknown_keywords must be 'warn', 'ignore' or 'error'")
         if self.additional_names not in ("any", "nonempty"):
             raise InvalidOptionError("additional_names must be 'any' or 'nonempty'")
         if self.integer_zero_fraction not in ("auto", "never"):
@@ -185,6 +195,11 @@ def _independent_keyword_groups(kws: set[str]) -> list[frozenset[str]]:
             rest -= g
     return groups + [frozenset({k}) for k in sorted(rest)]
 SUPPORTED = OBJECT_KW | ARRAY_KW | STRING_KW | NUMBER_KW | APPLICATORS | {"type", "enum", "const"}
+# where subschemas stand (for listing unknown keywords)
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "dependentSchemas", "dependencies"})
+_SCHEMA_LISTS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems", "items"})
+_SCHEMA_VALUES = frozenset({"additionalProperties", "unevaluatedProperties", "propertyNames", "items",
+                            "additionalItems", "unevaluatedItems", "contains", "not", "if", "then", "else"})
 # spec keywords we refuse (always, or in the forms we cannot honour)
 KNOWN_UNSUPPORTED = frozenset({"$dynamicRef", "$recursiveRef", "extends", "disallow", "divisibleBy"})
 ALL_TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
@@ -335,6 +350,10 @@ def _join_uri(base: str, ref: str) -> str:
     return urljoin(base, ref)
 
 
+def _escape_pointer(tok: str) -> str:
+    return str(tok).replace("~", "~0").replace("/", "~1")
+
+
 def _unescape_pointer(tok: str) -> str:
     return tok.replace("~1", "/").replace("~0", "~")
 
@@ -372,6 +391,9 @@ class SchemaCompiler:
 
             cls = validators.validator_for(self.root if isinstance(self.root, dict) else {},
                                            default=jsonschema.Draft202012Validator)
+            # values the compiler keeps (enum members, declared names against propertyNames) must match
+            # their patterns for Python's `re` and ECMA-262 alike
+            cls = validators.extend(cls, {"pattern": _all_readings_pattern})
             try:
                 self._validator = cls(self.root, format_checker=cls.FORMAT_CHECKER)
             except Exception as e:  # pragma: no cover
@@ -548,7 +570,37 @@ class SchemaCompiler:
             if k in KNOWN_UNSUPPORTED:
                 raise UnsupportedSchemaError(k, path)
             if self.opts.unknown_keywords == "error":
-                raise UnsupportedSchemaError(k, path, "unknown keyword (unknown_keywords='error')")
+                raise UnknownKeywordError(k, path, "unknown keyword (unknown_keywords='error')")
+
+    def unknown_keywords(self) -> list[tuple[str, str]]:
+        """(JSON pointer, keyword) of every keyword outside the JSON Schema vocabularies in the subschemas
+        reachable from the root (following local $refs); annotations are not listed."""
+        out: list[tuple[str, str]] = []
+        seen: set[int] = set()
+        stack: list[tuple[Any, str]] = [(self.root, "#")]
+        while stack:
+            x, path = stack.pop()
+            if not isinstance(x, dict) or id(x) in seen:
+                continue
+            seen.add(id(x))
+            for k, v in x.items():
+                sub = f"{path}/{_escape_pointer(k)}"
+                if k not in ANNOTATIONS and k not in SUPPORTED and k not in KNOWN_UNSUPPORTED:
+                    out.append((path, k))
+                    continue
+                if k in _SCHEMA_MAPS and isinstance(v, dict):
+                    stack.extend((w, f"{sub}/{_escape_pointer(n)}") for n, w in v.items())
+                elif k in _SCHEMA_LISTS and isinstance(v, list):
+                    stack.extend((w, f"{sub}/{i}") for i, w in enumerate(v))
+                elif k in _SCHEMA_VALUES:
+                    stack.append((v, sub))
+                elif k == "$ref" and isinstance(v, str):
+                    try:
+                        target, uri = self.resolve_ref(v, path, self._base_of(x))
+                    except (InvalidSchemaError, UnsupportedSchemaError):
+                        continue  # (compiling reports it)
+                    stack.append((target, uri))
+        return sorted(set(out))
 
     def _compile_dict(self, s: dict, path: str) -> A.Node:
         self._check_keywords(s, path)
@@ -959,11 +1011,11 @@ class SchemaCompiler:
                 if pk in own:
                     continue
                 extra = []
-                matched = False
+                matched = False  # (under every reading)
                 for p in pats:
-                    if _pattern_search(p, pk, path):
+                    if _pattern_matches(p, pk, path, "any"):
                         extra.append(c["patternProperties"][p])
-                        matched = True
+                        matched = matched or _pattern_matches(p, pk, path, "all")
                 if not matched and addl is not True:
                     extra.append(addl)
                 if extra:
@@ -1123,7 +1175,7 @@ class SchemaCompiler:
         b_addl = sb.get("additionalProperties", True)
         b_pats = sb.get("patternProperties") or {}
         for p in req_a:
-            if p not in props_b and b_addl is False and not any(_pattern_search(q, p, "#") for q in b_pats):
+            if p not in props_b and b_addl is False and not any(_pattern_matches(q, p, "#", "any") for q in b_pats):
                 return True
             if p in props_b and p in props_a:
                 pa = self._branch_info([], props_a[p], "#")
@@ -1194,14 +1246,15 @@ class SchemaCompiler:
             elif t == "integer":
                 node = self._integer(s, path)
                 if ex:
-                    node = self._difference(node, [_number_spellings(v) for v in ex], "not", path)
+                    # every literal a reader may take for an excluded value (doubles round)
+                    node = self._difference(node, [N.float_neighbourhood(v) for v in ex], "not", path)
             elif t == "number":
                 if ex:
                     # no exponent spellings, then remove every decimal spelling of the excluded values
                     lo, ls, hi, hs = self._bounds(s, path)
                     node = self._number(s, path) if (lo is not None or hi is not None or "multipleOf" in s) \
                         else N.decimal_range(None, False, None, False)
-                    node = self._difference(node, [_number_spellings(v) for v in ex], "not", path)
+                    node = self._difference(node, [N.float_neighbourhood(v) for v in ex], "not", path)
                 else:
                     node = self._number(s, path)
             elif t == "string":
@@ -1369,6 +1422,11 @@ class SchemaCompiler:
             v = N.to_decimal(s["exclusiveMaximum"])
             if hi is None or v <= hi:
                 hi, hi_strict = v, True
+        # readers take numbers as doubles (ECMA-262 always, Python for literals with a fraction): bounds
+        # that rounding could cross are moved inward (strict ones, and any beyond 2**53), so every admitted
+        # literal satisfies them exactly and as a double alike
+        lo, lo_strict = N.float_safe_lower(lo, lo_strict)
+        hi, hi_strict = N.float_safe_upper(hi, hi_strict)
         return lo, lo_strict, hi, hi_strict
 
     def _int_bounds(self, s, path):
@@ -1513,7 +1571,8 @@ class SchemaCompiler:
             if not isinstance(p, str):
                 raise InvalidSchemaError(f"pattern at {path} must be a string")
             try:
-                langs.append(search_language(parse_regex(p)))
+                # matched under every reading (Python's `re` and ECMA-262)
+                langs.append(search_language(parse_regex(p, "all")))
             except InvalidRegexError as e:
                 raise UnsupportedSchemaError("pattern", path, str(e)) from None
         fmts = []
@@ -1783,10 +1842,12 @@ class SchemaCompiler:
             conj = []
             if sub is not None:
                 conj.append(sub)
-            matched = [p for p in pats if _pattern_search(p, name, path)]
+            # a name matched by a pattern under some reading (Python `re`, ECMA-262) carries its schema;
+            # one that some reading leaves unmatched also carries additionalProperties
+            matched = [p for p in pats if _pattern_matches(p, name, path, "any")]
             for p in matched:
                 conj.append(pats[p])
-            if sub is None and not matched:
+            if sub is None and not any(_pattern_matches(p, name, path, "all") for p in matched):
                 conj.append(addl)
             is_req = name in req_set
             if name in forbidden and not is_req:
@@ -1837,10 +1898,14 @@ class SchemaCompiler:
         pname_lang = None
         if pnames is not None and pnames is not True:
             pname_lang = self._property_names_language(pnames, path)
-        pat_langs = []
+        # a key is classified only where every reading agrees: "matches P" is taken in the narrowest
+        # reading (matched by Python's `re` and ECMA-262 alike), "does not match P" as the complement of
+        # the widest (Unicode \d \w, `$` before a final newline, ...)
+        pat_langs = []  # (narrowest, widest)
         for p in pats:
             try:
-                pat_langs.append(json_encode_string_body(search_language(parse_regex(p))))
+                pat_langs.append(tuple(json_encode_string_body(search_language(parse_regex(p, r)))
+                                       for r in ("all", "any")))
             except InvalidRegexError as e:
                 raise UnsupportedSchemaError("patternProperties", path, str(e)) from None
         if len(pat_langs) > 4:
@@ -1852,11 +1917,11 @@ class SchemaCompiler:
         pat_list = list(pats)
         for mask in range(1, 1 << len(pat_list)):
             inside = [i for i in range(len(pat_list)) if mask >> i & 1]
-            others = [pat_langs[j] for j in range(len(pat_list)) if not mask >> j & 1]
+            others = [pat_langs[j][1] for j in range(len(pat_list)) if not mask >> j & 1]
             vs = pats[pat_list[inside[0]]] if len(inside) == 1 else {"allOf": [pats[pat_list[i]] for i in inside]}
-            classes.append(([pat_langs[i] for i in inside], others + [declared], vs, len(inside) == 1))
+            classes.append(([pat_langs[i][0] for i in inside], others + [declared], vs, len(inside) == 1))
         if addl is not False:
-            classes.append(([ANY_STRING_BODY], pat_langs + [declared], addl, True))
+            classes.append(([ANY_STRING_BODY], [w for _, w in pat_langs] + [declared], addl, True))
         for pos, negs, vs, needed in classes:
             if pname_lang is not None:
                 pos = pos + [pname_lang]
@@ -2010,6 +2075,10 @@ def _value_spellings(v) -> A.Node:
     if _is_number(v):
         if isinstance(v, int) and abs(v) > _FLOAT_EXACT:
             return json_literal(v)
+        if isinstance(v, float) and abs(v) >= _FLOAT_EXACT and math.isfinite(v):
+            # an integral double: its exact digits (its shortest repr's digits are another integer, which
+            # Python compares exactly) or json.dumps's exponent form (the caller adds)
+            return A.lit(str(int(v)))
         return _number_spellings(v)
     if isinstance(v, list):
         items = [_value_spellings(x) for x in v]
@@ -2072,9 +2141,12 @@ def _intersect_types(a: set[str], b: set[str]) -> set[str]:
 
 
 _PATTERN_CACHE: dict = {}
+_READING_DFAS: dict = {}
+_READING_LOCK = threading.Lock()
 
 
 def _pattern_search(p: str, name: str, path: str) -> bool:
+    """re.search (Python's reading of a pattern)."""
     r = _PATTERN_CACHE.get(p)
     if r is None:
         try:
@@ -2085,11 +2157,61 @@ def _pattern_search(p: str, name: str, path: str) -> bool:
     return r.search(name) is not None
 
 
-def schema_to_regex_ast(schema: Any, opts: SchemaOptions | None = None, deadline: Deadline | None = None) -> A.Node:
-    """Compile a JSON Schema to the regex AST of its (narrowed) JSON texts."""
+def _pattern_matches(p: str, name: str, path: str, reading: str) -> bool:
+    """Whether `name` matches pattern p under every reading ("all") or under some reading ("any") of
+    the readings validators use: Python's `re` (Unicode \\d \\w \\s, `$` before a final newline) and
+    ECMA-262 (ASCII \\d \\w, `.` excluding \\r and U+2028/9). Patterns our parser refuses (lookaround,
+    ...) are read by Python's `re` alone."""
+    py = _pattern_search(p, name, path)
+    if py != (reading == "all"):
+        return py  # all: Python says no; any: Python says yes
+    key = (p, reading)
+    with _READING_LOCK:
+        d = _READING_DFAS.get(key)
+        if d is None:
+            try:
+                d = DerivDFA(search_language(parse_regex(p, reading)))
+            except InvalidRegexError:
+                d = False
+            if len(_READING_DFAS) > 4096:
+                _READING_DFAS.clear()
+            _READING_DFAS[key] = d
+        if d is False:
+            return py
+        return d.matches(name.encode("utf-8", "surrogatepass"))
+
+
+def _all_readings_pattern(validator, pattern, instance, schema):
+    """jsonschema's `pattern` keyword, matched under every reading (see _pattern_matches)."""
+    if not validator.is_type(instance, "string") or not isinstance(pattern, str):
+        return
+    if not _pattern_matches(pattern, instance, "#", "all"):
+        from jsonschema.exceptions import ValidationError
+
+        yield ValidationError(f"{instance!r} does not match {pattern!r} under every regex reading")
+
+
+def schema_to_regex_ast(schema: Any, opts: SchemaOptions | None = None, deadline: Deadline | None = None,
+                        ignored: list | None = None) -> A.Node:
+    """Compile a JSON Schema to the regex AST of its (narrowed) JSON texts. Keywords outside the JSON Schema
+    vocabularies are appended to `ignored` as (JSON pointer, keyword) and, by `opts.unknown_keywords`,
+    warned about (UnknownKeywordWarning), refused (UnknownKeywordError) or only listed."""
     opts = opts or SchemaOptions()
     try:
         sc = SchemaCompiler(schema, opts, deadline)
+        unknown = sc.unknown_keywords()
+        if unknown:
+            if opts.unknown_keywords == "error":
+                path, kw = unknown[0]
+                raise UnknownKeywordError(kw, path, "unknown keyword, not enforced (unknown_keywords='error'); "
+                                          f"all: {', '.join(f'{k!r} at {p}' for p, k in unknown)}")
+            if opts.unknown_keywords == "warn":
+                warnings.warn("JSON Schema keyword(s) not enforced (outside the JSON Schema vocabularies): "
+                              + ", ".join(f"{k!r} at {p}" for p, k in unknown)
+                              + "; pass unknown_keywords='error' to refuse them or 'ignore' to silence this",
+                              UnknownKeywordWarning, stacklevel=2)
+            if ignored is not None:
+                ignored.extend(unknown)
         node = sc.compile_root()
     except RecursionError:
         raise UnsupportedSchemaError("$ref", "#", "schema nesting too deep") from None

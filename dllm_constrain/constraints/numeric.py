@@ -7,6 +7,11 @@
   bounds: the integer part is a digit range, the fraction is checked by a small comparison automaton that
   compares the fraction digits with the bound's (zero-padded) digits.
 * multipleOf k for integers: a remainder automaton over the digits (k states).
+* Float readings: validators read a JSON number as a double (ECMA-262 always; Python's json.loads for any
+  literal with a fraction or an exponent), which rounds. `float_safe_lower` / `float_safe_upper` move a bound
+  so that every literal on the admitted side of the moved bound is on the admitted side of the original
+  bound under the exact reading and under every double reading alike; `float_neighbourhood(v)` holds every
+  literal some reader may take for v.
 """
 from __future__ import annotations
 
@@ -245,3 +250,54 @@ def to_decimal(x) -> Decimal:
     if isinstance(x, Decimal):
         return x
     raise TypeError(f"not a number: {x!r}")
+
+
+# ------------------------------------------------------------------------------------------ float readings
+FLOAT_EXACT = 2 ** 53  # every integer up to this magnitude is a double
+# 1e-307 and every larger literal reads as a normal non-zero double (subnormals may be flushed to zero)
+_MIN_MARGIN_EXP = -307
+
+
+def float_margin(d: Decimal) -> Decimal:
+    """A power of ten larger than twice the rounding error of a double near d (relative 1e-15 >
+    2 * 2**-53; at least 1e-307, the normal range): a literal farther than this from d reads, as a
+    double, on the same side of d (and of d's own double) as its exact value."""
+    if d == 0:
+        return Decimal(1).scaleb(_MIN_MARGIN_EXP)
+    return Decimal(1).scaleb(max(d.adjusted() - 14, _MIN_MARGIN_EXP))
+
+
+def float_safe_lower(lo: Decimal | None, strict: bool) -> tuple[Decimal | None, bool]:
+    """A lower bound (inclusive) such that every literal x >= it satisfies `x >(=) lo` exactly, as a
+    double, and against lo's double. An inclusive bound below 2**53 is kept (rounding is monotonic and
+    lo's double reads back as lo); a strict one, or one beyond 2**53 (where integers stop being doubles),
+    moves up by float_margin(lo)."""
+    if lo is None:
+        return None, False
+    if not strict and abs(lo) < FLOAT_EXACT:
+        return lo, False
+    return _exact(lo, float_margin(lo)), False
+
+
+def float_safe_upper(hi: Decimal | None, strict: bool) -> tuple[Decimal | None, bool]:
+    """The mirror of float_safe_lower for an upper bound."""
+    if hi is None:
+        return None, False
+    if not strict and abs(hi) < FLOAT_EXACT:
+        return hi, False
+    return _exact(hi, -float_margin(hi)), False
+
+
+def float_neighbourhood(v) -> A.Node:
+    """Every JSON number (no exponent) some reader may take for v: its exact spellings and every literal
+    whose double (or exact value) could equal v's -- the open interval of float_margin(v) around v."""
+    d = to_decimal(v)
+    m = float_margin(d)
+    return decimal_range(_exact(d, -m), True, _exact(d, m), True)
+
+
+def _exact(a: Decimal, b: Decimal) -> Decimal:
+    """a + b without rounding."""
+    with localcontext() as ctx:
+        ctx.prec = max(len(a.as_tuple().digits), 1) + abs(a.as_tuple().exponent) + abs(b.adjusted()) + 10
+        return a + b

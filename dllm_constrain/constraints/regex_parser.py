@@ -9,6 +9,13 @@ Semantics of the shorthand classes (soundness): outside a negated class, `\\d \\
 sets (a subset of Python's Unicode sets, so everything we produce matches); `\\D \\W \\S` and negated
 classes use exact Unicode complements computed from `str.isdecimal / isalnum / isspace` (what `re` uses),
 so they never admit a character Python would not match.
+
+Readings (`parse_regex(pattern, reading=...)`): "python" (the default, above: a subset of what Python's
+`re` matches, used for `regex=`); "all": a subset of what both Python's `re` and ECMA-262 (with the `u`
+flag, as JSON Schema validators use it) match -- `.` excludes `\\r \\u2028 \\u2029` too, `\\S \\D \\W`
+exclude both readings' sets; "any": a superset of what either matches -- Unicode `\\d \\w`, both
+readings' `\\s`, `$` also before a final newline (Python). JSON Schema uses "all" where a string must
+match and "any" where it must not.
 """
 from __future__ import annotations
 
@@ -78,18 +85,40 @@ _ASCII = {
 }
 
 
-def shorthand(kind: str, *, over: bool) -> Ranges:
+# ECMA-262 `\\s`: WhiteSpace and LineTerminator (Python's str.isspace differs: \\x1c-\\x1f, \\x85 but not \\ufeff)
+_ECMA_SPACE = norm_ranges([(0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
+                           (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000),
+                           (0xFEFF, 0xFEFF)])
+READINGS = ("python", "all", "any")
+
+
+def _widest(low: str) -> Ranges:
+    """The union of Python's (Unicode) and ECMA-262's (`u` flag) sets of \\d \\w \\s."""
+    r = _unicode_class(low)
+    return ranges_union(r, _ECMA_SPACE) if low == "s" else r
+
+
+def shorthand(kind: str, *, over: bool, reading: str = "python") -> Ranges:
     """Char set of \\d \\w \\s (lower-case) or \\D \\W \\S (upper-case).
 
-    over=False: a subset of what Python matches (use where the set is taken positively);
+    over=False: a subset of what the reading's engines match (use where the set is taken positively);
     over=True: a superset (use inside a negated class, so the complement stays a subset)."""
     low = kind.lower()
+    if reading == "any":
+        over = not over  # "any" wants supersets outside negated classes
     if kind.islower():
-        return _unicode_class(low) if over else _ASCII[low]
+        if not over:
+            return _ASCII[low]  # ASCII \\d \\w \\s: in every reading's set
+        return _widest(low) if reading != "python" else _unicode_class(low)
     # negated shorthand
     if over:
         return ranges_complement(_ASCII[low])
-    return ranges_complement(_unicode_class(low))
+    return ranges_complement(_widest(low) if reading != "python" else _unicode_class(low))
+
+
+# `.`: Python excludes \\n only; ECMA-262 also \\r, U+2028, U+2029
+_DOT = {"python": ranges_complement(((10, 10),)), "any": ranges_complement(((10, 10),)),
+        "all": ranges_complement(norm_ranges([(10, 10), (13, 13), (0x2028, 0x2029)]))}
 
 
 # ------------------------------------------------------------------------------- parser
@@ -109,9 +138,10 @@ _SIMPLE_ESCAPES = {"a": 7, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11}
 
 
 class _Parser:
-    def __init__(self, pattern: str):
+    def __init__(self, pattern: str, reading: str = "python"):
         self.p = pattern
         self.i = 0
+        self.reading = reading
 
     def error(self, msg: str) -> InvalidRegexError:
         return InvalidRegexError(f"{msg} at position {self.i} in regex {self.p!r}")
@@ -206,7 +236,7 @@ class _Parser:
         if c == "[":
             return A.chars(self.parse_class())
         if c == ".":
-            return A.chars(ranges_complement(((10, 10),)))
+            return A.chars(_DOT[self.reading])
         if c == "^":
             return _Anchor("^")
         if c == "$":
@@ -260,7 +290,7 @@ class _Parser:
             raise self.error("trailing backslash")
         c = self.eat()
         if c in "dDwWsS":
-            return A.chars(shorthand(c, over=False))
+            return A.chars(shorthand(c, over=False, reading=self.reading))
         if c in "AZ":
             return _Anchor("^" if c == "A" else "$")
         if c in "bB":
@@ -311,7 +341,7 @@ class _Parser:
     def class_shorthand(self, kind: str, *, negated: bool) -> Ranges:
         """\\d \\w \\s (or negations) inside a class: a subset of Python's set, or a superset when the class
         is negated, so the class stays a subset of what Python matches."""
-        return shorthand(kind, over=negated)
+        return shorthand(kind, over=negated, reading=self.reading)
 
     def parse_class(self) -> Ranges:
         negated = False
@@ -387,8 +417,10 @@ def _strip_anchors(items: list) -> tuple[list, bool, bool]:
 
 
 @functools.lru_cache(maxsize=4096)
-def parse_regex(pattern: str) -> ParsedRegex:
-    """Parse a Python-`re` pattern. Raises InvalidRegexError."""
+def parse_regex(pattern: str, reading: str = "python") -> ParsedRegex:
+    """Parse a Python-`re` pattern. Raises InvalidRegexError. `reading`: see the module docstring."""
+    if reading not in READINGS:
+        raise ValueError(f"reading must be one of {READINGS}")
     if not isinstance(pattern, str):
         raise InvalidRegexError(f"regex must be a string, got {type(pattern).__name__}")
     try:
@@ -397,7 +429,7 @@ def parse_regex(pattern: str) -> ParsedRegex:
         raise InvalidRegexError(f"invalid regex {pattern!r}: {e}") from None
     except (OverflowError, RecursionError) as e:
         raise InvalidRegexError(f"invalid regex {pattern!r}: {e}") from None
-    p = _Parser(pattern)
+    p = _Parser(pattern, reading)
     try:
         alts = p.parse_alternation()
     except RecursionError:
@@ -407,7 +439,10 @@ def parse_regex(pattern: str) -> ParsedRegex:
     parsed_alts = []
     for items in alts:
         items, s, e = _strip_anchors(items)
-        parsed_alts.append((_items_to_node(items, p), s, e))
+        node = _items_to_node(items, p)
+        if e and reading == "any":
+            node = A.seq(node, A.opt(A.lit("\n")))  # Python's `$` also matches before a final newline
+        parsed_alts.append((node, s, e))
     full = A.alt(*[n for n, _, _ in parsed_alts])
     return ParsedRegex(full, parsed_alts)
 
@@ -416,7 +451,8 @@ def search_language(parsed: ParsedRegex) -> A.Node:
     """The language of strings s with re.search(pattern, s) (JSON Schema `pattern` semantics).
 
     Unanchored sides get an arbitrary-string prefix/suffix. A `$` anchor is taken as the very end
-    (Python also allows one trailing newline there; excluding it only narrows the language)."""
+    (Python also allows one trailing newline there: excluding it only narrows the language; the "any"
+    reading includes it)."""
     anything = A.star(A.chars(A.ANY_CHAR))
     out = []
     for node, s, e in parsed.alternatives:
