@@ -65,14 +65,17 @@ class Terms:
     def _mk(self, key: tuple, kind: int, a=None, b=None, c=None) -> int:
         t = self.intern.get(key)
         if t is None:
+            # the term exists once `kind` has it (appended last); fields left by an interrupted call are dropped
             t = len(self.kind)
-            self.kind.append(kind)
+            if len(self.a) != t:  # `a` is appended first: any interrupted call left it longer
+                del self.a[t:], self.b[t:], self.c[t:]
             self.a.append(a)
             self.b.append(b)
             self.c.append(c)
+            self.kind.append(kind)
             self.intern[key] = t
             if (t & 4095) == 0 and self.deadline is not None:
-                self.deadline.check()
+                self.deadline.check()  # after the term is complete: an expired deadline leaves nothing half-made
         return t
 
     def bytes_(self, ranges: A.Ranges) -> int:
@@ -243,10 +246,11 @@ class Terms:
 
     def _members_minlen(self, t: int) -> int:
         m = self.members[self.a[t]]
-        if m.costs is None:
-            m.costs = [self.minlen(x) for x in m.entries]
-            m.extra_cost = min((self.minlen(x) for x in m.extras), default=INF)
-            m.sep_cost = self.minlen(m.sep)
+        if m.costs is None:  # all three computed before any is stored (m.costs set means all are)
+            costs = [self.minlen(x) for x in m.entries]
+            extra_cost = min((self.minlen(x) for x in m.extras), default=INF)
+            sep_cost = self.minlen(m.sep)
+            m.extra_cost, m.sep_cost, m.costs = extra_cost, sep_cost, costs
         return OM.shortest_completion(m.costs, m.required_mask, m.extra_cost, m.sep_cost, m.lo, m.hi,
                                       self.b[t], self.c[t])
 
@@ -517,25 +521,40 @@ class DerivDFA:
     def empty_language(self) -> bool:
         return self._empty
 
+    def _grow(self, need: int) -> None:
+        """Make room for state ids < need. All-or-nothing: the new tables are allocated and filled first and
+        swapped in by one statement, so an exception here (a deadline, MemoryError) leaves the old tables
+        whole and of equal lengths (the automaton is shared by every request of its compiled constraint)."""
+        cap = self.T.shape[0]
+        if need <= cap:
+            return
+        new_cap = max(need, cap * 2)
+        T = np.zeros((new_cap, 256), dtype=np.int32)
+        expanded = np.zeros(new_cap, dtype=bool)
+        accepting = np.zeros(new_cap, dtype=bool)
+        dist = np.zeros(new_cap, dtype=np.int64)
+        T[:cap] = self.T
+        expanded[:cap] = self.expanded
+        accepting[:cap] = self.accepting
+        dist[:cap] = self.dist
+        self.T, self.expanded, self.accepting, self.dist = T, expanded, accepting, dist
+
     def _add(self, t: int) -> int:
+        """Add the state of term t. Everything that can fail (the term's properties, the size bound, growing
+        the tables) happens before the state becomes visible; the state exists from the append to term_of on
+        (n_states), with its row fields already written, so an interrupted call adds nothing."""
         sid = len(self.term_of)
-        if sid >= self.T.shape[0]:
-            cap = self.T.shape[0] * 2
-            T = np.zeros((cap, 256), dtype=np.int32)
-            T[:sid] = self.T[:sid]
-            self.T = T
-            for name in ("expanded", "accepting", "dist"):
-                old = getattr(self, name)
-                new = np.zeros(cap, dtype=old.dtype)
-                new[:sid] = old[:sid]
-                setattr(self, name, new)
         if sid > self.max_states:
             raise CompilationTimeoutError(f"automaton too large (> {self.max_states} DFA states)")
+        acc, dist = (self.terms.nullable(t), self.terms.minlen(t)) if t >= 0 else (False, INF)
+        self._grow(sid + 1)
+        self.T[sid] = 0
+        self.expanded[sid] = False
+        self.accepting[sid] = acc
+        self.dist[sid] = dist
         self.term_of.append(t)
         if t >= 0:
             self.state_of[t] = sid
-            self.accepting[sid] = self.terms.nullable(t)
-            self.dist[sid] = self.terms.minlen(t)
         return sid
 
     def state_for(self, t: int) -> int:
@@ -548,6 +567,9 @@ class DerivDFA:
         return self._add(t)
 
     def expand(self, sid: int) -> None:
+        """Compute the row of state sid. The row is built aside and written, then marked expanded, only when
+        complete: a deadline firing in the middle leaves sid unexpanded (and any state added on the way is a
+        complete, unexpanded state), so a later call simply redoes it."""
         if self.expanded[sid]:
             return
         if self.deadline is not None:
@@ -555,7 +577,7 @@ class DerivDFA:
         terms = self.terms
         t = self.term_of[sid]
         cuts = sorted(terms.cuts(t) | {0, 256})
-        row = self.T[sid]
+        row = np.zeros(256, dtype=np.int32)
         deriv = terms.deriv
         for i in range(len(cuts) - 1):
             lo, hi = cuts[i], cuts[i + 1]
@@ -563,9 +585,8 @@ class DerivDFA:
                 break
             d = deriv(t, lo)
             row[lo:hi] = self.state_for(d) if d != T_NOTHING else DEAD
-        # _add may have reallocated T: write the row into the current table
-        if self.T[sid] is not row:
-            self.T[sid] = row
+        # _add may have reallocated the tables meanwhile: write into the current ones
+        self.T[sid] = row
         self.expanded[sid] = True
 
     def ensure_rows(self, ids: np.ndarray) -> None:
