@@ -1,0 +1,28 @@
+"""An OpenAI-compatible HTTP server for dllm-constrain (`python -m dllm_constrain.serve`; needs fastapi and uvicorn).
+
+Modules: protocol (OpenAI request/response bodies and their mapping to generation options), backend (the
+`Backend` interface and `EngineBackend`, the engine worker thread), streaming (the final text of a canvas),
+chat (messages -> prompt), errors (typed errors -> HTTP statuses and OpenAI error bodies), app (the routes,
+`build_app`), __main__ (the command line). See docs/serving.md.
+"""
+from __future__ import annotations
+
+from dllm_constrain.serve.backend import (
+    Backend,
+    Completion,
+    ConstraintSpec,
+    EngineBackend,
+    GenerationRequest,
+    RequestHandle,
+)
+
+__all__ = ["Backend", "Completion", "ConstraintSpec", "EngineBackend", "GenerationRequest", "RequestHandle",
+           "build_app"]
+
+
+def __getattr__(name: str):  # build_app needs fastapi; the backend alone does not
+    if name == "build_app":
+        from dllm_constrain.serve.app import build_app
+
+        return build_app
+    raise AttributeError(name)

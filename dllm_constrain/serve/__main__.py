@@ -1,0 +1,58 @@
+"""python -m dllm_constrain.serve [--model PATH] [--host H] [--port P] [--device D] [--max-queue N]
+[--request-timeout S] [--max-batch-size B] [--served-model-name NAME]: an OpenAI-compatible server (docs/serving.md)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m dllm_constrain.serve",
+                                description="OpenAI-compatible HTTP server for structured output from a dLLM.")
+    p.add_argument("--model", default=None, help="checkpoint folder (default: the bundled model)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--device", default=None, help="torch device for the model, e.g. cpu or cuda:0 (default: where "
+                                                  "the loader puts it)")
+    p.add_argument("--max-queue", type=int, default=64, help="requests that may wait for the engine; more get 429")
+    p.add_argument("--max-batch-size", type=int, default=8,
+                   help="waiting requests with the same constraint and options that share one engine call")
+    p.add_argument("--request-timeout", type=float, default=None,
+                   help="seconds a request may take from arrival, queueing included (504 past it; default: none)")
+    p.add_argument("--served-model-name", default=None, help="model id in /v1/models and responses")
+    p.add_argument("--log-level", default="info")
+    args = p.parse_args(argv)
+    if args.max_queue < 0 or args.max_batch_size < 1:
+        p.error("--max-queue must be >= 0 and --max-batch-size >= 1")
+    if args.request_timeout is not None and args.request_timeout <= 0:
+        p.error("--request-timeout must be > 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        import uvicorn
+
+        from dllm_constrain.serve.app import build_app
+    except ImportError as exc:
+        print(f"the server needs fastapi and uvicorn ({exc}); pip install fastapi uvicorn", file=sys.stderr)
+        return 2
+    from dllm_constrain import LLM
+    from dllm_constrain.serve.backend import EngineBackend
+    from dllm_constrain.serve.chat import ChatFormatter
+
+    logging.basicConfig(level=args.log_level.upper())
+    llm = LLM(args.model)
+    if args.device is not None:
+        llm.model.to(args.device)
+    backend = EngineBackend(llm, model_id=args.served_model_name, max_queue=args.max_queue,
+                            max_batch_size=args.max_batch_size)
+    app = build_app(backend, chat=ChatFormatter.for_llm(llm), request_timeout=args.request_timeout)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""The HTTP routes: `build_app(backend, ...)` returns a FastAPI app serving OpenAI's completion endpoints.
+
+Everything the app uses is passed to the factory (the backend, the chat formatter, the timeout); the app holds no
+module-level state, so tests and embedders can run several apps side by side. The app owns its backend's life:
+started with the app, closed at shutdown.
+
+Flow of a request: parse and map the body (protocol.py; 400 on anything not supported) -> `backend.submit`
+(429 when the queue is full) -> wait for the first event (the request passed compilation and its first step
+ran; until then every failure is still an HTTP error status, also for `stream: true`) -> a JSON body, or a
+server-sent event stream of final text. Client disconnects abort the request; so does the per-request timeout
+(504, or an error event once a stream has started).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from dllm_constrain.serve.backend import Backend, Delta, Done, Event, RequestHandle, Started
+from dllm_constrain.serve.chat import ChatFormatter
+from dllm_constrain.serve.errors import ModelNotFound, ServeError, error_info
+from dllm_constrain.serve.protocol import (
+    ChatCompletionBody,
+    CompletionBody,
+    ResponseBuilder,
+    completion_prompt,
+    parse_body,
+    sse,
+    to_generation_request,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+DISCONNECT_POLL = 0.25  # seconds between client-disconnect checks while a non-streamed request runs
+
+
+class _ClientGone(Exception):
+    pass
+
+
+def error_response(exc: BaseException, *, constraint_param: str | None = None,
+                   prompt_param: str | None = None) -> JSONResponse:
+    info = error_info(exc, constraint_param=constraint_param, prompt_param=prompt_param)
+    if info.status >= 500 and not isinstance(exc, ServeError):
+        log.error("request failed", exc_info=exc)
+    headers = {"Retry-After": "1"} if info.status == 429 else None
+    return JSONResponse(info.body(), status_code=info.status, headers=headers)
+
+
+async def _unless_disconnected(request: Request, awaitable: Awaitable[T]) -> T:
+    """Await `awaitable`, raising _ClientGone if the client disconnects first."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise _ClientGone()
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+
+def build_app(backend: Backend, *, chat: ChatFormatter | None = None, request_timeout: float | None = None,
+              manage_backend: bool = True) -> FastAPI:
+    """The OpenAI-compatible app over `backend`.
+
+    chat: how chat messages become a prompt (default: the user messages joined; see ChatFormatter.for_llm).
+    request_timeout: seconds a request may take from arrival, queueing included (None: no limit).
+    manage_backend: start the backend with the app and close it at shutdown."""
+    chat = chat if chat is not None else ChatFormatter()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if manage_backend:
+            backend.start()
+        try:
+            yield
+        finally:
+            if manage_backend:
+                await asyncio.get_running_loop().run_in_executor(None, backend.close)
+
+    app = FastAPI(title="dllm-constrain", lifespan=lifespan)
+
+    def model_card() -> dict[str, Any]:
+        return {"id": backend.model_id, "object": "model", "created": 0, "owned_by": "dllm-constrain"}
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name != backend.model_id:
+            raise ModelNotFound(f"the model {name!r} does not exist; this server serves {backend.model_id!r}",
+                                param="model")
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str) -> Any:
+        if model_id != backend.model_id:
+            return error_response(ModelNotFound(f"the model {model_id!r} does not exist", param="model"))
+        return model_card()
+
+    async def serve(request: Request, kind: str) -> Any:
+        constraint_param: str | None = None
+        prompt_param = "messages" if kind == "chat" else "prompt"
+        handle: RequestHandle | None = None
+        try:
+            if kind == "chat":
+                body: Any = parse_body(ChatCompletionBody, await request.body())
+                prompt = chat.render([m.model_dump() for m in body.messages])
+            else:
+                body = parse_body(CompletionBody, await request.body())
+                prompt = completion_prompt(body)
+            check_model(body.model)
+            gen, constraint_param = to_generation_request(body, prompt, timeout=request_timeout)
+            handle = backend.submit(gen)
+            first = await _unless_disconnected(request, handle.next_event())
+            builder = ResponseBuilder("chat" if kind == "chat" else "text", backend.model_id)
+            if gen.stream:
+                include_usage = bool(body.stream_options and body.stream_options.include_usage)
+                stream = _event_stream(handle, first, builder, include_usage, constraint_param, prompt_param)
+                return StreamingResponse(stream, media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            completion = first.completion if isinstance(first, Done) else \
+                await _unless_disconnected(request, handle.result())
+            return JSONResponse(builder.full(completion))
+        except _ClientGone:
+            if handle is not None:
+                handle.abort()
+            return JSONResponse({}, status_code=499)  # nobody reads it
+        except Exception as exc:
+            if handle is not None:
+                handle.abort()
+            return error_response(exc, constraint_param=constraint_param, prompt_param=prompt_param)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        return await serve(request, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        return await serve(request, "text")
+
+    return app
+
+
+async def _event_stream(handle: RequestHandle, first: Event, builder: ResponseBuilder, include_usage: bool,
+                        constraint_param: str | None, prompt_param: str) -> AsyncIterator[str]:
+    """OpenAI chunks of final text, then `[DONE]`; an error after the stream started is sent as an error event
+    (the status is already 200). The request is aborted if the client goes away (the generator is closed)."""
+    try:
+        if builder.kind == "chat":
+            yield sse(builder.chunk(role=True))
+        event = first
+        while True:
+            if isinstance(event, Delta) and event.text:
+                yield sse(builder.chunk(event.text))
+            elif isinstance(event, Done):
+                yield sse(builder.chunk(None if builder.kind == "chat" else "",
+                                        finish_reason=event.completion.finish_reason))
+                if include_usage:
+                    yield sse(builder.usage_chunk(event.completion))
+                yield sse("[DONE]")
+                return
+            elif not isinstance(event, Started):
+                raise AssertionError(f"unexpected event {event!r}")
+            event = await handle.next_event()
+    except Exception as exc:
+        info = error_info(exc, constraint_param=constraint_param, prompt_param=prompt_param)
+        yield sse(info.body())
+    finally:
+        handle.abort()  # a no-op once finished; otherwise the client left or the request failed

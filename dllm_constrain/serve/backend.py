@@ -1,0 +1,396 @@
+"""The seam between the HTTP layer and the engine: `Backend.submit(GenerationRequest) -> RequestHandle`.
+
+The HTTP layer only knows this interface: a request goes in, the handle yields events (`Started`, `Delta` text that
+is final, then `Done` with the `Completion`; or raises the request's error) and can be aborted. A continuous-
+batching scheduler can replace `EngineBackend` without touching the routes: it has to accept requests from the
+event loop (`submit`, non-blocking, raising QueueFullError when it will not take more), publish events to each
+handle from whatever thread runs the engine (`RequestHandle.publish`, thread-safe), and honour `aborted`.
+
+`EngineBackend`, the first implementation, runs the engine on one worker thread that owns the `LLM` (the engine
+is not thread-safe: no other thread touches it). Requests wait in a bounded FIFO; the worker takes the oldest
+one together with waiting requests that can share one `LLM.generate` call (same constraint and sampling
+options; up to `max_batch_size`), and publishes each streaming request's committed-prefix deltas from the
+`progress` callback. An aborted or timed-out request is dropped from the queue, and its batch is stopped at
+the next step once none of its requests is still wanted (a batch is one `LLM.generate` call, so a request
+inside a batch with live neighbours keeps running until the batch ends; its results are dropped).
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, Union
+
+from dllm_constrain.errors import DllmConstrainError, InvalidRequestError
+from dllm_constrain.serve.errors import QueueFullError, RequestAbortedError, RequestTimeoutError
+from dllm_constrain.serve.streaming import CommittedText, committed_prefix
+
+if TYPE_CHECKING:  # only for annotations: the engine's result and progress types
+    from dllm_constrain.api import GenerationResult
+    from dllm_constrain.engine.llm_engine import StepEvent
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------------------------- requests
+@dataclass(frozen=True)
+class ConstraintSpec:
+    """One output constraint: a JSON Schema (`strict` picks the library's generation narrowings), a regex or a
+    Lark grammar (a shipped name or grammar text)."""
+
+    kind: str  # "schema" | "regex" | "grammar"
+    value: Any
+    strict: bool = True
+
+    def generate_kwargs(self) -> dict[str, Any]:
+        if self.kind == "schema":
+            return {"schema": self.value, "strict": self.strict}
+        return {self.kind: self.value}
+
+    def key(self) -> str:
+        """Equal keys mean the same compiled constraint (requests with equal keys may share a batch)."""
+        return json.dumps([self.kind, self.value, self.strict], sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What the HTTP layer asks of a backend, free of any wire format."""
+
+    prompt: str  # the prompt text handed to LLM.generate (which applies the checkpoint's own request format)
+    constraint: ConstraintSpec | None = None
+    max_new_tokens: int | None = None  # None: the checkpoint's default canvas
+    temperature: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stream: bool = False  # publish Delta events while denoising
+    timeout: float | None = None  # seconds from submission after which the request is dropped (504)
+
+    def batch_key(self) -> str:
+        """Requests with equal keys can run in one LLM.generate call (it takes one constraint and one set of
+        sampling options for all its prompts)."""
+        c = self.constraint.key() if self.constraint is not None else None
+        return json.dumps([c, self.max_new_tokens, self.temperature, self.seed])
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A finished request: the answer text (cut at a stop string), why it ended, token counts, engine counters."""
+
+    text: str
+    finish_reason: str  # "stop" (EOS or a stop string) | "length" (the canvas filled up)
+    prompt_tokens: int
+    completion_tokens: int
+    result: GenerationResult  # the engine's full result (token ids, nfe, forced_tokens, remasks, backtracks, ...)
+
+
+@dataclass(frozen=True)
+class Started:
+    """The request passed validation and compilation and its first step ran (errors can no longer be 400s
+    raised before a stream starts)."""
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str  # new final text (append-only)
+
+
+@dataclass(frozen=True)
+class Done:
+    completion: Completion
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: BaseException
+
+
+Event = Union[Started, Delta, Done, Failed]
+
+
+# ---------------------------------------------------------------------------------------------- handle
+class RequestHandle:
+    """The consumer's side of one request. Created on the event loop by `Backend.submit`; the engine side calls
+    `publish` from any thread. Consumers iterate `events()` (which applies the request's timeout) or await
+    `result()`; `abort()` says the result is no longer wanted."""
+
+    def __init__(self, request_id: str, request: GenerationRequest, loop: asyncio.AbstractEventLoop,
+                 on_abort: Callable[["RequestHandle"], None] | None = None) -> None:
+        self.request_id = request_id
+        self.request = request
+        self.deadline = time.monotonic() + request.timeout if request.timeout is not None else None
+        self._loop = loop
+        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._on_abort = on_abort
+        self._aborted = False
+        self._finished = False
+
+    # -- engine side (any thread)
+    def publish(self, event: Event) -> None:
+        """Thread-safe: hand one event to the consumer's event loop (dropped if that loop is gone)."""
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+    @property
+    def aborted(self) -> bool:
+        return self._aborted
+
+    def expired(self, now: float | None = None) -> bool:
+        return self.deadline is not None and (now if now is not None else time.monotonic()) >= self.deadline
+
+    def wanted(self, now: float | None = None) -> bool:
+        """Whether the engine should still spend work on this request."""
+        return not self._aborted and not self.expired(now)
+
+    # -- consumer side (event loop)
+    def abort(self) -> None:
+        """Drop the request: removed from the queue if it waits, its work stopped or discarded if it runs."""
+        if self._aborted or self._finished:
+            return
+        self._aborted = True
+        if self._on_abort is not None:
+            self._on_abort(self)
+
+    async def next_event(self) -> Event:
+        """The next event; raises RequestTimeoutError (and aborts) past the deadline, the request's own error
+        for Failed."""
+        timeout = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+        try:
+            event = await asyncio.wait_for(self._queue.get(), timeout)
+        except asyncio.TimeoutError:
+            self.abort()
+            raise RequestTimeoutError(f"the request did not finish within {self.request.timeout:g} s "
+                                      "(the server's --request-timeout)") from None
+        if isinstance(event, Failed):
+            self._finished = True
+            raise event.error
+        if isinstance(event, Done):
+            self._finished = True
+        return event
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Started, Deltas, then Done (the last event); raises the request's error instead of Failed."""
+        while True:
+            event = await self.next_event()
+            yield event
+            if isinstance(event, Done):
+                return
+
+    async def result(self) -> Completion:
+        async for event in self.events():
+            if isinstance(event, Done):
+                return event.completion
+        raise AssertionError("events() ended without Done")  # pragma: no cover
+
+
+class Backend(Protocol):
+    """What the HTTP layer needs from an engine (see the module docstring)."""
+
+    model_id: str
+
+    def start(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def submit(self, request: GenerationRequest) -> RequestHandle:
+        """Queue a request (call on the event loop); raises QueueFullError when the backend is at capacity."""
+        ...
+
+
+# ---------------------------------------------------------------------------------------------- engine worker
+class _BatchStopped(Exception):
+    """Raised from the progress callback to end an LLM.generate call none of whose requests is still wanted."""
+
+
+@dataclass
+class _Job:
+    handle: RequestHandle
+    text: CommittedText
+    started: bool = False
+    prefix_len: int = -1  # committed-prefix length at the last decode (skip decoding when unchanged)
+    submitted: float = field(default_factory=time.monotonic)
+
+
+class EngineBackend:
+    """One worker thread owning an `LLM`; FIFO of at most `max_queue` waiting requests; compatible waiting
+    requests (same constraint and options) share one `LLM.generate` call, up to `max_batch_size`."""
+
+    def __init__(self, llm: Any, *, model_id: str | None = None, max_queue: int = 64,
+                 max_batch_size: int = 8) -> None:
+        if max_queue < 0 or max_batch_size < 1:
+            raise ValueError("max_queue must be >= 0 and max_batch_size >= 1")
+        self.llm = llm
+        path = getattr(llm, "path", None)
+        self.model_id = model_id or (path.name if path is not None and path.name != "bundled"
+                                     else "dllm-constrain-bundled")
+        self.max_queue = max_queue
+        self.max_batch_size = max_batch_size
+        self._eos_id = llm.model.special.eos_id
+        self._waiting: deque[_Job] = deque()
+        self._running: list[_Job] = []
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self._ids = itertools.count(1)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._closing = False
+        self._thread = threading.Thread(target=self._work, name="dllm-engine-worker", daemon=True)
+        self._thread.start()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Refuse new requests, fail the waiting ones, stop the running batch at its next step, join the worker."""
+        with self._cond:
+            self._closing = True
+            waiting, self._waiting = list(self._waiting), deque()
+            for job in self._running:
+                job.handle._aborted = True  # the batch stops at its next step
+            self._cond.notify_all()
+        for job in waiting:
+            job.handle.publish(Failed(RequestAbortedError("the server is shutting down")))
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def stats(self) -> dict[str, int]:
+        """Waiting and running request counts (for monitoring and tests)."""
+        with self._cond:
+            return {"waiting": len(self._waiting), "running": len(self._running)}
+
+    # ------------------------------------------------------------------ submission (event loop)
+    def submit(self, request: GenerationRequest) -> RequestHandle:
+        handle = RequestHandle(f"req-{next(self._ids)}", request, asyncio.get_running_loop(), self._forget)
+        with self._cond:
+            if self._closing:
+                raise RequestAbortedError("the server is shutting down")
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFullError(f"the server's queue is full ({self.max_queue} requests waiting); "
+                                     "retry later")
+            self._waiting.append(_Job(handle, CommittedText(request.stop)))
+            self._cond.notify()
+        return handle
+
+    def _forget(self, handle: RequestHandle) -> None:
+        """An aborted request leaves the queue at once (a running one is noticed at the next step)."""
+        with self._cond:
+            for job in self._waiting:
+                if job.handle is handle:
+                    self._waiting.remove(job)
+                    break
+
+    # ------------------------------------------------------------------ worker thread
+    def _next_batch(self) -> list[_Job] | None:
+        """Block until work arrives: the oldest wanted request plus waiting ones with its batch key."""
+        with self._cond:
+            while True:
+                if self._closing:
+                    return None
+                now = time.monotonic()
+                expired = [j for j in self._waiting if not j.handle.wanted(now)]
+                for job in expired:
+                    self._waiting.remove(job)
+                if self._waiting:
+                    first = self._waiting.popleft()
+                    key = first.handle.request.batch_key()
+                    batch = [first]
+                    for job in list(self._waiting):
+                        if len(batch) >= self.max_batch_size:
+                            break
+                        if job.handle.request.batch_key() == key:
+                            self._waiting.remove(job)
+                            batch.append(job)
+                    self._running = batch
+                    return batch
+                self._cond.wait(0.5)
+
+    def _work(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            try:
+                self._run(batch)
+            except BaseException as exc:  # never let the worker die with requests waiting on it
+                if not isinstance(exc, DllmConstrainError):  # typed errors are the request's answer, not a fault
+                    log.exception("engine worker: batch failed")
+                for job in batch:
+                    job.handle.publish(Failed(exc))
+            finally:
+                with self._cond:
+                    self._running = []
+
+    def _run(self, batch: list[_Job]) -> None:
+        request = batch[0].handle.request
+        kwargs: dict[str, Any] = {"max_new_tokens": request.max_new_tokens, "temperature": request.temperature,
+                                  "seed": request.seed}
+        if request.constraint is not None:
+            kwargs.update(request.constraint.generate_kwargs())
+        try:
+            results = self.llm.generate([job.handle.request.prompt for job in batch],
+                                        progress=lambda event: self._progress(batch, event), **kwargs)
+        except _BatchStopped:
+            for job in batch:
+                job.handle.publish(Failed(RequestAbortedError("the request was aborted")))
+            return
+        except InvalidRequestError:
+            if len(batch) == 1:
+                raise
+            # a per-prompt refusal (e.g. a prompt too long) must fail its own request only
+            for job in batch:
+                self._run_alone(job)
+            return
+        for job, result in zip(batch, results):
+            if job.handle.wanted():
+                job.handle.publish(self._complete(job, result))
+
+    def _run_alone(self, job: _Job) -> None:
+        try:
+            self._run([job])
+        except BaseException as exc:
+            job.handle.publish(Failed(exc))
+
+    def _progress(self, batch: list[_Job], event: StepEvent) -> None:
+        """After every engine step: announce started requests, publish final-text deltas, stop unwanted batches."""
+        now = time.monotonic()
+        live = 0
+        for snap in event.snapshots:
+            job = batch[snap.index]
+            if not job.handle.wanted(now):
+                continue
+            live += 1
+            if not job.started:
+                job.started = True
+                job.handle.publish(Started())
+            if job.handle.request.stream:
+                ids = committed_prefix(snap.canvas, snap.committed, self._eos_id)
+                if len(ids) != job.prefix_len:
+                    job.prefix_len = len(ids)
+                    delta = job.text.advance(self.llm.engine.decode(ids))
+                    if delta:
+                        job.handle.publish(Delta(delta))
+        if live == 0 or self._closing:
+            raise _BatchStopped()
+
+    def _complete(self, job: _Job, result: GenerationResult) -> Event:
+        request = job.handle.request
+        if not job.started:  # finished without a progress event (e.g. the engine needed no step)
+            job.handle.publish(Started())
+        text, delta, stopped = job.text.finish(result.text)
+        if request.stream and delta:
+            job.handle.publish(Delta(delta))
+        schema = request.constraint.value if request.constraint is not None and \
+            request.constraint.kind == "schema" else None
+        prompt_tokens = len(self.llm.encode(self.llm.format(request.prompt, schema)))
+        completion_tokens = len(result.token_ids)  # what the model produced, before any stop string cut it
+        finish = "stop" if stopped or result.finish_reason == "eos" else "length"
+        return Done(Completion(text, finish, prompt_tokens, completion_tokens, result))

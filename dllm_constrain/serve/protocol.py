@@ -1,0 +1,307 @@
+"""The OpenAI wire format: request bodies, their mapping to `GenerationRequest`, and response / chunk bodies.
+
+Requests are validated with pydantic models that allow unknown fields (clients send fields such as `user` that
+do not change what is generated), then every field that would change the output but is not implemented is
+refused by name (400), never silently ignored.
+
+Constraints, at most one per request:
+  response_format   {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}: that schema
+                    (strict true or absent: the library's generation narrowings; false: the JSON Schema spec's
+                    semantics); {"type": "json_object"}: any JSON object ({"type": "object"}, spec semantics);
+                    {"type": "text"}: no constraint
+  structured_outputs vLLM's current names: {"json": schema, "regex": r, "grammar": lark, "choice": [...],
+                    "json_object": true}
+  guided_json, guided_regex, guided_grammar, guided_choice   vLLM's older names
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from dllm_constrain.serve.backend import Completion, ConstraintSpec, GenerationRequest
+from dllm_constrain.serve.errors import BadRequest
+
+# ---------------------------------------------------------------------------------------------- request bodies
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class JsonSchemaSpec(_Open):
+    name: str | None = None
+    description: str | None = None
+    schema_: Union[dict[str, Any], bool, None] = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Open):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs` (only the keys implemented here; others are refused by pydantic)."""
+
+    model_config = ConfigDict(extra="forbid")
+    json_: Union[dict[str, Any], bool, str, None] = Field(default=None, alias="json")
+    regex: str | None = None
+    grammar: str | None = None
+    choice: list[str] | None = None
+    json_object: bool | None = None
+    disable_fallback: bool | None = None  # accepted: there is no fallback to disable
+
+
+class StreamOptions(_Open):
+    include_usage: bool | None = None
+
+
+class ChatMessage(_Open):
+    role: str
+    content: Union[str, list[Any], None] = None
+
+
+class _GenerationBody(_Open):
+    """Fields common to chat and text completions."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = None
+    n: int | None = None
+    seed: int | None = None
+    stop: Union[str, list[str], None] = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: Any = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: Union[dict[str, Any], bool, str, None] = None
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
+    guided_choice: list[str] | None = None
+
+
+class ChatCompletionBody(_GenerationBody):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    top_logprobs: int | None = None
+
+
+class CompletionBody(_GenerationBody):
+    prompt: Union[str, list[str]]
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+def parse_body(model: type[_GenerationBody], raw: bytes) -> Any:
+    """The request body as `model`, or BadRequest naming the first offending field."""
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise BadRequest(f"{where}: {err['msg']}", param=where or None) from None
+
+
+# ---------------------------------------------------------------------------------------------- mapping
+STOP_MAX = 4  # as OpenAI
+
+
+def _refuse_unsupported(body: _GenerationBody) -> None:
+    """400 for options that would change the output but are not implemented."""
+    def no(field: str, why: str) -> None:
+        raise BadRequest(f"{field} is not supported by this server ({why})", param=field)
+
+    if body.n is not None and body.n != 1:
+        no("n", "one choice per request: n must be 1")
+    if body.top_p is not None and body.top_p != 1:
+        no("top_p", "sampling uses the full distribution at the given temperature")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(body, name) not in (None, 0, 0.0):
+            no(name, "a diffusion model denoises all positions together; there is no token history to penalise")
+    if body.logit_bias:
+        no("logit_bias", "use a constraint (response_format, structured_outputs) instead")
+    if body.logprobs not in (None, False):
+        no("logprobs", "not computed by the engine")
+    if isinstance(body, ChatCompletionBody):
+        if body.tools or body.tool_choice not in (None, "none"):
+            no("tools", "use response_format with a JSON Schema for structured output")
+    if isinstance(body, CompletionBody):
+        if body.echo:
+            no("echo", "not implemented")
+        if body.suffix:
+            no("suffix", "not implemented")
+        if body.best_of not in (None, 1):
+            no("best_of", "one choice per request")
+
+
+def _choice_regex(choices: list[str], param: str) -> str:
+    if not choices or not all(isinstance(c, str) and c for c in choices):
+        raise BadRequest(f"{param} must be a non-empty list of non-empty strings", param=param)
+    return "|".join(re.escape(c) for c in choices)
+
+
+def _schema_value(value: Any, param: str) -> Any:
+    """A schema given as JSON text is parsed here so that a bad one is reported against its field."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise BadRequest(f"{param} is not valid JSON: {exc}", param=param) from None
+    return value
+
+
+ANY_JSON_OBJECT = ConstraintSpec("schema", {"type": "object"}, strict=False)
+
+
+def constraint_of(body: _GenerationBody) -> tuple[ConstraintSpec | None, str | None]:
+    """(the request's constraint, the request field it came from); BadRequest when several are given."""
+    found: list[tuple[ConstraintSpec, str]] = []
+    rf = body.response_format
+    if rf is not None and rf.type == "json_object":
+        found.append((ANY_JSON_OBJECT, "response_format"))
+    elif rf is not None and rf.type == "json_schema":
+        if rf.json_schema is None or rf.json_schema.schema_ is None:
+            raise BadRequest("response_format.json_schema.schema is required for type json_schema",
+                             param="response_format.json_schema")
+        strict = rf.json_schema.strict is not False
+        found.append((ConstraintSpec("schema", rf.json_schema.schema_, strict), "response_format"))
+    so = body.structured_outputs
+    if so is not None:
+        if so.json_ is not None:
+            found.append((ConstraintSpec("schema", _schema_value(so.json_, "structured_outputs.json")),
+                          "structured_outputs.json"))
+        if so.regex is not None:
+            found.append((ConstraintSpec("regex", so.regex), "structured_outputs.regex"))
+        if so.grammar is not None:
+            found.append((ConstraintSpec("grammar", so.grammar), "structured_outputs.grammar"))
+        if so.choice is not None:
+            found.append((ConstraintSpec("regex", _choice_regex(so.choice, "structured_outputs.choice")),
+                          "structured_outputs.choice"))
+        if so.json_object:
+            found.append((ANY_JSON_OBJECT, "structured_outputs.json_object"))
+    if body.guided_json is not None:
+        found.append((ConstraintSpec("schema", _schema_value(body.guided_json, "guided_json")), "guided_json"))
+    if body.guided_regex is not None:
+        found.append((ConstraintSpec("regex", body.guided_regex), "guided_regex"))
+    if body.guided_grammar is not None:
+        found.append((ConstraintSpec("grammar", body.guided_grammar), "guided_grammar"))
+    if body.guided_choice is not None:
+        found.append((ConstraintSpec("regex", _choice_regex(body.guided_choice, "guided_choice")), "guided_choice"))
+    if len(found) > 1:
+        raise BadRequest("give at most one constraint; got " + ", ".join(p for _, p in found), param=found[1][1])
+    return found[0] if found else (None, None)
+
+
+def _stop_of(body: _GenerationBody) -> tuple[str, ...]:
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if len(stop) > STOP_MAX or not all(stop):
+        raise BadRequest(f"stop takes up to {STOP_MAX} non-empty strings", param="stop")
+    return tuple(stop)
+
+
+def to_generation_request(body: _GenerationBody, prompt: str, *, timeout: float | None
+                          ) -> tuple[GenerationRequest, str | None]:
+    """(the backend request for `body` with the already rendered `prompt`, the constraint's request field)."""
+    _refuse_unsupported(body)
+    constraint, param = constraint_of(body)
+    max_tokens = body.max_tokens
+    if isinstance(body, ChatCompletionBody) and body.max_completion_tokens is not None:
+        if max_tokens is not None and max_tokens != body.max_completion_tokens:
+            raise BadRequest("max_tokens and max_completion_tokens differ; give one", param="max_tokens")
+        max_tokens = body.max_completion_tokens
+    request = GenerationRequest(
+        prompt=prompt, constraint=constraint, max_new_tokens=max_tokens,
+        temperature=0.0 if body.temperature is None else float(body.temperature), seed=body.seed,
+        stop=_stop_of(body), stream=body.stream, timeout=timeout)
+    return request, param
+
+
+def completion_prompt(body: CompletionBody) -> str:
+    if isinstance(body.prompt, list):
+        if len(body.prompt) != 1:
+            raise BadRequest("one prompt per request (a list must hold exactly one string)", param="prompt")
+        return body.prompt[0]
+    return body.prompt
+
+
+# ---------------------------------------------------------------------------------------------- responses
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage(c: Completion) -> dict[str, Any]:
+    """OpenAI's usage plus the engine's counters under "dllm" (forwards, forced tokens, remasks, backtracks)."""
+    r = c.result
+    return {
+        "prompt_tokens": c.prompt_tokens,
+        "completion_tokens": c.completion_tokens,
+        "total_tokens": c.prompt_tokens + c.completion_tokens,
+        "dllm": {"nfe": r.nfe, "forced_tokens": r.forced_tokens, "remasks": r.remasks,
+                 "backtracks": r.backtracks, "steps": r.steps, "tokens_per_forward": r.tokens_per_forward,
+                 "wall_time": r.wall_time, "engine_finish_reason": r.finish_reason},
+    }
+
+
+class ResponseBuilder:
+    """Bodies for one request: the same id, creation time and model name in every chunk."""
+
+    def __init__(self, kind: Literal["chat", "text"], model: str) -> None:
+        self.kind = kind
+        self.model = model
+        self.id = new_id("chatcmpl" if kind == "chat" else "cmpl")
+        self.created = int(time.time())
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices,
+                "system_fingerprint": None}
+
+    def full(self, c: Completion) -> dict[str, Any]:
+        if self.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": c.text, "refusal": None},
+                      "finish_reason": c.finish_reason, "logprobs": None}
+            body = self._envelope("chat.completion", [choice])
+        else:
+            body = self._envelope("text_completion",
+                                  [{"index": 0, "text": c.text, "finish_reason": c.finish_reason, "logprobs": None}])
+        body["usage"] = usage(c)
+        return body
+
+    def chunk(self, text: str | None = None, *, finish_reason: str | None = None, role: bool = False
+              ) -> dict[str, Any]:
+        if self.kind == "chat":
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+            return self._envelope("chat.completion.chunk", [choice])
+        return self._envelope("text_completion",
+                              [{"index": 0, "text": text or "", "finish_reason": finish_reason, "logprobs": None}])
+
+    def usage_chunk(self, c: Completion) -> dict[str, Any]:
+        body = self._envelope("chat.completion.chunk" if self.kind == "chat" else "text_completion", [])
+        body["usage"] = usage(c)
+        return body
+
+
+def sse(data: dict[str, Any] | str) -> str:
+    """One server-sent event."""
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
