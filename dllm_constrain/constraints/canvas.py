@@ -94,6 +94,7 @@ class SetAlgebra:
         self._fin_sets: dict[tuple[int, int], int] = {}
         self._succ_sorted: dict[int, list[int]] = {}
         self._greedy: dict[int, int] = {}
+        self._greedy_step: dict[int, tuple[int, int]] = {}
         self.last_partial = False  # did the last step follow only part of its members (budget)?
         self.rows: OrderedDict = OrderedDict()  # mask-row cache: (Bi, Bn) -> bool numpy row
         self.max_rows = 64
@@ -298,30 +299,65 @@ class SetAlgebra:
 
     def greedy_tokens_to_accept(self, q: int) -> int:
         """An upper bound on the tokens q needs: the shortest byte continuation (lowest byte first at each
-        step), tokenized by longest match. Needs DFA rows only, no token transitions."""
-        r = self._greedy.get(q)
+        step), tokenized by longest match. Needs DFA rows only, no token transitions.
+
+        The continuation is a function of the state (path(q) = b + path(next)), so after the longest token
+        t that prefixes path(q) the rest is path(state after t): greedy(q) = 1 + greedy(that state), memoised
+        per state (each state looks at most max_token_len bytes ahead instead of tokenizing its whole path)."""
+        memo = self._greedy
+        r = memo.get(q)
         if r is not None:
             return r
         dfa = self.dfa
-        path = bytearray()
+        vocab = self.ta.tok.byte_set()
+        L = max(1, self.ta.max_token_len)
+        chain: list[int] = []
         s = q
-        while not dfa.accepting[s]:
+        while True:
+            r = memo.get(s)
+            if r is not None:
+                break
+            if dfa.accepting[s]:
+                r = memo[s] = 0
+                break
+            head = bytearray()
+            states = [s]
+            u = s
+            while len(head) < L and not dfa.accepting[u]:
+                b, u = self._greedy_next(u)
+                if b < 0:
+                    break
+                head.append(b)
+                states.append(u)
+            k = next((k for k in range(len(head), 0, -1) if bytes(head[:k]) in vocab), 0)
+            if k == 0:  # a dead end on the path, or a byte no token spells
+                r = memo[s] = INF
+                break
+            chain.append(s)
+            s = states[k]
+            if len(chain) > 100_000:
+                r = INF
+                break
+        for x in reversed(chain):
+            r = INF if r >= INF else r + 1
+            memo[x] = r
+        return memo[q]
+
+    def _greedy_next(self, s: int) -> tuple[int, int]:
+        """(lowest byte taking s one byte closer to acceptance, the state it leads to), or (-1, DEAD)."""
+        st = self._greedy_step.get(s)
+        if st is None:
+            dfa = self.dfa
             dfa.expand(s)
             row = dfa.T[s]
             d = int(dfa.dist[s])
-            nxt = -1
+            st = (-1, DEAD)
             for b in np.flatnonzero(row).tolist():
                 if int(dfa.dist[row[b]]) == d - 1:
-                    nxt = b
+                    st = (b, int(row[b]))
                     break
-            if nxt < 0 or len(path) > 100_000:
-                self._greedy[q] = INF
-                return INF
-            path.append(nxt)
-            s = int(row[nxt])
-        r = self.ta.count_longest_match(bytes(path))
-        self._greedy[q] = r
-        return r
+            self._greedy_step[s] = st
+        return st
 
     def _succ_by_dist(self, q: int, budget: Budget | None) -> list[int] | None:
         r = self._succ_sorted.get(q)
