@@ -13,6 +13,10 @@ constraints are cached inside each `LLM`, per constraint, for its tokenizer.
 from __future__ import annotations
 
 import json
+import math
+import numbers
+import os
+import re
 from dataclasses import dataclass
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -23,10 +27,12 @@ from typing import Any
 import tokenizers
 
 from dllm_constrain.engine.llm_engine import GenerationResult, LLMEngine, ProgressCallback
-from dllm_constrain.engine.state import Request, SamplingParams
+from dllm_constrain.engine.state import POLICY_NAMES, Request, SamplingParams
 from dllm_constrain.errors import (
     CheckpointError,
     ConstraintTooLongError,
+    InvalidGrammarError,
+    InvalidRegexError,
     InvalidRequestError,
     InvalidSchemaError,
 )
@@ -83,6 +89,216 @@ def _schema_to_dict(schema: Any) -> dict[str, Any] | bool:
     raise InvalidSchemaError(f"schema must be a dict, a JSON string or a Pydantic model class, got {type(schema).__name__}")
 
 
+# ---------------------------------------------------------------------------------- request validation
+# Every request field is checked by one function here (bad values raise InvalidRequestError naming the field,
+# the expected type and what was given), before defaults are applied and before anything is compiled or run.
+def _given(x: Any) -> str:
+    return f"{x!r} (a {type(x).__name__})" if not isinstance(x, (int, float)) or isinstance(x, bool) else repr(x)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)  # True is an int to Python, not here
+
+
+def _is_real(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _int_field(name: str, lo: int, *, optional: bool = True) -> Callable[[Any], int | None]:
+    want = "a positive integer" if lo == 1 else f"an integer >= {lo}"
+
+    def check(x: Any) -> int | None:
+        if x is None and optional:
+            return None
+        if not _is_int(x) or x < lo:
+            raise InvalidRequestError(f"{name} must be {want}{' (or None)' if optional else ''}, got {_given(x)}")
+        return int(x)
+    return check
+
+
+def _real_field(name: str, lo: float, hi: float = math.inf, *, lo_open: bool = False, hi_open: bool = False,
+                optional: bool = True) -> Callable[[Any], float | None]:
+    lo_s, hi_s = ("(" if lo_open else "[") + f"{lo:g}", f"{hi:g}" + (")" if hi_open or hi == math.inf else "]")
+    if hi == math.inf:
+        want = f"a finite number {'>' if lo_open else '>='} {lo:g}"
+    else:
+        want = f"a number in {lo_s}, {hi_s}"
+
+    def check(x: Any) -> float | None:
+        if x is None and optional:
+            return None
+        ok = _is_real(x) and math.isfinite(x) and (x > lo if lo_open else x >= lo) and (x < hi if hi_open else x <= hi)
+        if not ok:
+            raise InvalidRequestError(f"{name} must be {want}{' (or None)' if optional else ''}, got {_given(x)}")
+        return float(x)
+    return check
+
+
+def _choice_field(name: str, choices: Sequence[str]) -> Callable[[Any], str | None]:
+    def check(x: Any) -> str | None:
+        if x is not None and (not isinstance(x, str) or x not in choices):
+            raise InvalidRequestError(f"{name} must be one of {', '.join(map(repr, choices))} (or None), got {_given(x)}")
+        return x
+    return check
+
+
+def _bool_field(name: str) -> Callable[[Any], bool]:
+    def check(x: Any) -> bool:
+        if not isinstance(x, bool):
+            raise InvalidRequestError(f"{name} must be True or False, got {_given(x)}")
+        return x
+    return check
+
+
+def _seed(x: Any) -> int | None:
+    if x is not None and (not _is_int(x) or not -(1 << 63) <= x < (1 << 64)):
+        raise InvalidRequestError(f"seed must be an integer in [-2**63, 2**64) (or None), got {_given(x)}")
+    return None if x is None else int(x)
+
+
+def _schema_options(x: Any) -> dict[str, Any] | None:
+    if x is not None and not isinstance(x, dict):
+        raise InvalidRequestError(f"schema_options must be a dict of SchemaOptions fields (or None), got {_given(x)}")
+    return x
+
+
+def _progress(x: Any) -> Any:
+    if x is not None and not callable(x):
+        raise InvalidRequestError(f"progress must be a callable taking a StepEvent (or None), got {_given(x)}")
+    return x
+
+
+REQUEST_FIELDS: dict[str, Callable[[Any], Any]] = {
+    "max_new_tokens": _int_field("max_new_tokens", 1),
+    "steps": _int_field("steps", 1),
+    "block_length": _int_field("block_length", 1),
+    "temperature": _real_field("temperature", 0.0, optional=False),
+    "seed": _seed,
+    "policy": _choice_field("policy", POLICY_NAMES),
+    "threshold": _real_field("threshold", 0.0, 1.0),
+    "entropy_bound": _real_field("entropy_bound", 0.0, lo_open=True, optional=False),
+    "strict": _bool_field("strict"),
+    "schema_options": _schema_options,
+    "progress": _progress,
+    "return_result": _bool_field("return_result"),
+    "refresh_steps": _int_field("refresh_steps", 1),
+    "refresh_threshold": _real_field("refresh_threshold", 0.0, 1.0, lo_open=True),
+    "keep_ratio": _real_field("keep_ratio", 0.0, 1.0, lo_open=True),
+    "logits_budget_bytes": _int_field("logits_budget_bytes", 1),
+}
+
+
+def validate_request(**fields: Any) -> dict[str, Any]:
+    """The request fields checked (REQUEST_FIELDS, one function per field) and normalised (numpy integers to
+    int, ...); fields without a checker here (kv_cache, refresh: EngineConfig checks them) pass unchanged."""
+    return {k: REQUEST_FIELDS[k](v) if k in REQUEST_FIELDS else v for k, v in fields.items()}
+
+
+def validate_prompts(prompts: Any) -> list[str]:
+    """A prompt or a list of prompts as a non-empty list of non-empty, encodable strings."""
+    single = isinstance(prompts, str)
+    if single:
+        prompts = [prompts]
+    elif isinstance(prompts, (bytes, bytearray, memoryview)):
+        raise InvalidRequestError("the prompt is bytes, not a string: decode it first (e.g. prompt.decode('utf-8'))")
+    elif isinstance(prompts, Sequence):
+        prompts = list(prompts)
+        if not prompts:
+            raise InvalidRequestError("no prompts given")
+    else:
+        raise InvalidRequestError(f"prompt must be a string or a list of strings, got {_given(prompts)}")
+    for i, p in enumerate(prompts):
+        which = "the prompt" if single else f"prompt {i}"
+        if isinstance(p, (bytes, bytearray)):
+            raise InvalidRequestError(f"{which} is bytes, not a string: decode it first (e.g. .decode('utf-8'))")
+        if not isinstance(p, str):
+            raise InvalidRequestError(f"{which} is {_given(p)}, not a string")
+        try:
+            p.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidRequestError(
+                f"{which} is not valid Unicode text: lone surrogate {p[exc.start]!r} at index {exc.start} "
+                "(text decoded from non-UTF-8 bytes with surrogateescape, or a broken surrogate pair?)") from None
+        if not p.strip():
+            raise InvalidRequestError(f"{which} is empty")
+    return prompts
+
+
+def _output_type(x: Any) -> tuple[str, Any] | None:
+    """("regex" | "grammar" | "schema", value) for an output type given as an object: a compiled `re.Pattern`,
+    or an outlines type (`outlines.types`: Regex and the DSL terms -> their regex, String -> the escaped
+    literal, CFG -> its Lark grammar, JsonSchema -> its schema). Duck-typed, so outlines need not be
+    installed: an object with a string `.pattern` is a regex. None: not an output type."""
+    if isinstance(x, re.Pattern):
+        if not isinstance(x.pattern, str):
+            raise InvalidRegexError("a compiled bytes regex is not supported: compile a str pattern")
+        if x.flags & ~re.UNICODE:
+            raise InvalidRegexError(f"compiled regex flags ({re.RegexFlag(x.flags & ~re.UNICODE)!r}) are not "
+                                    "supported: pass the pattern alone")
+        return ("regex", x.pattern)
+    if isinstance(x, (str, bytes, dict, bool, type)) or x is None:
+        return None
+    pattern = getattr(x, "pattern", None)
+    if isinstance(pattern, str):
+        return ("regex", pattern)
+    if type(x).__module__.split(".")[0] not in ("outlines", "outlines_core"):
+        return None
+    name = type(x).__name__
+    if name == "String" and isinstance(getattr(x, "value", None), str):
+        return ("regex", re.escape(x.value))
+    if isinstance(getattr(x, "definition", None), str):
+        return ("grammar", x.definition)
+    if isinstance(getattr(x, "schema", None), (str, dict)):
+        return ("schema", x)
+    try:
+        from outlines.types.dsl import to_regex  # type: ignore[import-not-found]
+
+        return ("regex", to_regex(x))
+    except Exception:
+        raise InvalidRequestError(f"the outlines output type {name} is not supported: pass an outlines Regex, "
+                                  "String or DSL term (as regex= or schema=), JsonSchema (schema=) or CFG "
+                                  "(grammar=)") from None
+
+
+def validate_constraint(schema: Any, regex: Any, grammar: Any) -> tuple[Any, str | None, str | None]:
+    """(schema, regex, grammar) with at most one set, output-type objects moved to the argument they mean:
+    schema= takes any output type (a JSON Schema, or an outlines Regex / DSL term, which becomes regex=, or
+    an outlines CFG, which becomes grammar=); regex= a pattern string, a compiled re.Pattern or an outlines
+    Regex / String / DSL term; grammar= a shipped name, a .lark path, Lark text or an outlines CFG."""
+    if sum(x is not None for x in (schema, regex, grammar)) > 1:
+        raise InvalidRequestError("pass at most one of schema=, regex= and grammar=")
+    if schema is not None:
+        kind = _output_type(schema)
+        if kind is not None and kind[0] == "regex":
+            return None, kind[1], None
+        if kind is not None and kind[0] == "grammar":
+            return None, None, kind[1]
+        if kind is not None:
+            return kind[1], None, None
+        if isinstance(schema, (bytes, bytearray)):
+            raise InvalidSchemaError("schema is bytes: pass a dict, a JSON string or a Pydantic model class")
+        return schema, None, None
+    if regex is not None:
+        if isinstance(regex, str):
+            return None, regex, None
+        kind = _output_type(regex)
+        if kind is None or kind[0] != "regex":
+            raise InvalidRegexError(f"regex must be a pattern string, a compiled re.Pattern or an outlines Regex/"
+                                    f"String term, got {type(regex).__name__}"
+                                    + (f" (pass it as {kind[0]}=)" if kind is not None else ""))
+        return None, kind[1], None
+    if grammar is not None:
+        if isinstance(grammar, (str, os.PathLike)):
+            return None, None, grammar
+        kind = _output_type(grammar)
+        if kind is None or kind[0] != "grammar":
+            raise InvalidGrammarError(f"grammar must be a shipped grammar name, a .lark path, Lark grammar text or "
+                                      f"an outlines CFG, got {type(grammar).__name__}"
+                                      + (f" (pass it as {kind[0]}=)" if kind is not None else ""))
+        return None, None, kind[1]
+    return None, None, None
+
+
 @dataclass(frozen=True)
 class GenerationDefaults:
     """Defaults for options the caller leaves as None: the checkpoint's generation_config.json, else these.
@@ -119,6 +335,9 @@ class LLM:
                  max_logit_rows: int = 32) -> None:
         from dllm_constrain.engine.loader import load_checkpoint
 
+        if model_path is not None and not isinstance(model_path, (str, os.PathLike)):
+            raise InvalidRequestError(f"model_path must be a checkpoint folder path (or None for the bundled "
+                                      f"model), got {_given(model_path)}")
         path = Path(model_path) if model_path is not None else bundled_model_path()
         if model_path is None and not (path / "config.json").is_file():
             raise CheckpointError(f"the bundled model is missing from {path} (config.json not found); "
@@ -181,8 +400,8 @@ class LLM:
             self._compiler = ConstraintCompiler(info)
         return self._compiler
 
-    def compile(self, *, schema: Any = None, regex: str | None = None, whitespace: Any = None,
-                grammar: str | None = None, strict: bool = True, schema_options: dict[str, Any] | None = None
+    def compile(self, *, schema: Any = None, regex: Any = None, whitespace: Any = None,
+                grammar: Any = None, strict: bool = True, schema_options: dict[str, Any] | None = None
                 ) -> Any:
         """The compiled constraint for a schema, a regex or a Lark grammar (a shipped name, a .lark path or
         grammar text), compiled once per LLM (hence per tokenizer).
@@ -190,6 +409,7 @@ class LLM:
         strict: compile a JSON Schema with STRICT_SCHEMA_OPTIONS (sound narrowings for generation, see the
         comment there); False: the specification's semantics. schema_options: `json_schema.SchemaOptions`
         fields overriding either."""
+        schema, regex, grammar = validate_constraint(schema, regex, grammar)
         if grammar is not None:
             from dllm_constrain.constraints.cfg import GrammarCompiler
             from dllm_constrain.grammars import load_grammar
@@ -221,8 +441,8 @@ class LLM:
         prompts: str | Sequence[str],
         *,
         schema: Any = None,
-        regex: str | None = None,
-        grammar: str | None = None,
+        regex: Any = None,
+        grammar: Any = None,
         max_new_tokens: int | None = None,
         steps: int | None = None,
         block_length: int | None = None,
@@ -244,36 +464,38 @@ class LLM:
     ) -> list[GenerationResult]:
         """Generate for each prompt (one batch); returns one GenerationResult per prompt, in order.
 
+        schema, regex, grammar: at most one; schema= also takes an output type object (an outlines Regex or DSL
+        term or a compiled re.Pattern becomes regex=, an outlines CFG grammar=; see `validate_constraint`).
         strict, schema_options: how a JSON Schema is compiled (see `LLM.compile`; strict by default).
         max_new_tokens, block_length, steps, policy, threshold: None takes the checkpoint's generation_config.json
         (GenerationDefaults; the bundled model decodes with the confidence-threshold policy).
         kv_cache, refresh, refresh_steps, refresh_threshold, keep_ratio, logits_budget_bytes: engine settings for
         this call (None keeps the engine's; see dllm_constrain.engine.config.EngineConfig).
 
-        Raises InvalidRequestError (or its subclass PromptTooLongError) for bad input, a ConstraintError
+        Raises InvalidRequestError (or its subclass PromptTooLongError) for bad input (every field is checked by
+        its function in REQUEST_FIELDS, prompts by `validate_prompts`), a ConstraintError
         subclass for a constraint that cannot be compiled or cannot fit the canvas, all before any forward.
         """
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        prompts = list(prompts)
-        if not prompts:
-            raise InvalidRequestError("no prompts given")
-        for i, p in enumerate(prompts):
-            if not isinstance(p, str):
-                raise InvalidRequestError(f"prompt {i} is a {type(p).__name__}, not a string")
-            if not p.strip():
-                raise InvalidRequestError(f"prompt {i} is empty")
-        if sum(x is not None for x in (schema, regex, grammar)) > 1:
-            raise InvalidRequestError("pass at most one of schema=, regex= and grammar=")
-        max_new_tokens = self.defaults.max_new_tokens if max_new_tokens is None else max_new_tokens
-        block_length = self.defaults.block_length if block_length is None else block_length
-        steps = self.defaults.steps if steps is None else steps
-        policy = self.defaults.policy if policy is None else policy
-        threshold = self.defaults.threshold if threshold is None else threshold
-        params = SamplingParams(max_new_tokens=max_new_tokens, steps=steps, block_length=block_length,
-                                temperature=temperature, seed=seed, policy=policy, threshold=threshold,
-                                entropy_bound=entropy_bound)
+        prompts = validate_prompts(prompts)
+        schema, regex, grammar = validate_constraint(schema, regex, grammar)
+        v = validate_request(
+            max_new_tokens=max_new_tokens, steps=steps, block_length=block_length, temperature=temperature,
+            seed=seed, policy=policy, threshold=threshold, entropy_bound=entropy_bound, strict=strict,
+            schema_options=schema_options, progress=progress, refresh_steps=refresh_steps,
+            refresh_threshold=refresh_threshold, keep_ratio=keep_ratio, logits_budget_bytes=logits_budget_bytes)
+        d = self.defaults
+        params = SamplingParams(
+            max_new_tokens=d.max_new_tokens if v["max_new_tokens"] is None else v["max_new_tokens"],
+            steps=d.steps if v["steps"] is None else v["steps"],
+            block_length=d.block_length if v["block_length"] is None else v["block_length"],
+            temperature=v["temperature"], seed=v["seed"], policy=d.policy if v["policy"] is None else v["policy"],
+            threshold=d.threshold if v["threshold"] is None else v["threshold"], entropy_bound=v["entropy_bound"])
         params.validate()
+        config = self.engine.config.with_overrides(
+            kv_cache=kv_cache, refresh=refresh, refresh_steps=v["refresh_steps"],
+            refresh_threshold=v["refresh_threshold"], keep_ratio=v["keep_ratio"],
+            logits_budget_bytes=v["logits_budget_bytes"])
+        max_new_tokens = params.max_new_tokens
         compiled = None
         if schema is not None or regex is not None or grammar is not None:
             compiled = self.compile(schema=schema, regex=regex, whitespace=whitespace, grammar=grammar,
@@ -286,9 +508,6 @@ class LLM:
             ids = self.encode(self.format(p, schema))
             constraint = compiled.new_canvas_state(max_new_tokens) if compiled is not None else None
             requests.append(Request(ids, params, constraint))
-        config = self.engine.config.with_overrides(
-            kv_cache=kv_cache, refresh=refresh, refresh_steps=refresh_steps, refresh_threshold=refresh_threshold,
-            keep_ratio=keep_ratio, logits_budget_bytes=logits_budget_bytes)
         return self.engine.generate(requests, progress=progress, config=config)
 
 
@@ -301,7 +520,7 @@ def _resolve_llm(model: Any) -> LLM:
         return model
     if hasattr(model, "model") and hasattr(model, "tokenizer") and hasattr(model.model, "special"):
         return LLM.from_model(model.model, model.tokenizer)
-    if model is not None and not isinstance(model, (str, Path)):
+    if model is not None and not isinstance(model, (str, os.PathLike)):
         raise InvalidRequestError(f"model must be None, a checkpoint folder path, an LLM or a loaded checkpoint, "
                                   f"got {type(model).__name__}")
     key = str(Path(model).resolve()) if model is not None else str(bundled_model_path().resolve())
@@ -319,8 +538,8 @@ def generate(
     prompt: str | Sequence[str],
     *,
     schema: Any = None,
-    regex: str | None = None,
-    grammar: str | None = None,
+    regex: Any = None,
+    grammar: Any = None,
     model: Any = None,
     max_new_tokens: int | None = None,
     steps: int | None = None,
@@ -347,6 +566,8 @@ def generate(
     return_result=True returns GenerationResult objects instead of strings. See `LLM.generate` for the
     options; `policy` is one of "quota", "threshold", "entropy", "margin", "entropy_bound".
     """
+    return_result = REQUEST_FIELDS["return_result"](return_result)
+    validate_prompts(prompt)  # before loading a model for a request that cannot run
     llm = _resolve_llm(model)
     results = llm.generate(
         prompt, schema=schema, regex=regex, grammar=grammar, max_new_tokens=max_new_tokens, steps=steps,

@@ -17,27 +17,46 @@ from typing import Any, TextIO
 
 from dllm_constrain.engine.llm_engine import StepEvent
 from dllm_constrain.engine.state import POLICY_NAMES
-from dllm_constrain.errors import DllmConstrainError
+from dllm_constrain.errors import DllmConstrainError, InvalidSchemaError
 
 OPEN = "░"
 
 
-def _schema_arg(value: str) -> Any:
-    """--schema takes a file path or inline JSON."""
+def _json_error(exc: json.JSONDecodeError) -> str:
+    return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+
+
+def load_schema_arg(value: str) -> Any:
+    """--schema takes a file path or inline JSON; a file that is not valid JSON is reported with the decode
+    error's line and column (and so is inline text that is not JSON)."""
     path = Path(value)
-    if path.is_file():
-        return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        is_file = path.is_file()
+    except (OSError, ValueError):  # a long inline schema is no valid path
+        is_file = False
+    if is_file:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InvalidSchemaError(f"--schema {value}: cannot read the file: {exc}") from None
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidSchemaError(f"--schema {value}: the file is not valid JSON: {_json_error(exc)}") from None
     try:
         return json.loads(value)
     except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"--schema is neither a file nor valid JSON: {exc}") from exc
+        looks_like_path = not value.lstrip().startswith(("{", "[", '"')) and value.strip() not in ("true", "false")
+        what = (f"no file {value!r} exists, and the text is not inline JSON either" if looks_like_path
+                else "the inline schema is not valid JSON")
+        raise InvalidSchemaError(f"--schema: {what}: {_json_error(exc)}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dllm_constrain",
                                 description="Generate (structured) text with a diffusion language model.")
     p.add_argument("prompt", help="the request text")
-    p.add_argument("--schema", type=_schema_arg, help="JSON Schema: a file path or inline JSON")
+    p.add_argument("--schema", help="JSON Schema: a file path or inline JSON")
     p.add_argument("--regex", help="a regular expression the answer must match")
     p.add_argument("--model", help="checkpoint folder (default: the bundled model)")
     p.add_argument("--max-new-tokens", type=int, default=None,
@@ -54,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="random seed")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--no-progress", action="store_true", help="do not draw the denoising on stderr")
-    p.add_argument("--stats", action="store_true", help="print NFE, tokens per forward and wall time on stderr")
+    p.add_argument("--stats", action="store_true",
+                   help="print NFE, tokens per forward, forced tokens, remasks, backtracks and wall time on stderr")
     return p
 
 
@@ -114,27 +134,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     display: CanvasDisplay | None = None
     try:
+        schema = load_schema_arg(args.schema) if args.schema is not None else None
         llm: LLM = _resolve_llm(args.model)
         show = not args.no_progress and sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
         if show:
             display = CanvasDisplay(llm.engine.decode, sys.stderr)
             display.eos_id = llm.model.special.eos_id
         (result,) = llm.generate(
-            [args.prompt], schema=args.schema, regex=args.regex, max_new_tokens=args.max_new_tokens,
+            [args.prompt], schema=schema, regex=args.regex, max_new_tokens=args.max_new_tokens,
             steps=args.steps, block_length=args.block_length, temperature=args.temperature, seed=args.seed,
             policy=args.policy, threshold=args.threshold, entropy_bound=args.entropy_bound, progress=display,
         )
     except (DllmConstrainError, NotImplementedError) as exc:
         if display is not None:
             display.close()
-        print(f"error: {exc}", file=sys.stderr)
+        print("error: " + " ".join(str(exc).split("\n")), file=sys.stderr)
         return 2
     if display is not None:
         display.close()
     print(result.text)
     if args.stats:
         print(f"nfe={result.nfe} tokens_per_forward={result.tokens_per_forward:.2f} "
-              f"forced_tokens={result.forced_tokens} remasks={result.remasks} "
+              f"forced_tokens={result.forced_tokens} remasks={result.remasks} backtracks={result.backtracks} "
               f"wall_time={result.wall_time:.3f}s finish_reason={result.finish_reason}", file=sys.stderr)
     return 0
 

@@ -191,6 +191,11 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype | None = None,
     """Load a checkpoint folder. dtype=None keeps the stored floating dtype; device=None means CPU."""
     folder = Path(path)
     if not folder.is_dir():
+        if folder.exists():
+            hint = (f"; pass the folder that holds it ({folder.parent})"
+                    if folder.name in (CONFIG, TOKENIZER, WEIGHTS, INDEX, "generation_config.json") else "")
+            raise CheckpointError(f"{folder} is a file, not a checkpoint folder (a folder holding {CONFIG}, "
+                                  f"{WEIGHTS} and {TOKENIZER}){hint}")
         raise CheckpointError(f"checkpoint folder not found: {folder}")
     config = read_config(folder)
     family = detect_family(config)

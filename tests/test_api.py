@@ -1,6 +1,8 @@
 """The public API: generate() and LLM, their inputs, outputs, errors and caches."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 from engine_fakes import DigitsConstraint
 
@@ -94,11 +96,56 @@ def test_a_missing_bundled_model_says_how_to_get_it() -> None:
         ("x", dict(policy="greedy"), "policy"),
         ("x", dict(block_length=0), "block_length"),
         ("x", dict(schema={"type": "string"}, regex="a+"), "at most one"),
+        # prompts that are not (encodable) text
+        ("\ud800", {}, r"the prompt is not valid Unicode text: lone surrogate '\\ud800' at index 0"),
+        ("ok \udcff", {}, "lone surrogate .* at index 3"),  # non-UTF-8 bytes decoded with surrogateescape
+        (["fine", "bad \udfff"], {}, "prompt 1 is not valid Unicode text"),
+        (None, {}, "prompt must be a string or a list of strings, got None"),
+        (b"hi", {}, "the prompt is bytes, not a string: decode it"),
+        ([b"hi"], {}, "prompt 0 is bytes"),
+        (42, {}, "prompt must be a string or a list of strings, got 42"),
+        # numbers of the wrong type (a bool is not an int here) or out of range
+        ("x", dict(max_new_tokens=True), r"max_new_tokens must be a positive integer .*got True \(a bool\)"),
+        ("x", dict(max_new_tokens="32"), r"max_new_tokens must be a positive integer .*got '32' \(a str\)"),
+        ("x", dict(max_new_tokens=-5), "max_new_tokens must be a positive integer .*got -5"),
+        ("x", dict(max_new_tokens=8.0), "max_new_tokens must be a positive integer .*got 8.0"),
+        ("x", dict(steps=True), r"steps must be a positive integer .*\(a bool\)"),
+        ("x", dict(steps="4"), r"steps must be a positive integer .*\(a str\)"),
+        ("x", dict(steps=-1), "steps must be a positive integer"),
+        ("x", dict(block_length=False), r"block_length must be a positive integer .*\(a bool\)"),
+        ("x", dict(block_length="8"), r"block_length must be a positive integer .*\(a str\)"),
+        ("x", dict(temperature="0.5"), r"temperature must be a finite number >= 0, got '0.5' \(a str\)"),
+        ("x", dict(temperature=True), r"temperature must be a finite number >= 0, got True \(a bool\)"),
+        ("x", dict(temperature=None), "temperature must be a finite number >= 0, got None"),
+        ("x", dict(temperature=float("inf")), "temperature must be a finite number"),
+        ("x", dict(threshold="0.9"), r"threshold must be a number in \[0, 1\]"),
+        ("x", dict(entropy_bound="x"), "entropy_bound must be a finite number > 0"),
+        ("x", dict(seed=True), "seed must be an integer"),
+        ("x", dict(seed=1.5), "seed must be an integer"),
+        ("x", dict(policy=3), "policy must be one of"),
+        ("x", dict(strict="yes"), "strict must be True or False"),
+        ("x", dict(schema_options=["a"]), "schema_options must be a dict"),
+        ("x", dict(progress=3), "progress must be a callable"),
+        ("x", dict(keep_ratio=True), "keep_ratio must be a number in"),
+        ("x", dict(return_result=1), "return_result must be True or False"),
     ],
 )
 def test_bad_input_raises_an_invalid_request_error_naming_the_problem(llm, prompt, kwargs, match) -> None:
     with pytest.raises(InvalidRequestError, match=match):
         dc.generate(prompt, model=llm, **kwargs)
+
+
+def test_validation_accepts_numpy_integers_and_floats(llm) -> None:
+    np = pytest.importorskip("numpy")
+    kw = dict(max_new_tokens=np.int64(8), block_length=np.int32(4), temperature=np.float32(0.0))
+    assert dc.generate("hello", model=llm, **kw) == dc.generate("hello", model=llm, **SMALL)
+
+
+def test_a_file_given_as_the_model_is_refused_as_a_file_not_a_folder(tiny_checkpoint) -> None:
+    with pytest.raises(CheckpointError, match="config.json is a file, not a checkpoint folder.*pass the folder"):
+        dc.generate("hi", model=tiny_checkpoint / "config.json")
+    with pytest.raises(CheckpointError, match="checkpoint folder not found"):
+        dc.generate("hi", model=tiny_checkpoint / "absent")
 
 
 def test_a_prompt_longer_than_the_context_is_refused(llm) -> None:
@@ -259,3 +306,99 @@ def test_strict_generation_writes_properties_in_declared_order(llm) -> None:
     assert llm.compile(schema=s).accepts_text('{"a":1,"b":2}')
     assert not llm.compile(schema=s).accepts_text('{"b":2,"a":1}')
     assert llm.compile(schema=s, strict=False).accepts_text('{"b":2,"a":1}')
+
+
+# ---------------------------------------------------------------- outlines output types (duck-typed)
+@dataclass
+class Regex:
+    """Like outlines.types.dsl.Regex: a dataclass (hence unhashable) with a `.pattern`."""
+
+    pattern: str
+
+
+@dataclass
+class String:
+    value: str
+
+
+@dataclass
+class CFG:
+    definition: str
+
+
+@dataclass
+class JsonSchema:
+    schema: str
+
+
+@dataclass
+class FSM:
+    fsm: object
+
+
+for _cls in (Regex, String, CFG, JsonSchema, FSM):
+    _cls.__module__ = "outlines.types.dsl"
+integer = Regex(r"[+-]?(0|[1-9][0-9]*)")  # outlines.types.integer
+
+
+def test_an_outlines_regex_is_accepted_as_regex_and_as_schema(llm) -> None:
+    import re
+
+    pattern = r"-?[0-9]{2,4}"
+    kw = dict(model=llm, max_new_tokens=12, block_length=4, temperature=0.9, seed=0)
+    as_regex = dc.generate("a number", regex=Regex(pattern), **kw)
+    assert re.fullmatch(pattern, as_regex)
+    assert dc.generate("a number", regex=pattern, **kw) == as_regex
+    assert dc.generate("a number", schema=Regex(pattern), **kw) == as_regex
+    assert re.fullmatch(integer.pattern, dc.generate("n", schema=integer, **kw))
+    assert dc.generate("n", regex=re.compile(pattern), **kw) == as_regex
+    assert llm.compile(schema=integer) is llm.compile(regex=integer.pattern)
+
+
+def test_outlines_types_go_to_the_argument_they_mean() -> None:
+    from dllm_constrain.api import validate_constraint
+
+    assert validate_constraint(String("a.b"), None, None) == (None, r"a\.b", None)
+    assert validate_constraint(None, String("a.b"), None) == (None, r"a\.b", None)
+    assert validate_constraint(CFG('start: "a"'), None, None) == (None, None, 'start: "a"')
+    assert validate_constraint(None, None, CFG('start: "a"')) == (None, None, 'start: "a"')
+    js = JsonSchema('{"type": "integer"}')
+    assert validate_constraint(js, None, None) == (js, None, None)
+
+
+def test_outlines_types_that_do_not_fit_the_argument_are_refused_with_a_typed_error(llm) -> None:
+    import re
+
+    from dllm_constrain.errors import InvalidGrammarError, InvalidRegexError
+
+    with pytest.raises(InvalidRegexError, match="got JsonSchema .pass it as schema=."):
+        dc.generate("x", model=llm, regex=JsonSchema('{"type": "integer"}'))
+    with pytest.raises(InvalidGrammarError, match="got Regex .pass it as regex=."):
+        dc.generate("x", model=llm, grammar=Regex("a+"))
+    with pytest.raises(InvalidRequestError, match="outlines output type FSM is not supported"):
+        dc.generate("x", model=llm, schema=FSM(object()))
+    with pytest.raises(InvalidRegexError, match="flags"):
+        dc.generate("x", model=llm, regex=re.compile("a+", re.IGNORECASE))
+    with pytest.raises(InvalidRegexError, match="regex must be a pattern string"):
+        dc.generate("x", model=llm, regex=3)
+
+
+# ---------------------------------------------------------------- long strings on a short canvas (bundled model)
+@pytest.mark.skipif(not (bundled_model_path() / "config.json").is_file(), reason="the bundled model is not trained yet")
+def test_a_min_length_string_that_fits_32_multi_character_tokens_is_generated_quickly() -> None:
+    """minLength 500 needs 29 tokens of the bundled BPE (its longest token has 20 characters): 32 fit. Forced
+    commits used to reuse a budgeted (empty, not yet decided) mask for the position that became the left
+    frontier, and the request failed after many seconds with 'no open position has an allowed token'."""
+    import json
+    import time
+
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"s": {"type": "string", "minLength": 500}}, "required": ["s"]}
+    llm = _resolve_llm(None)
+    assert llm.compile(schema=schema).min_tokens() <= 32
+    t0 = time.perf_counter()
+    res = dc.generate("Write a long string.", model=llm, schema=schema, max_new_tokens=32, return_result=True)
+    jsonschema.validate(json.loads(res.text), schema)
+    assert len(res.token_ids) <= 32
+    assert time.perf_counter() - t0 < 60

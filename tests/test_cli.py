@@ -37,10 +37,41 @@ def test_bad_input_exits_with_status_2_and_a_one_line_error(tiny_checkpoint, cap
     assert err.startswith("error:") and "max_new_tokens" in err
 
 
-def test_a_schema_that_is_neither_a_file_nor_json_is_a_usage_error(capsys) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(["hi", "--schema", "{not json"])
-    assert exc.value.code == 2
+def test_a_schema_that_is_neither_a_file_nor_json_is_a_one_line_error(capsys) -> None:
+    assert main(["hi", "--schema", "{not json"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and err.count("\n") == 1 and "not valid JSON" in err and "line 1 column 2" in err
+
+
+def test_a_schema_file_with_malformed_json_shows_the_decode_error_with_line_and_column(tmp_path, capsys) -> None:
+    bad = tmp_path / "schema.json"
+    bad.write_text('{\n  "type": "object",\n  "properties": {"a": {"type": "integer"},}\n}\n', encoding="utf-8")
+    assert main(["hi", "--schema", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"error: --schema {bad}: the file is not valid JSON: ") and "line 3 column 43" in err, err
+
+
+def test_a_missing_schema_file_is_named_in_the_error(capsys) -> None:
+    assert main(["hi", "--schema", "no_such_schema.json"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no file 'no_such_schema.json'" in err, err
+
+
+def test_stats_report_backtracks(tiny_checkpoint, capsys) -> None:
+    args = ["hi", "--model", str(tiny_checkpoint), "--max-new-tokens", "8", "--block-length", "4", "--no-progress",
+            "--regex", "[0-9]{2,4}", "--stats"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "backtracks=0" in err and "remasks=" in err and "forced_tokens=" in err, err
+
+
+def test_a_file_given_as_the_model_is_a_one_line_checkpoint_error(tmp_path, capsys) -> None:
+    f = tmp_path / "config.json"
+    f.write_text("{}")
+    assert main(["hi", "--model", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "is a file, not a checkpoint folder" in err and err.count("\n") == 1
 
 
 def test_the_display_draws_open_positions_as_blocks_and_stops_at_the_answer_end() -> None:
