@@ -239,6 +239,7 @@ class EngineBackend:
         self._closing = False
         self._thread: threading.Thread | None = None
         self._ids = itertools.count(1)
+        self._aborted = 0  # requests aborted by their consumer (client gone, timeout), waiting or running
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -263,9 +264,9 @@ class EngineBackend:
             self._thread = None
 
     def stats(self) -> dict[str, int]:
-        """Waiting and running request counts (for monitoring and tests)."""
+        """Waiting and running requests now, aborted ones so far (for monitoring and tests)."""
         with self._cond:
-            return {"waiting": len(self._waiting), "running": len(self._running)}
+            return {"waiting": len(self._waiting), "running": len(self._running), "aborted": self._aborted}
 
     # ------------------------------------------------------------------ submission (event loop)
     def submit(self, request: GenerationRequest) -> RequestHandle:
@@ -283,6 +284,7 @@ class EngineBackend:
     def _forget(self, handle: RequestHandle) -> None:
         """An aborted request leaves the queue at once (a running one is noticed at the next step)."""
         with self._cond:
+            self._aborted += 1
             for job in self._waiting:
                 if job.handle is handle:
                     self._waiting.remove(job)
