@@ -512,8 +512,11 @@ class GrammarCanvasState:
         est = cg.completion_estimate(cfg)
         if est >= INF:
             return False
-        if cg.vocab.single_bytes and 2 * est + 4 <= cap:
-            return True  # comfortably enough single-byte tokens even with separators
+        if cg.vocab.single_bytes:
+            # every byte is a token: the concrete (exactly checked) completion spells in as many tokens as bytes
+            data = cg.complete_bytes(cfg)
+            if data is not None and len(data) <= cap:
+                return True
         toks = cg.complete_tokens(cfg)
         if toks is not None and len(toks) <= cap:
             return True

@@ -5,8 +5,9 @@ The language we generate is the one `lark.Lark(text, parser="lalr", lexer="basic
   * lexing is Lark's basic lexer: at each position the FIRST terminal in Lark's order (priority, max width,
     pattern length, name) that matches wins, with its own (greedy) match; a regex terminal whose match equals
     a string terminal's value is retyped to that string terminal (Lark's "unless" callback); %ignore'd
-    lexemes are dropped. We model a terminal's match as its longest match (or its shortest one when the regex
-    uses a lazy quantifier), and only accept texts whose lexing never needs to back up (see lexer.py).
+    lexemes are dropped. A regex terminal's match is Python's `re.match` (first match in the regex's priority
+    order, not the longest: `a|ab` matches "a" in "abc"), modelled exactly by pike.py; we only accept texts
+    whose lexing never needs to back up (see lexer.py).
   * parsing is Lark's LALR(1) table (shift/reduce conflicts resolved as shift, like Lark).
 Everything we cannot honour is refused with InvalidGrammarError naming the feature.
 """
@@ -27,6 +28,7 @@ from ...errors import InvalidGrammarError, InvalidRegexError
 from .. import regex_ast as A
 from ..regex_parser import _Anchor, _Parser, _unicode_class
 from ..regex_ast import ranges_complement
+from .pike import PikeNFA, Unsupported
 
 END_NAME = "$END"
 
@@ -158,6 +160,19 @@ def terminal_ast(name: str, pattern) -> tuple[A.Node, bool]:
     return A.alt(*nodes), lazy
 
 
+def terminal_matcher(name: str, pattern) -> PikeNFA | None:
+    """Python's match semantics for a regex terminal (None for a string terminal, whose only match is its
+    value); refuses what the matcher cannot model, naming the terminal."""
+    if not isinstance(pattern, PatternRE):
+        return None
+    regexp = _known_equivalents().get(pattern.to_regexp(), pattern.value)
+    try:
+        return PikeNFA(regexp)
+    except Unsupported as e:
+        raise InvalidGrammarError(f"terminal {name}: regex /{regexp}/ uses {e}, for which Python's first-match "
+                                  "semantics (what Lark's lexer uses) is not modelled") from None
+
+
 # ------------------------------------------------------------------------------------ the spec
 @dataclass
 class ScanTerm:
@@ -167,6 +182,7 @@ class ScanTerm:
     lazy: bool
     unless: tuple[int, ...] = ()  # keyword type ids, in Lark's order (first full match wins)
     ignored: bool = False
+    matcher: PikeNFA | None = None  # regex terminals: Python's (first-match) semantics, see pike.py
 
 
 @dataclass
@@ -267,7 +283,8 @@ def _build_spec(text: str, start: str, lk: lark.Lark) -> GrammarSpec:
                 keywords[tid(s.name)] = (st.pattern.value.encode("utf-8"), icase)
                 ids.append(tid(s.name))
             unless = tuple(ids)
-        scan.append(ScanTerm(t.name, tid(t.name), ast, lazy, unless, t.name in ignore))
+        scan.append(ScanTerm(t.name, tid(t.name), ast, lazy, unless, t.name in ignore,
+                             terminal_matcher(t.name, t.pattern)))
     # ------------------------------------------------------------ LALR(1) table with items
     from lark.parsers.lalr_analysis import LALR_Analyzer, Shift
 

@@ -138,11 +138,105 @@ class CompiledGrammar:
                 text_row[i] = True
         self.text_row = text_row
         if self.parser.nt_cost[spec.nt_names.index(spec.start)] >= INF if spec.start in spec.nt_names else True:
-            raise InvalidGrammarError(f"the grammar's start rule {spec.start!r} derives no string"
+            raise InvalidGrammarError(f"the grammar accepts no text: its start rule {spec.start!r} derives no string"
                                       + (f" (terminals without a lexeme: {missing})" if missing else ""))
+        if self.complete_bytes(self.initial) is None and self._proves_empty():
+            raise InvalidGrammarError("the grammar accepts no text: no sequence of its terminals that the start "
+                                      f"rule {spec.start!r} derives can be lexed by Lark's lexer (adjacent lexemes "
+                                      "would merge, or a terminal's match never ends where the next one starts)")
 
     def __repr__(self) -> str:
         return f"CompiledGrammar({self.name!r}, lexer_states={self.lexer.n_states}, lr_states={self.spec.n_states})"
+
+    def _proves_empty(self, max_nodes: int = 512, max_visits: int = 2_000_000) -> bool:
+        """True when the grammar provably accepts no text (False proves nothing). The lexer's emitted type
+        sequences form a regular language: its states are the lexer states right after a lexeme boundary (plus
+        START and the end of text), an edge per lexeme type (ignored lexemes: epsilon). The context-free
+        grammar (a superset of what the LALR table with its conflict resolution accepts) is intersected with
+        it: which nonterminal derives a type string between which two boundary states, to a fixpoint."""
+        lx, spec = self.lexer, self.spec
+        nodes = [START]
+        index = {START: 0}
+        edges: list[tuple[int, int, int]] = []  # (u, type or -1 for epsilon, v); v = -1 the end of text
+        visits = 0
+        k = 0
+        while k < len(nodes):
+            u = nodes[k]
+            if u == START:
+                edges.append((k, -1, -1))  # the empty text
+            seen = {u}
+            stack = [u]
+            while stack:
+                x = stack.pop()
+                visits += 1
+                if visits > max_visits:
+                    return False
+                if x != START:
+                    et = lx.lexeme_type(x)
+                    if et >= -1:
+                        edges.append((k, et, -1))
+                lx.expand(x)
+                T, E = lx.T[x], lx.E[x]
+                for y, e in set(zip(T.tolist(), E.tolist())):
+                    if y == DEAD:
+                        continue
+                    if e == -1:
+                        if y not in seen:
+                            seen.add(y)
+                            stack.append(y)
+                        continue
+                    v = index.get(y)
+                    if v is None:
+                        if len(nodes) >= max_nodes:
+                            return False
+                        v = index[y] = len(nodes)
+                        nodes.append(y)
+                    edges.append((k, e if e >= 0 else -1, v))
+            k += 1
+        K = len(nodes) + 1
+        fin = K - 1
+
+        def mm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+            return (a.astype(np.float32) @ b.astype(np.float32)) > 0
+
+        eps = np.eye(K, dtype=bool)
+        by_type: dict[int, np.ndarray] = {}
+        for u, t, v in edges:
+            v = fin if v < 0 else v
+            if t == -1:
+                eps[u, v] = True
+            else:
+                by_type.setdefault(t, np.zeros((K, K), dtype=bool))[u, v] = True
+        for _ in range(K):  # reflexive-transitive closure
+            nxt = mm(eps, eps)
+            if (nxt == eps).all():
+                break
+            eps = nxt
+        term = {t: mm(mm(eps, m), eps) for t, m in by_type.items()}
+        zero = np.zeros((K, K), dtype=bool)
+        R = [zero.copy() for _ in spec.nt_names]
+        changed = True
+        while changed:
+            changed = False
+            for lhs, rhs in spec.rules:
+                prod = eps
+                for is_t, x in rhs:
+                    m = term.get(x, zero) if is_t else R[x]
+                    if not m.any():
+                        prod = zero
+                        break
+                    prod = mm(prod, m)
+                new = R[lhs] | prod
+                if (new != R[lhs]).any():
+                    R[lhs] = new
+                    changed = True
+        st = spec.nt_names.index(spec.start)
+        return not bool(R[st][0, fin])
+
+    def can_follow(self, q: int) -> bool:
+        """Some byte ends the pending lexeme of q and starts another one (else the text must end here)."""
+        self.lexer.expand(q)
+        return bool((self.lexer.E[q] != -1).any())
 
     # ------------------------------------------------------------------ lexeme strings
     def _shortest_lexemes(self) -> tuple[dict[int, bytes], bytes | None]:
@@ -514,11 +608,14 @@ class CompiledGrammar:
         if q == START:
             return par.completion_cost(node)
         best = INF
-        for t, u, _x in self.finish_options(q):
+        for t, u, x in self.finish_options(q):
             n2 = node if t == -1 else par.feed(node, t)
             if n2 < 0:
                 continue
-            best = min(best, len(u) + par.completion_cost(n2))
+            c = par.completion_cost(n2)
+            if c > 0 and not self.can_follow(x):
+                continue  # more lexemes are needed, but no byte can end this one (e.g. a comment to end of line)
+            best = min(best, len(u) + c)
         return best
 
     def min_tokens(self) -> int:

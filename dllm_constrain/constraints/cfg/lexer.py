@@ -2,7 +2,8 @@
 
 A lexer state describes the pending lexeme (the bytes since the last lexeme boundary):
     (A, s_0 .. s_{m-1}, kw_s, kw_i)
-where s_j is the state of scanner terminal j's byte DFA on the pending bytes (0 = dead), A is the first
+where s_j is the state of scanner terminal j's byte DFA on the pending bytes (0 = dead; for a regex terminal
+the DFA of pike.py, whose accepting states are exactly the ends of Python's re.match), A is the first
 terminal in Lark's order that has matched some prefix of the pending bytes (-1: none yet; terminals after A
 are dropped, since Lark will never pick them), and kw_s / kw_i are nodes of the keyword tries (exact and
 ASCII-case-folded) that tell whether the pending bytes equal a keyword (Lark's "unless" retyping).
@@ -13,7 +14,7 @@ On byte b:
     and a new lexeme starts with b;
   * else the text is rejected: Lark would back up to an earlier match of A, which we never rely on.
 So every text we accept is lexed exactly as Lark's scanner lexes it (first terminal in order that matches,
-with its longest match; shortest for terminals with a lazy quantifier).
+with the match Python's re.match returns: an accepting pike state that no thread survives past).
 
 State 0 is DEAD, state 1 is START (nothing pending: only the very beginning of the text).
 T[q, b] is the next state and E[q, b] the type id emitted on that transition (-1: none, -2: an ignored
@@ -30,6 +31,7 @@ import threading
 import numpy as np
 
 from ..deriv import DerivDFA
+from .pike import PikeDFA
 from ..tokenizer_info import TokenizerInfo
 from .frontend import GrammarSpec
 
@@ -96,10 +98,10 @@ class Lexer:
         self.spec = spec
         self.tok = tok
         self.m = len(spec.scan)
-        self.dfas = [DerivDFA(t.ast) for t in spec.scan]
+        # string terminals: their value (a derivative DFA); regex terminals: Python's first-match semantics
+        self.dfas = [DerivDFA(t.ast) if t.matcher is None else PikeDFA(t.matcher) for t in spec.scan]
         for d in self.dfas:
             d.expand(1)
-        self.lazy = np.array([t.lazy for t in spec.scan], dtype=bool)
         self.scan_type = [t.type_id for t in spec.scan]
         self.ignored_type = {t.type_id for t in spec.scan if t.ignored}
         self.ignored_mask = np.zeros(len(spec.type_names) + 1, dtype=bool)
@@ -231,8 +233,6 @@ class Lexer:
             if s == 0:
                 continue
             d = self.dfas[j]
-            if self.lazy[j] and q != START and d.accepting[s]:
-                continue  # shortest match: a lazy terminal never extends an accepted lexeme
             if not d.expanded[s]:
                 d.expand(s)
             row = d.T[s]
@@ -241,7 +241,7 @@ class Lexer:
         limit = m if a < 0 else a + 1
         cont = M[:limit].any(axis=0)
         any_acc = ACC.any(axis=0)
-        first_acc = np.where(any_acc, ACC.argmax(axis=0), m)
+        first_acc = np.where(any_acc, ACC.argmax(axis=0), m) if m else np.zeros(256, dtype=np.int64)
         a_new = np.minimum(first_acc, m if a < 0 else a)
         # drop terminals after A'
         rows = np.arange(m)[:, None]
