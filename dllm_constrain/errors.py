@@ -71,13 +71,18 @@ class InvalidGrammarError(ConstraintError, ValueError):
 class ConstraintTooLongError(ConstraintError):
     """The shortest output the constraint admits does not fit in the canvas (max_new_tokens)."""
 
+    NO_OUTPUT = 1 << 30  # min_tokens at or past this: the automata found no completion at all (their "infinity")
+
     def __init__(self, min_tokens: int, max_new_tokens: int) -> None:
         self.min_tokens = min_tokens
         self.max_new_tokens = max_new_tokens
-        super().__init__(
-            f"the shortest output the constraint admits needs at least {min_tokens} tokens, "
-            f"but max_new_tokens is {max_new_tokens}"
-        )
+        if min_tokens >= self.NO_OUTPUT:
+            msg = (f"the constraint admits no output that any canvas can hold (no completion was found; it may "
+                   f"accept no text at all), max_new_tokens is {max_new_tokens}")
+        else:
+            msg = (f"the shortest output the constraint admits needs at least {min_tokens} tokens, "
+                   f"but max_new_tokens is {max_new_tokens}")
+        super().__init__(msg)
 
 
 class CompilationTimeoutError(ConstraintError):
