@@ -169,6 +169,14 @@ def test_regex_through_extra_body(served: tuple[Any, str], extra: dict[str, Any]
         assert text in ("7.", "8.")
 
 
+def test_shipped_grammar_through_structured_outputs(served: tuple[Any, str]) -> None:
+    client, model = served
+    resp = _chat(client, model, messages=[{"role": "user", "content": "What is 3 plus 4?"}], max_tokens=16,
+                 extra_body={"structured_outputs": {"grammar": "arithmetic"}})
+    text = resp.choices[0].message.content
+    assert text and set(text) <= set("0123456789+-*/() .")
+
+
 def test_stop_string_cuts_streamed_and_whole_alike(served: tuple[Any, str]) -> None:
     client, model = served
     kw = dict(response_format=_schema_format(PERSON), stop=[","])
@@ -203,6 +211,7 @@ def test_canvas_too_short_is_400(served: tuple[Any, str]) -> None:
     ({"extra_body": {"guided_regex": "a", "guided_json": {"type": "object"}}}, "guided_regex"),
     ({"extra_body": {"structured_outputs": {"whitespace_pattern": " "}}}, "structured_outputs.whitespace_pattern"),
     ({"max_tokens": 0}, "max_tokens"),
+    ({"extra_body": {"guided_grammar": "start: foo"}}, "guided_grammar"),
 ])
 def test_unsupported_or_bad_fields_are_400_naming_them(served: tuple[Any, str], kw: dict[str, Any],
                                                        param: str) -> None:
@@ -379,6 +388,16 @@ def test_worker_batches_compatible_requests_and_isolates_a_bad_prompt(spare_llm:
 
 
 # ---------------------------------------------------------------------------------------------- pure pieces
+def test_command_line_options() -> None:
+    from dllm_constrain.serve.__main__ import parse_args
+
+    args = parse_args(["--port", "9000", "--max-queue", "2", "--request-timeout", "5"])
+    assert (args.host, args.port, args.max_queue, args.request_timeout, args.model) == ("127.0.0.1", 9000, 2, 5.0,
+                                                                                        None)
+    with pytest.raises(SystemExit):
+        parse_args(["--max-queue", "-1"])
+
+
 def test_committed_prefix_stops_at_gap_and_eos() -> None:
     assert committed_prefix([5, 6, 7, 8], [True, True, False, True], eos_id=1) == [5, 6]
     assert committed_prefix([5, 1, 7], [True, True, True], eos_id=1) == [5]

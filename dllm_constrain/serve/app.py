@@ -118,13 +118,10 @@ def build_app(backend: Backend, *, chat: ChatFormatter | None = None, request_ti
         prompt_param = "messages" if kind == "chat" else "prompt"
         handle: RequestHandle | None = None
         try:
-            if kind == "chat":
-                body: Any = parse_body(ChatCompletionBody, await request.body())
-                prompt = chat.render([m.model_dump() for m in body.messages])
-            else:
-                body = parse_body(CompletionBody, await request.body())
-                prompt = completion_prompt(body)
+            body: Any = parse_body(ChatCompletionBody if kind == "chat" else CompletionBody, await request.body())
             check_model(body.model)
+            prompt = chat.render([m.model_dump() for m in body.messages]) if kind == "chat" \
+                else completion_prompt(body)
             gen, constraint_param = to_generation_request(body, prompt, timeout=request_timeout)
             handle = backend.submit(gen)
             first = await _unless_disconnected(request, handle.next_event())
