@@ -248,12 +248,23 @@ class _GatedLLM:
         self._llm = llm
         self.gate = threading.Event()
         self.outcomes: list[str] = []  # "ok" or the exception class name, per generate() call
+        self.step_gate: threading.Event | None = None  # when set: every step after the first waits for it
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._llm, name)
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         assert self.gate.wait(WAIT)
+        if self.step_gate is not None and kwargs.get("progress") is not None:
+            progress, steps = kwargs["progress"], []
+
+            def gated_progress(event: Any) -> None:
+                if steps:
+                    assert self.step_gate.wait(WAIT)
+                steps.append(event.step)
+                progress(event)
+
+            kwargs["progress"] = gated_progress
         try:
             out = self._llm.generate(*args, **kwargs)
         except BaseException as exc:
@@ -302,6 +313,23 @@ def test_client_disconnect_stops_the_running_request(spare_llm: Any) -> None:
             impatient.completions.create(model=backend.model_id, prompt="What is 3 plus 4?", max_tokens=64)
         _wait_for(lambda: backend.stats()["aborted"] == 1)
         gated.gate.set()
+        _wait_for(lambda: backend.stats()["running"] == 0)
+    assert gated.outcomes == ["_BatchStopped"]
+
+
+def test_client_leaving_a_stream_stops_its_request(spare_llm: Any) -> None:
+    gated = _GatedLLM(spare_llm)
+    gated.gate.set()
+    gated.step_gate = threading.Event()
+    backend = EngineBackend(gated)
+    with running_server(build_app(backend)) as url:
+        stream = _client(url).chat.completions.create(
+            model=backend.model_id, messages=[{"role": "user", "content": ASK}], max_tokens=64, stream=True)
+        first = next(iter(stream))  # the role chunk: the request started and runs its second step
+        assert first.choices[0].delta.role == "assistant"
+        stream.close()
+        _wait_for(lambda: backend.stats()["aborted"] == 1)
+        gated.step_gate.set()
         _wait_for(lambda: backend.stats()["running"] == 0)
     assert gated.outcomes == ["_BatchStopped"]
 

@@ -23,8 +23,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--served-model-name", default=None, help="model id in /v1/models and responses")
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
-    if args.max_queue < 0 or args.max_batch_size < 1:
-        p.error("--max-queue must be >= 0 and --max-batch-size >= 1")
+    if args.max_queue < 1 or args.max_batch_size < 1:
+        p.error("--max-queue and --max-batch-size must be >= 1")
     if args.request_timeout is not None and args.request_timeout <= 0:
         p.error("--request-timeout must be > 0")
     return args

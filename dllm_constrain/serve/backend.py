@@ -24,7 +24,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from dllm_constrain.errors import DllmConstrainError, InvalidRequestError
@@ -215,7 +216,6 @@ class _Job:
     text: CommittedText
     started: bool = False
     prefix_len: int = -1  # committed-prefix length at the last decode (skip decoding when unchanged)
-    submitted: float = field(default_factory=time.monotonic)
 
 
 class EngineBackend:
@@ -224,12 +224,14 @@ class EngineBackend:
 
     def __init__(self, llm: Any, *, model_id: str | None = None, max_queue: int = 64,
                  max_batch_size: int = 8) -> None:
-        if max_queue < 0 or max_batch_size < 1:
-            raise ValueError("max_queue must be >= 0 and max_batch_size >= 1")
+        from dllm_constrain.api import bundled_model_path
+
+        if max_queue < 1 or max_batch_size < 1:
+            raise ValueError("max_queue and max_batch_size must be >= 1")
         self.llm = llm
         path = getattr(llm, "path", None)
-        self.model_id = model_id or (path.name if path is not None and path.name != "bundled"
-                                     else "dllm-constrain-bundled")
+        bundled = path is None or Path(path).resolve() == bundled_model_path().resolve()
+        self.model_id = model_id or ("dllm-constrain-bundled" if bundled else Path(path).name)
         self.max_queue = max_queue
         self.max_batch_size = max_batch_size
         self._eos_id = llm.model.special.eos_id
