@@ -195,7 +195,7 @@ class LLMEngine:
     def _add(self, loop: _Loop, request: Request, request_id: int | None = None) -> int:
         """Validate a request and queue it in `loop` (typed errors: InvalidRequestError, PromptTooLongError)."""
         if request_id is None:
-            request_id = loop.scheduler._next_id
+            request_id = loop.scheduler.next_request_id
         state = self._new_state(request_id, request)
         rid = loop.scheduler.add(len(state.prompt_ids) + state.canvas_len, state, request_id)
         loop.states[rid] = state
@@ -289,9 +289,7 @@ class LLMEngine:
         """Committed left prefixes that grew at this step (running requests) or ended (outputs)."""
         eos = self.special.eos_id
         updates = []
-        for s in loop.states.values():
-            if loop.scheduler.get(s.index) is None or s.done:
-                continue
+        for s in loop.states.values():  # waiting and running requests (ended ones were removed)
             prefix = s.committed_prefix(eos)
             seen = loop.streamed.get(s.index, 0)
             if len(prefix) > seen:
@@ -511,12 +509,7 @@ class LLMEngine:
             self._settle(s)
             if not s.done and s.block == block_before:
                 keep = ~single
-                kept = allowed[keep]
-                # a budgeted constraint may leave masks right of the left frontier empty (sound, not exact);
-                # the forced commits may have made one of them the new frontier, whose mask must then be
-                # recomputed (the constraint decides the frontier exactly): keep the rows only if it is not empty
-                if kept.shape[0] and bool(kept[0].any()):
-                    s.allowed_cache = ([p for p, k in zip(positions, keep.tolist()) if k], kept)
+                s.allowed_cache = ([p for p, k in zip(positions, keep.tolist()) if k], allowed[keep])
                 return
 
     def _settle(self, s: RequestState) -> None:

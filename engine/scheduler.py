@@ -134,6 +134,11 @@ class Scheduler:
         self.waiting.append(SeqEntry(request_id, tokens, self.step_count, payload))
         return request_id
 
+    @property
+    def next_request_id(self) -> int:
+        """The id `add` gives a request when none is passed."""
+        return self._next_id
+
     def get(self, request_id: int) -> SeqEntry | None:
         for entry in (*self.running, *self.waiting):
             if entry.request_id == request_id:

@@ -96,6 +96,10 @@ def run_continuous(engine: LLMEngine, arrivals: list[tuple[int, Request]], max_s
         for out in engine.step():
             assert out.request_id not in outputs
             outputs[out.request_id] = out
+        if engine._loop is not None:
+            sched, limits = engine._loop.scheduler, engine.scheduler_config
+            assert limits.max_num_seqs is None or len(sched.running) <= limits.max_num_seqs
+            assert limits.max_num_tokens is None or sched.budget.used <= limits.max_num_tokens
         step += 1
         assert step < max_steps
     return {k: outputs[rid] for k, rid in ids.items()}
@@ -104,12 +108,14 @@ def run_continuous(engine: LLMEngine, arrivals: list[tuple[int, Request]], max_s
 # ---------------------------------------------------------------- outputs do not depend on the mix
 @settings(max_examples=20, deadline=None)
 @given(picks=st.lists(st.tuples(st.integers(0, len(SPECS) - 1), st.integers(0, 6)), min_size=1, max_size=5),
-       max_num_seqs=st.integers(1, 4), config=st.sampled_from(sorted(CONFIGS)))
-def test_any_arrival_order_gives_every_request_its_solo_output(picks, max_num_seqs, config) -> None:
+       max_num_seqs=st.integers(1, 4), max_num_tokens=st.sampled_from([None, 30, 60]),
+       config=st.sampled_from(sorted(CONFIGS)))
+def test_any_arrival_order_gives_every_request_its_solo_output(picks, max_num_seqs, max_num_tokens, config) -> None:
     """Requests join at different steps (so a step mixes Refresh and Reuse rows, and rows of different lengths and
-    blocks), slots are refilled as others leave: each request's canvas and forward count are those it gets alone."""
+    blocks), slots are refilled as others leave, within the slot and token limits: each request's canvas and forward
+    count are those it gets alone."""
     engine = LLMEngine(MODEL, TOKENIZER, config=CONFIGS[config],
-                       scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs))
+                       scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens))
     outs = run_continuous(engine, [(arrival, SPECS[i].request()) for i, arrival in picks])
     for k, (i, _) in enumerate(picks):
         res = outs[k].result
