@@ -89,5 +89,27 @@ class CompilationTimeoutError(ConstraintError):
     """Compiling a constraint exceeded its time limit."""
 
 
+class ConstraintTimeoutError(ConstraintError):
+    """A constraint call (allowed_tokens, select_commits, is_completable, min_tokens, ...) ran past its per-call
+    deadline (`constraint_timeout`) and could not answer soundly with what it had computed. `.kind` is the
+    constraint's kind ("json_schema", "regex", ...), `.operation` what was being computed, `.location` where
+    (the DFA state being expanded and, for JSON, the instance location at the canvas frontier), `.timeout_s`
+    the limit. Only the request that made the call ends; the compiled constraint stays intact for the others."""
+
+    def __init__(self, message: str = "", *, kind: str = "constraint", operation: str = "",
+                 location: str = "", timeout_s: float | None = None) -> None:
+        self.kind = kind
+        self.operation = operation
+        self.location = location
+        self.timeout_s = timeout_s
+        if not message:
+            message = f"{kind} constraint: {operation or 'a constraint call'} exceeded its time limit"
+            if timeout_s is not None:
+                message += f" of {timeout_s:g} s"
+            if location:
+                message += f" (at {location})"
+        super().__init__(message)
+
+
 class GenerationTimeoutError(DllmConstrainError):
     """Constrained generation exceeded its time or step bound."""

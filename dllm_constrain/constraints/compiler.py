@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConstraintTooLongError, InvalidRegexError, UnsatisfiableSchemaError
+from ..errors import ConstraintTimeoutError, ConstraintTooLongError, InvalidRegexError, UnsatisfiableSchemaError
 from . import regex_ast as A
-from .canvas import CanvasState, SetAlgebra
-from .deadline import Deadline
+from .canvas import DEFAULT_CALL_TIMEOUT_S, CanvasState, SetAlgebra
+from .deadline import CallDeadline, Deadline, activate
 from .deriv import DEAD, START, DerivDFA
 from .nfa import INF
 from .regex_parser import parse_regex
@@ -25,6 +25,7 @@ from .token_automaton import TokenAutomaton
 from .tokenizer_info import TokenizerInfo
 
 DEFAULT_TIMEOUT_S = 10.0
+_COMPILER_DEFAULT: Any = object()  # compile_*(timeout_s=...) not given: the compiler's timeout_s
 
 
 class CompiledConstraint:
@@ -74,31 +75,48 @@ class CompiledConstraint:
         """Length in bytes of the shortest accepted text."""
         return int(self.dfa.dist[START])
 
-    def min_tokens(self) -> int:
+    def min_tokens(self, timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S) -> int:
         """Fewest tokens spelling an accepted text (EOS not counted: a canvas of exactly this many
-        positions fits it; longer canvases pad with EOS)."""
+        positions fits it; longer canvases pad with EOS). Within timeout_s (None: unbounded); when the search
+        runs out of time the answer is a lower bound (not memoised), so a request that fits is never refused."""
         if self._min_tokens is not None:
             return self._min_tokens
         with self._lock:
             if self._min_tokens is None:
-                self._min_tokens = self._compute_min_tokens()
+                with activate(CallDeadline(timeout_s, self.kind, "min_tokens")):
+                    r, exact = self._compute_min_tokens()
+                if not exact:
+                    return r
+                self._min_tokens = r
         return self._min_tokens
 
-    def _compute_min_tokens(self, budget: int = 256) -> int:
+    def _compute_min_tokens(self, budget: int = 256) -> tuple[int, bool]:
         """Breadth-first search over token successors. Exact when it finishes within `budget` token-
-        transition computations; otherwise a lower bound (so that a request that fits is never refused)."""
+        transition computations (memoised); otherwise a lower bound (so that a request that fits is never
+        refused). A call deadline firing gives the lower bound reached so far (not memoised: (bound, False))."""
         dfa, ta = self.dfa, self.ta
         if self.empty_language:
-            return INF
+            return INF, True
         if dfa.accepting[START]:
-            return 0
+            return 0, True
+        bound = int(dfa.dist[START]) if ta.single_byte_complete else INF
+        L = max(1, ta.max_token_len)
+        seen_k = [0, {START}]
+        try:
+            return self._min_tokens_bfs(budget, bound, L, seen_k), True
+        except ConstraintTimeoutError:
+            k, frontier = seen_k
+            lb = max(k, -(-int(min(dfa.dist[x] for x in frontier)) // L) + k - 1) if frontier else k
+            return max(1, min(lb, bound)), False
+
+    def _min_tokens_bfs(self, budget: int, bound: int, L: int, seen_k: list) -> int:
+        dfa, ta = self.dfa, self.ta
         frontier = {START}
         seen = {START}
         k = 0
-        bound = int(dfa.dist[START]) if ta.single_byte_complete else INF
-        L = max(1, ta.max_token_len)
         spent = 0
         while frontier and k < bound:
+            seen_k[0], seen_k[1] = k, frontier
             k += 1
             nxt = set()
             for s in frontier:
@@ -117,8 +135,9 @@ class CompiledConstraint:
             frontier = nxt
         return bound if bound < INF else INF
 
-    def fits(self, canvas_len: int) -> bool:
-        """False only when provably no accepted text fits in canvas_len tokens."""
+    def fits(self, canvas_len: int, timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S) -> bool:
+        """False only when provably no accepted text fits in canvas_len tokens (undecided within timeout_s:
+        True, the request is not refused)."""
         n = int(canvas_len)
         if self.empty_language:
             return False
@@ -126,22 +145,30 @@ class CompiledConstraint:
             return True
         from .canvas import Budget
 
-        r = self.algebra.finish3(START, n, Budget(4000, 2.0))
+        limit = 2.0 if timeout_s is None else min(2.0, timeout_s)
+        try:
+            with activate(CallDeadline(timeout_s, self.kind, f"checking that an output fits {n} tokens")):
+                r = self.algebra.finish3(START, n, Budget(4000, 0.5 * limit))
+        except ConstraintTimeoutError:
+            return True
         return r is None or bool(r)
 
     # ------------------------------------------------------------------ requests
     def new_canvas_state(self, canvas_len: int, expand_budget: int | None = 128,
-                         expand_time_s: float | None = None) -> CanvasState:
+                         expand_time_s: float | None = None,
+                         timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S) -> CanvasState:
         """Per-request CanvasConstraint for a canvas of `canvas_len` positions.
         Raises ConstraintTooLongError when even the shortest accepted text does not fit.
         expand_budget / expand_time_s: new token-transition computations / seconds spent on them per
-        call (both None: unlimited, always exact; see canvas.py)."""
+        call (both None: unlimited, always exact; see canvas.py). timeout_s: the hard limit of every call of
+        the state (and of the fit check here; None: unbounded), see "Time bounds" in docs/constraints.md."""
         canvas_len = int(canvas_len)
         if canvas_len <= 0:
             raise ValueError("canvas_len must be positive")
-        if not self.fits(canvas_len):
-            raise ConstraintTooLongError(max(self.min_tokens(), canvas_len + 1), canvas_len)
-        return CanvasState(self.algebra, canvas_len, self.mask_id, self.vocab_size, expand_budget, expand_time_s)
+        if not self.fits(canvas_len, timeout_s):
+            raise ConstraintTooLongError(max(self.min_tokens(timeout_s), canvas_len + 1), canvas_len)
+        return CanvasState(self.algebra, canvas_len, self.mask_id, self.vocab_size, expand_budget, expand_time_s,
+                           timeout_s=timeout_s, kind=self.kind)
 
     def matcher(self) -> "LeftToRightMatcher":
         """Autoregressive (left-to-right, unbounded length) matcher, for benchmarks and debugging."""
@@ -256,13 +283,19 @@ class ConstraintCompiler:
             raise res
         return res
 
-    def compile_regex(self, pattern: str) -> CompiledConstraint:
-        """Full-match regex (Python `re` syntax, regular subset)."""
+    def _timeout(self, timeout_s: Any) -> float | None:
+        return self.timeout_s if timeout_s is _COMPILER_DEFAULT else timeout_s
+
+    def compile_regex(self, pattern: str, *, timeout_s: Any = _COMPILER_DEFAULT) -> CompiledConstraint:
+        """Full-match regex (Python `re` syntax, regular subset). timeout_s: this compilation's limit (default:
+        the compiler's; a timeout is not cached, a later call with more time compiles again)."""
         if not isinstance(pattern, str):
             raise InvalidRegexError(f"regex must be a string, got {type(pattern).__name__}")
 
+        limit = self._timeout(timeout_s)
+
         def build():
-            deadline = Deadline(self.timeout_s)
+            deadline = Deadline(limit)
             node = parse_regex(pattern).node
             cc = CompiledConstraint("regex", pattern, node, self.tokenizer_info, deadline)
             if cc.empty_language:
@@ -271,17 +304,20 @@ class ConstraintCompiler:
 
         return self._cached(("regex", pattern), build)
 
-    def compile_json_schema(self, schema, whitespace: str = "compact", **options) -> CompiledConstraint:
+    def compile_json_schema(self, schema, whitespace: str = "compact", *, timeout_s: Any = _COMPILER_DEFAULT,
+                            **options) -> CompiledConstraint:
         """JSON Schema (dict, JSON string, pydantic model class, outlines type) -> CompiledConstraint.
-        Options: see `json_schema.SchemaOptions`."""
+        Options: see `json_schema.SchemaOptions`. timeout_s: as in compile_regex."""
         from .json_schema import SchemaOptions, normalize_schema_input, schema_to_regex_ast
 
         sch = normalize_schema_input(schema)
         opts = SchemaOptions.from_options(whitespace=whitespace, **options)
         key_src = json.dumps(sch, sort_keys=False, separators=(",", ":"), ensure_ascii=False, default=str)
 
+        limit = self._timeout(timeout_s)
+
         def build():
-            deadline = Deadline(self.timeout_s)
+            deadline = Deadline(limit)
             ignored: list = []
             node = schema_to_regex_ast(sch, opts, deadline, ignored=ignored)
             cc = CompiledConstraint("json_schema", sch, node, self.tokenizer_info, deadline)

@@ -1,9 +1,18 @@
-"""A compile-time deadline checked inside every potentially long loop (so compilation never hangs)."""
+"""Deadlines checked cooperatively inside every potentially long loop (so no constraint work hangs).
+
+`Deadline` bounds compilation (raises CompilationTimeoutError). `CallDeadline` bounds one constraint call at
+request time (allowed_tokens, select_commits, is_completable, min_tokens, ...): the call activates it for its
+thread (`activate`), and the shared automata (deriv.py expansions, token-trie walks, the canvas set algebra)
+check the active one with `check_active()`. It raises ConstraintTimeoutError *between* atomic updates of the
+shared structures (a DFA row, a state, a token-transition table are each published only once complete), never
+by a signal, so an interrupted call leaves the compiled constraint whole for every other request.
+"""
 from __future__ import annotations
 
+import threading
 import time
 
-from ..errors import CompilationTimeoutError
+from ..errors import CompilationTimeoutError, ConstraintTimeoutError
 
 
 class Deadline:
@@ -20,3 +29,77 @@ class Deadline:
 
     def expired(self) -> bool:
         return self.t_end is not None and time.perf_counter() > self.t_end
+
+
+class CallDeadline:
+    """The time limit of one constraint call. `kind`/`operation` name the constraint and what the call computes;
+    `where` (a callable returning a string, evaluated only when the deadline fires) adds the request-level
+    location (e.g. the JSON pointer at the canvas frontier); the automaton adds the DFA state it was expanding."""
+
+    __slots__ = ("limit_s", "t_end", "kind", "operation", "where", "fired")
+
+    def __init__(self, limit_s: float | None, kind: str = "constraint", operation: str = "", where=None):
+        self.limit_s = limit_s
+        self.t_end = None if limit_s is None else time.perf_counter() + limit_s
+        self.kind = kind
+        self.operation = operation
+        self.where = where
+        self.fired = False
+
+    def expired(self) -> bool:
+        return self.t_end is not None and time.perf_counter() > self.t_end
+
+    def error(self, state: int | None = None, detail: str = "") -> ConstraintTimeoutError:
+        parts = []
+        if state is not None:
+            parts.append(f"expanding DFA state {state}")
+        if detail:
+            parts.append(detail)
+        if self.where is not None:
+            try:
+                w = self.where()
+            except Exception:  # noqa: BLE001 - a description must never mask the timeout itself
+                w = ""
+            if w:
+                parts.append(w)
+        return ConstraintTimeoutError(kind=self.kind, operation=self.operation, location="; ".join(parts),
+                                      timeout_s=self.limit_s)
+
+    def check(self, state: int | None = None, detail: str = "") -> None:
+        if self.t_end is not None and time.perf_counter() > self.t_end:
+            self.fired = True
+            raise self.error(state, detail)
+
+
+_local = threading.local()
+
+
+def active() -> CallDeadline | None:
+    """The call deadline active on this thread (None: unbounded)."""
+    return getattr(_local, "d", None)
+
+
+def check_active(state: int | None = None, detail: str = "") -> None:
+    """Raise ConstraintTimeoutError if this thread's active call deadline has passed."""
+    d = getattr(_local, "d", None)
+    if d is not None and d.t_end is not None and time.perf_counter() > d.t_end:
+        d.fired = True
+        raise d.error(state, detail)
+
+
+class activate:
+    """`with activate(deadline):` makes `deadline` the active call deadline of this thread (restored after)."""
+
+    __slots__ = ("d", "prev")
+
+    def __init__(self, d: CallDeadline | None):
+        self.d = d
+        self.prev = None
+
+    def __enter__(self) -> CallDeadline | None:
+        self.prev = getattr(_local, "d", None)
+        _local.d = self.d
+        return self.d
+
+    def __exit__(self, *exc) -> None:
+        _local.d = self.prev

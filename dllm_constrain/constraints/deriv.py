@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import CompilationTimeoutError
 from . import object_members as OM
 from . import regex_ast as A
-from .deadline import Deadline
+from .deadline import Deadline, check_active
 from .nfa import INF, utf8_sequences
 
 DEAD = 0
@@ -74,8 +74,11 @@ class Terms:
             self.c.append(c)
             self.kind.append(kind)
             self.intern[key] = t
-            if (t & 4095) == 0 and self.deadline is not None:
-                self.deadline.check()  # after the term is complete: an expired deadline leaves nothing half-made
+            if (t & 4095) == 0:
+                # after the term is complete: an expired deadline leaves nothing half-made
+                if self.deadline is not None:
+                    self.deadline.check()
+                check_active()
         return t
 
     def bytes_(self, ranges: A.Ranges) -> int:
@@ -574,6 +577,7 @@ class DerivDFA:
             return
         if self.deadline is not None:
             self.deadline.check()
+        check_active(sid)  # a request's call deadline (canvas masks, min_tokens): before anything is built
         terms = self.terms
         t = self.term_of[sid]
         cuts = sorted(terms.cuts(t) | {0, 256})

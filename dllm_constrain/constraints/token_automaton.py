@@ -17,6 +17,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from .deadline import check_active
 from .deriv import DEAD, DerivDFA
 from .tokenizer_info import TokenizerInfo
 
@@ -192,6 +193,7 @@ class TokenAutomaton:
             tt = self._trans.get(s)
             if tt is not None:
                 return tt
+            check_active(s)  # a request's call deadline: before the walk (the table is published only once whole)
             tt = self._compute_trans(s)
             self._trans[s] = tt
             return tt
