@@ -185,7 +185,13 @@ REQUEST_FIELDS: dict[str, Callable[[Any], Any]] = {
     "refresh_threshold": _real_field("refresh_threshold", 0.0, 1.0, lo_open=True),
     "keep_ratio": _real_field("keep_ratio", 0.0, 1.0, lo_open=True),
     "logits_budget_bytes": _int_field("logits_budget_bytes", 1),
+    "constraint_timeout": _real_field("constraint_timeout", 0.0, lo_open=True),
+    "compile_timeout": _real_field("compile_timeout", 0.0, lo_open=True),
 }
+
+# seconds per constraint call of a request (constraints.canvas.DEFAULT_CALL_TIMEOUT_S; see "Time bounds" in
+# docs/constraints.md); None: unbounded
+CONSTRAINT_TIMEOUT_S = 0.5
 
 
 def validate_request(**fields: Any) -> dict[str, Any]:
@@ -401,8 +407,8 @@ class LLM:
         return self._compiler
 
     def compile(self, *, schema: Any = None, regex: Any = None, whitespace: Any = None,
-                grammar: Any = None, strict: bool = True, schema_options: dict[str, Any] | None = None
-                ) -> Any:
+                grammar: Any = None, strict: bool = True, schema_options: dict[str, Any] | None = None,
+                compile_timeout: float | None = None) -> Any:
         """The compiled constraint for a schema, a regex or a Lark grammar (a shipped name, a .lark path or
         grammar text), compiled once per LLM (hence per tokenizer).
 
@@ -429,10 +435,11 @@ class LLM:
             key = ("schema", json.dumps(as_dict, sort_keys=True), json.dumps(options, sort_keys=True, default=str))
         if key not in self._compiled:
             compiler = self._constraint_compiler()
+            limit = {} if compile_timeout is None else {"timeout_s": compile_timeout}  # None: the compiler's 10 s
             if regex is not None:
-                self._compiled[key] = compiler.compile_regex(regex)
+                self._compiled[key] = compiler.compile_regex(regex, **limit)
             else:
-                self._compiled[key] = compiler.compile_json_schema(schema, **options)
+                self._compiled[key] = compiler.compile_json_schema(schema, **options, **limit)
         return self._compiled[key]
 
     # ------------------------------------------------------------------ generation
@@ -461,6 +468,8 @@ class LLM:
         refresh_threshold: float | None = None,
         keep_ratio: float | None = None,
         logits_budget_bytes: int | None = None,
+        constraint_timeout: float | None = CONSTRAINT_TIMEOUT_S,
+        compile_timeout: float | None = None,
     ) -> list[GenerationResult]:
         """Generate for each prompt (one batch); returns one GenerationResult per prompt, in order.
 
@@ -471,6 +480,10 @@ class LLM:
         (GenerationDefaults; the bundled model decodes with the confidence-threshold policy).
         kv_cache, refresh, refresh_steps, refresh_threshold, keep_ratio, logits_budget_bytes: engine settings for
         this call (None keeps the engine's; see dllm_constrain.engine.config.EngineConfig).
+        constraint_timeout: seconds each constraint call of a request may take (masks, joint verification,
+        completability, the fit check; None: unbounded); past it a call answers soundly with what it has or
+        the request ends with ConstraintTimeoutError (the others go on). compile_timeout: seconds for compiling
+        the schema / regex (None: the compiler's default, 10 s).
 
         Raises InvalidRequestError (or its subclass PromptTooLongError) for bad input (every field is checked by
         its function in REQUEST_FIELDS, prompts by `validate_prompts`), a ConstraintError
@@ -482,7 +495,8 @@ class LLM:
             max_new_tokens=max_new_tokens, steps=steps, block_length=block_length, temperature=temperature,
             seed=seed, policy=policy, threshold=threshold, entropy_bound=entropy_bound, strict=strict,
             schema_options=schema_options, progress=progress, refresh_steps=refresh_steps,
-            refresh_threshold=refresh_threshold, keep_ratio=keep_ratio, logits_budget_bytes=logits_budget_bytes)
+            refresh_threshold=refresh_threshold, keep_ratio=keep_ratio, logits_budget_bytes=logits_budget_bytes,
+            constraint_timeout=constraint_timeout, compile_timeout=compile_timeout)
         d = self.defaults
         params = SamplingParams(
             max_new_tokens=d.max_new_tokens if v["max_new_tokens"] is None else v["max_new_tokens"],
@@ -499,14 +513,18 @@ class LLM:
         compiled = None
         if schema is not None or regex is not None or grammar is not None:
             compiled = self.compile(schema=schema, regex=regex, whitespace=whitespace, grammar=grammar,
-                                    strict=strict, schema_options=schema_options)
-            min_tokens = int(compiled.min_tokens())
+                                    strict=strict, schema_options=schema_options, compile_timeout=v["compile_timeout"])
+            from dllm_constrain.constraints.compiler import CompiledConstraint
+
+            # regular constraints take the per-call limit (the grammar path does not yet)
+            limit = {"timeout_s": v["constraint_timeout"]} if isinstance(compiled, CompiledConstraint) else {}
+            min_tokens = int(compiled.min_tokens(**limit))
             if min_tokens > max_new_tokens:
                 raise ConstraintTooLongError(min_tokens, max_new_tokens)
         requests = []
         for p in prompts:
             ids = self.encode(self.format(p, schema))
-            constraint = compiled.new_canvas_state(max_new_tokens) if compiled is not None else None
+            constraint = compiled.new_canvas_state(max_new_tokens, **limit) if compiled is not None else None
             requests.append(Request(ids, params, constraint))
         return self.engine.generate(requests, progress=progress, config=config)
 
@@ -560,6 +578,8 @@ def generate(
     refresh_threshold: float | None = None,
     keep_ratio: float | None = None,
     logits_budget_bytes: int | None = None,
+    constraint_timeout: float | None = CONSTRAINT_TIMEOUT_S,
+    compile_timeout: float | None = None,
 ) -> Any:
     """Generate text for a prompt (-> str) or a list of prompts (-> list[str], one batch).
 
@@ -575,7 +595,8 @@ def generate(
         entropy_bound=entropy_bound, whitespace=whitespace, strict=strict, schema_options=schema_options,
         progress=progress, kv_cache=kv_cache, refresh=refresh,
         refresh_steps=refresh_steps, refresh_threshold=refresh_threshold, keep_ratio=keep_ratio,
-        logits_budget_bytes=logits_budget_bytes,
+        logits_budget_bytes=logits_budget_bytes, constraint_timeout=constraint_timeout,
+        compile_timeout=compile_timeout,
     )
     out: list[Any] = results if return_result else [r.text for r in results]
     return out[0] if isinstance(prompt, str) else out
