@@ -509,7 +509,12 @@ class LLMEngine:
             self._settle(s)
             if not s.done and s.block == block_before:
                 keep = ~single
-                s.allowed_cache = ([p for p, k in zip(positions, keep.tolist()) if k], allowed[keep])
+                kept = allowed[keep]
+                # a budgeted constraint may leave masks right of the left frontier empty (sound, not exact);
+                # the forced commits may have made one of them the new frontier, whose mask must then be
+                # recomputed (the constraint decides the frontier exactly): keep the rows only if it is not empty
+                if kept.shape[0] and bool(kept[0].any()):
+                    s.allowed_cache = ([p for p, k in zip(positions, keep.tolist()) if k], kept)
                 return
 
     def _settle(self, s: RequestState) -> None:
