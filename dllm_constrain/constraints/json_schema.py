@@ -39,7 +39,7 @@ import math
 import re
 import threading
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace as _replace
 from typing import Any
 
 from ..errors import (InvalidOptionError, InvalidRegexError, InvalidSchemaError, UnknownKeywordError,
@@ -1227,8 +1227,20 @@ class SchemaCompiler:
             types = self._type_set(s["type"], path)
         elif self.opts.untyped_types == "inferred":
             types = self._inferred_types(s)
+            if types != set(ALL_TYPES):
+                # the narrowing never empties a satisfiable schema: if the implied types admit no value,
+                # the other types do (their keywords do not apply to them), as in the specification
+                node = self._compile_types(s, path, types)
+                if A.is_nothing(node):
+                    node = self._compile_types(s, path, set(ALL_TYPES) - types - ({"integer"} if "number" in types
+                                                                                else set()))
+                return node
         else:
             types = set(ALL_TYPES)  # JSON Schema: keywords constrain only the values of their own type
+        return self._compile_types(s, path, types)
+
+    def _compile_types(self, s: dict, path: str, types: set[str]) -> A.Node:
+        types = set(types)
         excluded = list(s.get("__exclude__", []))
         if "number" in types and "integer" in types:
             types.discard("integer")
@@ -1776,6 +1788,19 @@ class SchemaCompiler:
 
     # -------------------------------------------------------------- objects
     def _object(self, s: dict, path: str) -> A.Node:
+        """An object schema. The strict narrowings (`additional_properties="forbid"` where the schema is
+        silent, `additional_names="nonempty"`) never make a satisfiable object empty: required names that no
+        `properties`/`patternProperties` declares keep free-form values, and an object the narrowings leave
+        empty is compiled again with undeclared properties allowed (`spec=1`), then also named "" (`spec=2`),
+        as the specification allows."""
+        node = self._object_members(s, path, 0)
+        if A.is_nothing(node) and self.opts.additional_properties == "forbid" and "additionalProperties" not in s:
+            node = self._object_members(s, path, 1)
+        if A.is_nothing(node) and self.opts.additional_names == "nonempty":
+            node = self._object_members(s, path, 2)
+        return node
+
+    def _object_members(self, s: dict, path: str, spec: int) -> A.Node:
         ws = self.ws
         props = s.get("properties", {}) or {}
         if not isinstance(props, dict):
@@ -1793,7 +1818,10 @@ class SchemaCompiler:
             if len(s.get("__conj__", [])) > 1 and not s.get("__unevaluated_root__"):
                 raise UnsupportedSchemaError("unevaluatedProperties", path, "combined with applicators")
         else:
-            addl = True if self.opts.additional_properties == "allow" else False
+            addl = True if self.opts.additional_properties == "allow" or spec else False
+        # under the narrowing, a required name nothing declares still takes any value (as in the spec)
+        undeclared_value = True if addl is False and "additionalProperties" not in s \
+            and "unevaluatedProperties" not in s else addl
         if addl == {} or addl is None:
             addl = True
         pnames = s.get("propertyNames")
@@ -1826,7 +1854,7 @@ class SchemaCompiler:
             for mask in range(1 << len(free)):
                 present = [a for i, a in enumerate(free) if mask >> i & 1]
                 branch = dict(s, required=list(required) + present, __dependencies_split__=True)
-                outs.append(self._object(branch, path))
+                outs.append(self._object_members(branch, path, spec))
             return A.alt(*outs)
         forbidden = set(free)
         # declared properties (order: properties, then required-only names); forbidden names are listed so
@@ -1847,9 +1875,9 @@ class SchemaCompiler:
             matched = [p for p in pats if _pattern_matches(p, name, path, "any")]
             for p in matched:
                 conj.append(pats[p])
-            if sub is None and not any(_pattern_matches(p, name, path, "all") for p in matched):
-                conj.append(addl)
             is_req = name in req_set
+            if sub is None and not any(_pattern_matches(p, name, path, "all") for p in matched):
+                conj.append(undeclared_value if is_req else addl)
             if name in forbidden and not is_req:
                 continue
             if pnames is not None and not self._name_ok(name, pnames, path):
@@ -1867,7 +1895,7 @@ class SchemaCompiler:
             key = A.lit(json.dumps(name, ensure_ascii=False))
             entries.append((A.seq(key, ws, A.lit(":"), ws, vnode), is_req))
         # additional keys
-        extra = self._extra_entries(names, pats, addl, pnames, path)
+        extra = self._extra_entries(names, pats, addl, pnames, path, nonempty_names=spec < 2)
         # declared properties in any order, each at most once (a lazily expanded subset automaton)
         members = object_members(entries, extra, A.seq(ws, A.lit(","), ws), mnp, mxp, path,
                                  ordered=self.opts.property_order == "declared",
@@ -1879,10 +1907,11 @@ class SchemaCompiler:
     def _name_ok(self, name: str, pnames: Any, path: str) -> bool:
         return self.is_valid(name, pnames)
 
-    def _extra_entries(self, names: list[str], pats: dict, addl: Any, pnames: Any, path: str) -> list[A.Node]:
+    def _extra_entries(self, names: list[str], pats: dict, addl: Any, pnames: Any, path: str,
+                       nonempty_names: bool = True) -> list[A.Node]:
         """Key/value alternatives for properties beyond the declared ones (one per key class)."""
         ws = self.ws
-        if self.opts.additional_names == "nonempty":
+        if self.opts.additional_names == "nonempty" and nonempty_names:
             names = names + [""]  # (a sound narrowing: excluded like a declared name)
         out = []
         declared = A.alt_literals([json.dumps(n, ensure_ascii=False)[1:-1] for n in names]) if names else A.NOTHING
@@ -2217,5 +2246,31 @@ def schema_to_regex_ast(schema: Any, opts: SchemaOptions | None = None, deadline
         raise UnsupportedSchemaError("$ref", "#", "schema nesting too deep") from None
     if A.is_nothing(node):
         why = "; ".join(dict.fromkeys(sc.unsat)) or "no JSON value satisfies the schema"
+        spec = _without_narrowings(opts)
+        if spec != opts:
+            # never call a schema unsatisfiable because of a narrowing: say which it is
+            try:
+                spec_node = SchemaCompiler(schema, spec, deadline).compile_root()
+            except (UnsupportedSchemaError, RecursionError):
+                spec_node = A.NOTHING
+            if not A.is_nothing(spec_node):
+                changed = [f"{f.name}={getattr(opts, f.name)!r}" for f in fields(opts)
+                           if getattr(opts, f.name) != getattr(spec, f.name)]
+                raise UnsatisfiableSchemaError(
+                    f"the narrowing options ({', '.join(changed)}) leave no output for this schema, which is "
+                    f"satisfiable under the specification's semantics; pass strict=False ({why})")
         raise UnsatisfiableSchemaError(why)
     return node
+
+
+# the options that narrow the specification's semantics (STRICT_SCHEMA_OPTIONS sets them), and their defaults
+_NARROWING_OPTIONS = ("additional_properties", "untyped_types", "additional_names", "property_order",
+                      "integer_zero_fraction", "any_json_depth")
+
+
+def _without_narrowings(opts: SchemaOptions) -> SchemaOptions:
+    defaults = SchemaOptions()
+    kw = {name: getattr(defaults, name) for name in _NARROWING_OPTIONS}
+    if opts.any_json_depth > defaults.any_json_depth:
+        kw["any_json_depth"] = opts.any_json_depth
+    return _replace(opts, **kw)
