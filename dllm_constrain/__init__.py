@@ -6,11 +6,13 @@
 from __future__ import annotations
 
 from dllm_constrain.api import LLM, GenerationResult, bundled_model_path, clear_model_cache, generate
+from dllm_constrain.async_llm import AsyncLLM
 from dllm_constrain.engine.state import POLICY_NAMES, SamplingParams
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncLLM",
     "LLM",
     "GenerationResult",
     "POLICY_NAMES",

@@ -17,6 +17,7 @@ import math
 import numbers
 import os
 import re
+import threading
 from dataclasses import dataclass
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -26,7 +27,9 @@ from typing import Any
 
 import tokenizers
 
+from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.llm_engine import GenerationResult, LLMEngine, ProgressCallback
+from dllm_constrain.engine_loop import CallHandle, EngineLoop, StreamCallback
 from dllm_constrain.engine.state import POLICY_NAMES, Request, SamplingParams
 from dllm_constrain.errors import (
     CheckpointError,
@@ -55,6 +58,8 @@ STRICT_SCHEMA_OPTIONS: dict[str, Any] = {"additional_properties": "forbid", "unt
                                          "additional_names": "nonempty", "property_order": "declared",
                                          "integer_zero_fraction": "never", "any_json_depth": 3}
 _LLM_CACHE: "OrderedDict[str, LLM]" = OrderedDict()
+_CACHE_LOCK = threading.Lock()  # generate(model=None | path) from many threads loads a checkpoint once
+_LOOP_LOCK = threading.Lock()
 
 
 def bundled_model_path() -> Path:
@@ -64,7 +69,8 @@ def bundled_model_path() -> Path:
 
 def clear_model_cache() -> None:
     """Forget every LLM that `generate(model=None | path)` loaded."""
-    _LLM_CACHE.clear()
+    with _CACHE_LOCK:
+        _LLM_CACHE.clear()
 
 
 def _schema_to_dict(schema: Any) -> dict[str, Any] | bool:
@@ -489,6 +495,68 @@ class LLM:
         its function in REQUEST_FIELDS, prompts by `validate_prompts`), a ConstraintError
         subclass for a constraint that cannot be compiled or cannot fit the canvas, all before any forward.
         """
+        options = {k: v for k, v in locals().items() if k not in ("self", "prompts")}
+        loop = self._engine_loop()
+        if loop.on_loop_thread:
+            raise InvalidRequestError("LLM.generate() was called from the engine loop thread (inside a progress "
+                                      "or stream callback): it would wait for itself; use LLM.submit there")
+        return self.submit(prompts, **options).result()
+
+    def submit(self, prompts: str | Sequence[str], *, on_stream: StreamCallback | None = None,
+               **options: Any) -> CallHandle:
+        """Queue a generation (the options of `generate`) on this LLM's engine loop without waiting: returns a
+        CallHandle (`.result(timeout)` -> list[GenerationResult], `.future`, `.abort()`). Bad input raises here
+        (InvalidRequestError); compilation and engine errors come through the handle. on_stream(index, update):
+        each request's committed left prefix (`StreamUpdate`, token ids) after every step that grew it, called
+        on the loop thread. Thread-safe: any number of threads may submit; all calls share one continuous batch
+        (see dllm_constrain.engine_loop)."""
+        build, config, progress = self._prepare(prompts, **options)
+        return self._engine_loop().submit(build, config=config, progress=progress, on_stream=on_stream)
+
+    def _engine_loop(self) -> EngineLoop:
+        with _LOOP_LOCK:
+            loop = getattr(self, "_loop", None)
+            if loop is None or loop.engine is not self.engine:
+                loop = self._loop = EngineLoop(self.engine)
+            return loop
+
+    def close(self) -> None:
+        """Stop this LLM's engine loop thread (unfinished calls fail with GenerationAbortedError); the next
+        generate starts it again."""
+        loop = getattr(self, "_loop", None)
+        if loop is not None:
+            loop.close()
+
+    def _prepare(
+        self,
+        prompts: str | Sequence[str],
+        *,
+        schema: Any = None,
+        regex: Any = None,
+        grammar: Any = None,
+        max_new_tokens: int | None = None,
+        steps: int | None = None,
+        block_length: int | None = None,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        policy: str | None = None,
+        threshold: float | None = None,
+        entropy_bound: float = 0.1,
+        whitespace: Any = None,
+        strict: bool = True,
+        schema_options: dict[str, Any] | None = None,
+        progress: ProgressCallback | None = None,
+        kv_cache: str | None = None,
+        refresh: str | None = None,
+        refresh_steps: int | None = None,
+        refresh_threshold: float | None = None,
+        keep_ratio: float | None = None,
+        logits_budget_bytes: int | None = None,
+        constraint_timeout: float | None = CONSTRAINT_TIMEOUT_S,
+        compile_timeout: float | None = None,
+    ) -> tuple[Callable[[], list[Request]], EngineConfig, ProgressCallback | None]:
+        """Check a call's input here (caller thread); the returned `build` compiles the constraint and makes the
+        requests on the engine loop thread (the compiled constraints and the engine are used by that thread only)."""
         prompts = validate_prompts(prompts)
         schema, regex, grammar = validate_constraint(schema, regex, grammar)
         v = validate_request(
@@ -509,24 +577,29 @@ class LLM:
             kv_cache=kv_cache, refresh=refresh, refresh_steps=v["refresh_steps"],
             refresh_threshold=v["refresh_threshold"], keep_ratio=v["keep_ratio"],
             logits_budget_bytes=v["logits_budget_bytes"])
-        max_new_tokens = params.max_new_tokens
-        compiled = None
-        if schema is not None or regex is not None or grammar is not None:
-            compiled = self.compile(schema=schema, regex=regex, whitespace=whitespace, grammar=grammar,
-                                    strict=strict, schema_options=schema_options, compile_timeout=v["compile_timeout"])
-            from dllm_constrain.constraints.compiler import CompiledConstraint
 
-            # regular constraints take the per-call limit (the grammar path does not yet)
-            limit = {"timeout_s": v["constraint_timeout"]} if isinstance(compiled, CompiledConstraint) else {}
-            min_tokens = int(compiled.min_tokens(**limit))
-            if min_tokens > max_new_tokens:
-                raise ConstraintTooLongError(min_tokens, max_new_tokens)
-        requests = []
-        for p in prompts:
-            ids = self.encode(self.format(p, schema))
-            constraint = compiled.new_canvas_state(max_new_tokens, **limit) if compiled is not None else None
-            requests.append(Request(ids, params, constraint))
-        return self.engine.generate(requests, progress=progress, config=config)
+        def build() -> list[Request]:
+            max_new_tokens = params.max_new_tokens
+            compiled = None
+            if schema is not None or regex is not None or grammar is not None:
+                compiled = self.compile(schema=schema, regex=regex, whitespace=whitespace, grammar=grammar,
+                                        strict=strict, schema_options=schema_options,
+                                        compile_timeout=v["compile_timeout"])
+                from dllm_constrain.constraints.compiler import CompiledConstraint
+
+                # regular constraints take the per-call limit (the grammar path does not yet)
+                limit = {"timeout_s": v["constraint_timeout"]} if isinstance(compiled, CompiledConstraint) else {}
+                min_tokens = int(compiled.min_tokens(**limit))
+                if min_tokens > max_new_tokens:
+                    raise ConstraintTooLongError(min_tokens, max_new_tokens)
+            requests = []
+            for p in prompts:
+                ids = self.encode(self.format(p, schema))
+                constraint = compiled.new_canvas_state(max_new_tokens, **limit) if compiled is not None else None
+                requests.append(Request(ids, params, constraint))
+            return requests
+
+        return build, config, progress
 
 
 def _resolve_llm(model: Any) -> LLM:
@@ -542,14 +615,15 @@ def _resolve_llm(model: Any) -> LLM:
         raise InvalidRequestError(f"model must be None, a checkpoint folder path, an LLM or a loaded checkpoint, "
                                   f"got {type(model).__name__}")
     key = str(Path(model).resolve()) if model is not None else str(bundled_model_path().resolve())
-    if key in _LLM_CACHE:
-        _LLM_CACHE.move_to_end(key)
-        return _LLM_CACHE[key]
-    llm = LLM(model)
-    _LLM_CACHE[key] = llm
-    while len(_LLM_CACHE) > _CACHE_SIZE:
-        _LLM_CACHE.popitem(last=False)
-    return llm
+    with _CACHE_LOCK:
+        if key in _LLM_CACHE:
+            _LLM_CACHE.move_to_end(key)
+            return _LLM_CACHE[key]
+        llm = LLM(model)
+        _LLM_CACHE[key] = llm
+        while len(_LLM_CACHE) > _CACHE_SIZE:
+            _LLM_CACHE.popitem(last=False)
+        return llm
 
 
 def generate(

@@ -6,13 +6,13 @@ batching scheduler can replace `EngineBackend` without touching the routes: it h
 event loop (`submit`, non-blocking, raising QueueFullError when it will not take more), publish events to each
 handle from whatever thread runs the engine (`RequestHandle.publish`, thread-safe), and honour `aborted`.
 
-`EngineBackend`, the first implementation, runs the engine on one worker thread that owns the `LLM` (the engine
-is not thread-safe: no other thread touches it). Requests wait in a bounded FIFO; the worker takes the oldest
-one together with waiting requests that can share one `LLM.generate` call (same constraint and sampling
-options; up to `max_batch_size`), and publishes each streaming request's committed-prefix deltas from the
-`progress` callback. An aborted or timed-out request is dropped from the queue, and its batch is stopped at
-the next step once none of its requests is still wanted (a batch is one `LLM.generate` call, so a request
-inside a batch with live neighbours keeps running until the batch ends; its results are dropped).
+`EngineBackend` hands each request to the LLM's engine loop (`LLM.submit`, dllm_constrain.engine_loop): one
+thread owns the engine and runs its continuous batch, so requests with different constraints and sampling options
+denoise together, each joining at the next step and leaving as soon as it ends. Requests wait in a bounded FIFO
+while `max_batch_size` of them are in the engine; a finished one lets the next waiting one in. Each request's
+progress events (its own canvas only) announce Started and publish the committed-prefix deltas of streaming
+requests. An aborted or timed-out request is dropped from the queue, or, when it runs, removed from the engine at
+its next step (`engine.abort`): its neighbours go on.
 """
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
-from dllm_constrain.errors import DllmConstrainError, InvalidRequestError
+from dllm_constrain.engine_loop import CallHandle, GenerationAbortedError
+from dllm_constrain.errors import DllmConstrainError
 from dllm_constrain.serve.errors import QueueFullError, RequestAbortedError, RequestTimeoutError
 from dllm_constrain.serve.streaming import CommittedText, committed_prefix
 
@@ -73,8 +74,8 @@ class GenerationRequest:
     timeout: float | None = None  # seconds from submission after which the request is dropped (504)
 
     def batch_key(self) -> str:
-        """Requests with equal keys can run in one LLM.generate call (it takes one constraint and one set of
-        sampling options for all its prompts)."""
+        """Requests with equal keys use one compiled constraint and one set of sampling options (EngineBackend no
+        longer groups by it: the engine's continuous batch runs any mix of requests)."""
         c = self.constraint.key() if self.constraint is not None else None
         return json.dumps([c, self.max_new_tokens, self.temperature, self.seed])
 
@@ -206,21 +207,22 @@ class Backend(Protocol):
 
 
 # ---------------------------------------------------------------------------------------------- engine worker
-class _BatchStopped(Exception):
-    """Raised from the progress callback to end an LLM.generate call none of whose requests is still wanted."""
+class _RequestStopped(Exception):
+    """Raised from a request's progress callback to end it at once (its consumer is gone or the server closes)."""
 
 
-@dataclass
+@dataclass(eq=False)
 class _Job:
     handle: RequestHandle
     text: CommittedText
     started: bool = False
     prefix_len: int = -1  # committed-prefix length at the last decode (skip decoding when unchanged)
+    call: CallHandle | None = None  # the engine loop's handle once the request runs
 
 
 class EngineBackend:
-    """One worker thread owning an `LLM`; FIFO of at most `max_queue` waiting requests; compatible waiting
-    requests (same constraint and options) share one `LLM.generate` call, up to `max_batch_size`."""
+    """Requests of an `LLM` through its engine loop (continuous batching); FIFO of at most `max_queue` waiting
+    requests, at most `max_batch_size` in the engine at once."""
 
     def __init__(self, llm: Any, *, model_id: str | None = None, max_queue: int = 64,
                  max_batch_size: int = 8) -> None:
@@ -237,33 +239,37 @@ class EngineBackend:
         self._eos_id = llm.model.special.eos_id
         self._waiting: deque[_Job] = deque()
         self._running: list[_Job] = []
-        self._cond = threading.Condition()
+        # reentrant: a call that ends at once runs its done-callback inside _pump, under the lock
+        self._cond = threading.Condition(threading.RLock())
         self._closing = False
-        self._thread: threading.Thread | None = None
+        self._started = False
         self._ids = itertools.count(1)
         self._aborted = 0  # requests aborted by their consumer (client gone, timeout), waiting or running
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._closing = False
-        self._thread = threading.Thread(target=self._work, name="dllm-engine-worker", daemon=True)
-        self._thread.start()
+        with self._cond:
+            if self._started:
+                return
+            self._started = True
+            self._closing = False
+            self._pump()
 
     def close(self, timeout: float = 10.0) -> None:
-        """Refuse new requests, fail the waiting ones, stop the running batch at its next step, join the worker."""
+        """Refuse new requests, fail the waiting ones, stop the running ones at their next step, wait for them."""
         with self._cond:
             self._closing = True
             waiting, self._waiting = list(self._waiting), deque()
-            for job in self._running:
-                job.handle._aborted = True  # the batch stops at its next step
-            self._cond.notify_all()
+            running = list(self._running)
+            for job in running:
+                job.handle._aborted = True  # stopped at its next step
+                if job.call is not None:
+                    job.call.abort()
         for job in waiting:
             job.handle.publish(Failed(RequestAbortedError("the server is shutting down")))
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        with self._cond:
+            self._cond.wait_for(lambda: not self._running, timeout)
+            self._started = False
 
     def stats(self) -> dict[str, int]:
         """Waiting and running requests now, aborted ones so far (for monitoring and tests)."""
@@ -280,110 +286,86 @@ class EngineBackend:
                 raise QueueFullError(f"the server's queue is full ({self.max_queue} requests waiting); "
                                      "retry later")
             self._waiting.append(_Job(handle, CommittedText(request.stop)))
-            self._cond.notify()
+            self._pump()
         return handle
 
     def _forget(self, handle: RequestHandle) -> None:
-        """An aborted request leaves the queue at once (a running one is noticed at the next step)."""
+        """An aborted request leaves the queue at once, or the engine at its next step."""
         with self._cond:
             self._aborted += 1
             for job in self._waiting:
                 if job.handle is handle:
                     self._waiting.remove(job)
-                    break
+                    return
+            for job in self._running:
+                if job.handle is handle and job.call is not None:
+                    job.call.abort()
+                    return
 
-    # ------------------------------------------------------------------ worker thread
-    def _next_batch(self) -> list[_Job] | None:
-        """Block until work arrives: the oldest wanted request plus waiting ones with its batch key."""
-        with self._cond:
-            while True:
-                if self._closing:
-                    return None
-                now = time.monotonic()
-                expired = [j for j in self._waiting if not j.handle.wanted(now)]
-                for job in expired:
-                    self._waiting.remove(job)
-                if self._waiting:
-                    first = self._waiting.popleft()
-                    key = first.handle.request.batch_key()
-                    batch = [first]
-                    for job in list(self._waiting):
-                        if len(batch) >= self.max_batch_size:
-                            break
-                        if job.handle.request.batch_key() == key:
-                            self._waiting.remove(job)
-                            batch.append(job)
-                    self._running = batch
-                    return batch
-                self._cond.wait(0.5)
-
-    def _work(self) -> None:
-        while True:
-            batch = self._next_batch()
-            if batch is None:
-                return
+    # ------------------------------------------------------------------ engine loop
+    def _pump(self) -> None:
+        """Move waiting requests into the engine while there is room (call with the lock held)."""
+        while self._started and not self._closing and self._waiting and len(self._running) < self.max_batch_size:
+            job = self._waiting.popleft()
+            if not job.handle.wanted():
+                continue  # timed out while waiting (aborted ones already left the queue)
+            self._running.append(job)
             try:
-                self._run(batch)
-            except BaseException as exc:  # never let the worker die with requests waiting on it
-                if not isinstance(exc, DllmConstrainError):  # typed errors are the request's answer, not a fault
-                    log.exception("engine worker: batch failed")
-                for job in batch:
-                    job.handle.publish(Failed(exc))
-            finally:
-                with self._cond:
-                    self._running = []
+                job.call = self._launch(job)
+            except BaseException as exc:  # refused before it reached the engine (bad options)
+                self._running.remove(job)
+                job.handle.publish(Failed(exc))
+                continue
+            job.call.future.add_done_callback(lambda future, job=job: self._finished(job, future))
+        self._cond.notify_all()
 
-    def _run(self, batch: list[_Job]) -> None:
-        request = batch[0].handle.request
+    def _launch(self, job: _Job) -> CallHandle:
+        request = job.handle.request
         kwargs: dict[str, Any] = {"max_new_tokens": request.max_new_tokens, "temperature": request.temperature,
                                   "seed": request.seed}
         if request.constraint is not None:
             kwargs.update(request.constraint.generate_kwargs())
+        return self.llm.submit(request.prompt, progress=lambda event: self._progress(job, event), **kwargs)
+
+    def _finished(self, job: _Job, future: Any) -> None:
+        """The request's call ended (on the engine loop thread): publish its answer or error, let the next one in."""
         try:
-            results = self.llm.generate([job.handle.request.prompt for job in batch],
-                                        progress=lambda event: self._progress(batch, event), **kwargs)
-        except _BatchStopped:
-            for job in batch:
+            exc = future.exception()
+            if exc is None:
+                if job.handle.wanted():
+                    [result] = future.result()
+                    job.handle.publish(self._complete(job, result))
+            elif isinstance(exc, (_RequestStopped, GenerationAbortedError)):
                 job.handle.publish(Failed(RequestAbortedError("the request was aborted")))
-            return
-        except InvalidRequestError:
-            if len(batch) == 1:
-                raise
-            # a per-prompt refusal (e.g. a prompt too long) must fail its own request only
-            for job in batch:
-                self._run_alone(job)
-            return
-        for job, result in zip(batch, results):
-            if job.handle.wanted():
-                job.handle.publish(self._complete(job, result))
-
-    def _run_alone(self, job: _Job) -> None:
-        try:
-            self._run([job])
-        except BaseException as exc:
+            else:
+                if not isinstance(exc, DllmConstrainError):  # typed errors are the request's answer, not a fault
+                    log.error("engine loop: request failed", exc_info=exc)
+                job.handle.publish(Failed(exc))
+        except BaseException as exc:  # never leave a consumer waiting
+            log.exception("engine backend: finishing a request failed")
             job.handle.publish(Failed(exc))
+        finally:
+            with self._cond:
+                if job in self._running:
+                    self._running.remove(job)
+                self._pump()
 
-    def _progress(self, batch: list[_Job], event: StepEvent) -> None:
-        """After every engine step: announce started requests, publish final-text deltas, stop unwanted batches."""
-        now = time.monotonic()
-        live = 0
-        for snap in event.snapshots:
-            job = batch[snap.index]
-            if not job.handle.wanted(now):
-                continue
-            live += 1
-            if not job.started:
-                job.started = True
-                job.handle.publish(Started())
-            if job.handle.request.stream:
-                ids = committed_prefix(snap.canvas, snap.committed, self._eos_id)
-                if len(ids) != job.prefix_len:
-                    job.prefix_len = len(ids)
-                    delta = job.text.advance(self.llm.engine.decode(ids))
-                    if delta:
-                        job.handle.publish(Delta(delta))
-        if live == 0 or self._closing:
-            raise _BatchStopped()
+    def _progress(self, job: _Job, event: StepEvent) -> None:
+        """After every engine step of this request: announce it started, publish its final-text deltas, stop it
+        when it is no longer wanted."""
+        if not job.handle.wanted() or self._closing:
+            raise _RequestStopped()
+        if not job.started:
+            job.started = True
+            job.handle.publish(Started())
+        if job.handle.request.stream:
+            snap = event.snapshots[0]
+            ids = committed_prefix(snap.canvas, snap.committed, self._eos_id)
+            if len(ids) != job.prefix_len:
+                job.prefix_len = len(ids)
+                delta = job.text.advance(self.llm.engine.decode(ids))
+                if delta:
+                    job.handle.publish(Delta(delta))
 
     def _complete(self, job: _Job, result: GenerationResult) -> Event:
         request = job.handle.request

@@ -1,0 +1,341 @@
+"""One thread that owns an `LLMEngine` and runs its continuous-batching loop for callers on any thread.
+
+The engine is not thread-safe; `EngineLoop` makes it usable from many threads (and from asyncio) without a lock
+around whole calls: a caller hands a *call* (one or more requests built on the loop thread, with its own sampling
+parameters and constraint) to `submit`, which only puts it on a thread-safe queue and returns a `CallHandle`. The
+loop thread (started lazily, a daemon, stopped by `close`):
+
+  - idle: blocks on the queue (no polling);
+  - admits each call's requests (`engine.add_request`), so requests of different calls, with different sampling
+    parameters and constraints, share the continuous batch (each row computes what it computes alone);
+  - calls `engine.step()` while anything is unfinished and resolves each call's `concurrent.futures.Future` with its
+    results in request order once its last request ended, or with its typed error (a request's own failure, like
+    `LLMEngine.generate` with raise_errors: the call's other requests are aborted);
+  - after every step, hands each live call its own progress event (snapshots of that call's requests only, indexed
+    by position in the call) and each request's committed-prefix stream updates (`on_stream(index, update)`);
+  - aborts a call's requests by id (`CallHandle.abort`, from any thread).
+
+Engine settings (`EngineConfig`: KV cache, refresh policy, logits budget) belong to the engine, not to a request: a
+call whose config differs from the engine's (or any call on a block-diffusion model, which has no continuous loop)
+runs alone through `engine.generate` on the loop thread, between two steps of the continuous batch.
+
+Callbacks (progress, on_stream, future done-callbacks) run on the loop thread: they must be quick and must not
+wait for another call of the same loop (that would deadlock; `EngineLoop.on_loop_thread` tells).
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from dllm_constrain.engine.config import EngineConfig
+from dllm_constrain.engine.llm_engine import LLMEngine, is_block_diffusion
+from dllm_constrain.engine.outputs import (
+    CanvasSnapshot,
+    GenerationResult,
+    ProgressCallback,
+    RequestOutput,
+    StepEvent,
+    StreamUpdate,
+)
+from dllm_constrain.engine.state import Request, RequestState
+from dllm_constrain.errors import DllmConstrainError
+
+__all__ = ["EngineLoop", "CallHandle", "GenerationAbortedError", "StreamCallback"]
+
+log = logging.getLogger(__name__)
+
+StreamCallback = Callable[[int, StreamUpdate], None]  # (index of the request in its call, update)
+
+
+class GenerationAbortedError(DllmConstrainError):
+    """The call was aborted (`CallHandle.abort`, or the loop was closed) before it finished."""
+
+
+@dataclass(eq=False)
+class _Call:
+    build: Callable[[], Sequence[Request]]  # runs on the loop thread (compiles constraints, makes the requests)
+    config: EngineConfig | None
+    progress: ProgressCallback | None
+    on_stream: StreamCallback | None
+    future: Future = field(default_factory=Future)
+    rids: list[int] = field(default_factory=list)
+    states: list[RequestState] = field(default_factory=list)
+    results: dict[int, GenerationResult] = field(default_factory=dict)
+    aborted: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.future.done()
+
+
+class CallHandle:
+    """The caller's side of one submitted call: `future` (list[GenerationResult] or the call's error), `abort()`."""
+
+    def __init__(self, loop: "EngineLoop", call: _Call) -> None:
+        self._loop = loop
+        self._call = call
+        self.future: Future = call.future
+
+    def result(self, timeout: float | None = None) -> list[GenerationResult]:
+        """Wait for the results (in request order); an interrupted wait (KeyboardInterrupt, timeout) aborts."""
+        try:
+            return self.future.result(timeout)
+        except BaseException:
+            if not self.future.done():
+                self.abort()
+            raise
+
+    def abort(self) -> None:
+        """Stop the call: its waiting and running requests are removed from the engine at the loop's next turn;
+        the future fails with GenerationAbortedError (unless it already ended)."""
+        self._loop._command(("abort", self._call))
+
+    def done(self) -> bool:
+        return self.future.done()
+
+
+class EngineLoop:
+    """The engine's owner thread (see the module docstring). Thread-safe: `submit`, `CallHandle.abort`, `close`."""
+
+    def __init__(self, engine: LLMEngine, *, name: str = "dllm-engine-loop", idle_exit: float = 30.0) -> None:
+        """idle_exit: seconds without work after which the thread ends (so an unused LLM can be freed)."""
+        self.engine = engine
+        self.name = name
+        self.idle_exit = idle_exit
+        self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        # loop-thread state
+        self._owner: dict[int, tuple[_Call, int]] = {}  # engine request id -> (call, index in the call)
+        self._live: list[_Call] = []  # calls with requests in the engine, in submission order
+
+    # ------------------------------------------------------------------ any thread
+    @property
+    def on_loop_thread(self) -> bool:
+        return self._thread is not None and threading.current_thread() is self._thread
+
+    def submit(self, build: Callable[[], Sequence[Request]], *, config: EngineConfig | None = None,
+               progress: ProgressCallback | None = None, on_stream: StreamCallback | None = None) -> CallHandle:
+        """Queue a call; `build()` runs on the loop thread and returns its requests (its exceptions fail the call).
+        `config`: engine settings for this call (None or the engine's own: the continuous batch)."""
+        call = _Call(build, config, progress, on_stream)
+        self._command(("submit", call))
+        return CallHandle(self, call)
+
+    def _command(self, command: tuple[Any, ...]) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread.start()
+            self._queue.put(command)
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Stop the loop thread: calls still running or queued fail with GenerationAbortedError. A later submit
+        starts a new thread."""
+        with self._lock:
+            thread = self._thread
+            if thread is None:
+                return
+            self._queue.put(("stop",))
+        if thread is not threading.current_thread():
+            thread.join(timeout)
+        with self._lock:
+            if self._thread is thread:
+                self._thread = None
+
+    # ------------------------------------------------------------------ loop thread
+    def _run(self) -> None:
+        engine = self.engine
+        engine.stream_hook = self._on_stream
+        while True:
+            busy = engine.has_unfinished()
+            try:
+                command = self._queue.get_nowait() if busy else self._queue.get(timeout=self.idle_exit)
+            except queue.Empty:
+                command = None
+                if not busy:
+                    with self._lock:  # idle for idle_exit seconds: end the thread (a later submit starts one)
+                        if self._queue.empty():
+                            if self._thread is threading.current_thread():
+                                self._thread = None
+                            return
+            while command is not None:
+                if command[0] == "stop":
+                    self._shutdown()
+                    return
+                self._handle(command)
+                try:
+                    command = self._queue.get_nowait()
+                except queue.Empty:
+                    command = None
+            if engine.has_unfinished():
+                self._step()
+            elif self._live:  # cannot happen: every admitted request ends with an output of step()
+                for call in list(self._live):
+                    self._abort(call, GenerationAbortedError("the engine lost the call's requests"))
+
+    def _handle(self, command: tuple[Any, ...]) -> None:
+        kind, call = command
+        if kind == "abort":
+            self._abort(call, GenerationAbortedError("the generation was aborted"))
+        elif kind == "submit" and not call.done and not call.aborted:
+            self._admit(call)
+
+    def _admit(self, call: _Call) -> None:
+        engine = self.engine
+        try:
+            requests = list(call.build())
+            if (call.config is not None and call.config != engine.config) or is_block_diffusion(engine.model):
+                self._run_alone(call, requests)
+                return
+            for request in requests:
+                rid = engine.add_request(request)
+                self._owner[rid] = (call, len(call.rids))
+                call.rids.append(rid)
+                call.states.append(engine._loop.states[rid])  # the engine's live state (for progress snapshots)
+        except BaseException as exc:  # noqa: BLE001 - the call's own failure (typed or not) is its answer
+            self._abort(call, exc)
+            return
+        if not call.rids:
+            call.future.set_result([])
+            return
+        self._live.append(call)
+
+    def _run_alone(self, call: _Call, requests: list[Request]) -> None:
+        """A call with its own engine settings: `engine.generate` now, the continuous batch paused meanwhile."""
+        engine = self.engine
+        progress, seen = call.progress, {}
+        if call.on_stream is not None:
+            progress = self._streaming_progress(call, engine.special.eos_id, seen)
+        try:
+            results = engine.generate(requests, progress=progress, config=call.config)
+        finally:
+            loop = engine._loop  # generate() installed its own runner and logits path: give back the batch's
+            if loop is not None:
+                engine.runner, engine.logits_path = loop.runner, loop.logits_path
+        if call.on_stream is not None:
+            for i, r in enumerate(results):
+                new = r.token_ids[min(seen.get(i, 0), len(r.token_ids)):]
+                self._safe_stream(call, i, StreamUpdate(i, r.token_ids, new, True))
+        call.future.set_result(results)
+
+    def _streaming_progress(self, call: _Call, eos_id: int, seen: dict[int, int]) -> ProgressCallback:
+        """The call's progress callback, also streaming each request's committed prefix (`seen`: lengths sent)."""
+
+        def progress(event: StepEvent) -> None:
+            for snap in event.snapshots:
+                prefix: list[int] = []
+                for tok, done in zip(snap.canvas, snap.committed):
+                    if not done or tok == eos_id:
+                        break
+                    prefix.append(tok)
+                if len(prefix) > seen.get(snap.index, 0):
+                    old, seen[snap.index] = seen.get(snap.index, 0), len(prefix)
+                    self._safe_stream(call, snap.index, StreamUpdate(snap.index, prefix, prefix[old:], False))
+            if call.progress is not None:
+                call.progress(event)
+        return progress
+
+    def _safe_stream(self, call: _Call, index: int, update: StreamUpdate) -> None:
+        try:
+            call.on_stream(index, update)  # type: ignore[misc]
+        except Exception:  # a consumer's bug must not stop the loop
+            log.exception("engine loop: stream callback failed")
+
+    def _on_stream(self, updates: list[StreamUpdate]) -> None:
+        for update in updates:
+            owner = self._owner.get(update.request_id)
+            if owner is not None and owner[0].on_stream is not None and not owner[0].done:
+                self._safe_stream(owner[0], owner[1], update)
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except BaseException as exc:  # noqa: BLE001 - a fault of the step itself: every live call gets it
+            log.exception("engine loop: step failed")
+            self.engine._loop = None  # its state is not trustworthy any more: the next request starts afresh
+            for call in list(self._live):
+                self._fail(call, exc)
+            self._owner.clear()
+            return
+        ended: list[_Call] = []
+        for out in outputs:
+            owner = self._owner.pop(out.request_id, None)
+            if owner is None:
+                continue  # a request of an aborted call
+            call, index = owner
+            if call.done:
+                continue
+            if out.error is not None:
+                self._abort(call, out.error)
+                continue
+            if out.result.finish_reason == "aborted":
+                continue
+            call.results[index] = out.result
+            if len(call.results) == len(call.rids):
+                ended.append(call)
+        for call in list(self._live):
+            if call.progress is not None and not call.done:
+                try:
+                    call.progress(self._event(call))
+                except BaseException as exc:  # noqa: BLE001 - the progress callback stops its own call
+                    self._abort(call, exc)
+                    continue
+        for call in ended:
+            if not call.done:
+                self._live.remove(call)
+                call.future.set_result([call.results[i] for i in range(len(call.rids))])
+
+    def _event(self, call: _Call) -> StepEvent:
+        mask_id = self.engine.special.mask_id
+        snaps = [CanvasSnapshot(i, s.canvas_view(mask_id), s.committed.tolist(), s.done)
+                 for i, s in enumerate(call.states)]
+        return StepEvent(step=max(s.step for s in call.states), snapshots=snaps, mask_id=mask_id)
+
+    def _abort(self, call: _Call, error: BaseException) -> None:
+        """End a call with `error`: its requests still in the engine are aborted."""
+        call.aborted = True
+        for rid in call.rids:
+            if self._owner.pop(rid, None) is not None:
+                self.engine.abort(rid)
+        self._fail(call, error)
+
+    def _fail(self, call: _Call, error: BaseException) -> None:
+        if call in self._live:
+            self._live.remove(call)
+        if not call.future.done():
+            call.future.set_exception(error)
+
+    def _shutdown(self) -> None:
+        error = GenerationAbortedError("the engine loop was closed")
+        for call in list(self._live):
+            self._abort(call, error)
+        while True:
+            try:
+                command = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if command[0] == "submit":
+                self._fail(command[1], error)
+        while self.engine.has_unfinished():  # deliver the aborted requests' outputs, freeing their slots
+            try:
+                self.engine.step()
+            except BaseException:  # noqa: BLE001
+                self.engine._loop = None
+                break
+
+
+def wait_all(handles: Sequence[CallHandle], timeout: float | None = None) -> list[list[GenerationResult]]:
+    """Results of several handles (for tests and scripts): raises the first error, TimeoutError past `timeout`."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    out = []
+    for h in handles:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        out.append(h.result(left))
+    return out

@@ -1,0 +1,218 @@
+"""The public API from many threads and from asyncio: every call goes through the LLM's engine loop (one thread owns
+the engine, calls share its continuous batch), and each result equals the single-threaded one for its seed."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+import dllm_constrain as dc
+from dllm_constrain.engine_loop import GenerationAbortedError
+from dllm_constrain.errors import DllmConstrainError, InvalidRequestError
+
+WAIT = 120.0  # seconds: every wait is bounded, so a bug fails the test instead of hanging the suite
+NAME_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+               "required": ["name", "age"]}
+CITY_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+JOBS: list[dict[str, Any]] = [
+    dict(prompt="Name Ada, age 36", schema=NAME_SCHEMA, seed=0),
+    dict(prompt="What is 3 plus 4?", regex="[0-9]+", seed=1),
+    dict(prompt="Bob is 41 years old", schema=NAME_SCHEMA, temperature=0.7, seed=2),
+    dict(prompt="Paris is a city", schema=CITY_SCHEMA, seed=3),
+    dict(prompt="Give a date", regex="[0-9]{4}-[0-9]{2}-[0-9]{2}", temperature=0.9, seed=4),
+    dict(prompt="Say something", seed=5, temperature=0.5),
+    dict(prompt="Name Eve, age 22", schema=NAME_SCHEMA, temperature=1.0, seed=6),
+    dict(prompt="What is 10 minus 2?", regex="[0-9]+", policy="quota", seed=7),
+]
+MAX_NEW = 32
+
+
+@pytest.fixture(scope="module")
+def llm() -> dc.LLM:
+    return dc.LLM()
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[list[int]]:
+    """Each job run alone through the engine directly (the path before the engine loop existed)."""
+    ref = dc.LLM()
+    out = []
+    for job in JOBS:
+        job = dict(job)
+        build, config, _ = ref._prepare(job.pop("prompt"), max_new_tokens=MAX_NEW, **job)
+        [result] = ref.engine.generate(build(), config=config)
+        out.append(result.token_ids)
+    return out
+
+
+def _call(llm: dc.LLM, i: int, via: str) -> dc.GenerationResult:
+    job = dict(JOBS[i])
+    prompt = job.pop("prompt")
+    if via == "dc":
+        return dc.generate(prompt, model=llm, max_new_tokens=MAX_NEW, return_result=True, **job)
+    [result] = llm.generate([prompt], max_new_tokens=MAX_NEW, **job)
+    return result
+
+
+def _run_threads(fns: list[Any]) -> list[Any]:
+    """Run the callables on as many threads, started together; every result waited for with a bound."""
+    barrier = threading.Barrier(len(fns))
+
+    def run(fn: Any) -> Any:
+        barrier.wait(WAIT)
+        return fn()
+
+    pool = ThreadPoolExecutor(len(fns))
+    try:
+        futures = [pool.submit(run, fn) for fn in fns]
+        return [f.result(WAIT) for f in futures]
+    finally:
+        pool.shutdown(wait=False)
+
+
+def test_eight_threads_get_the_single_threaded_results(llm: dc.LLM, reference: list[list[int]]) -> None:
+    fns = [lambda i=i: _call(llm, i, "dc" if i % 2 else "llm") for i in range(len(JOBS))]
+    for _ in range(2):  # twice: the second round joins an engine loop that has already run
+        results = _run_threads(fns)
+        assert [r.token_ids for r in results] == reference
+        assert [r.text for r in results] == [llm.engine.decode(ids) for ids in reference]
+        assert all(r.finish_reason in ("eos", "length") for r in results)
+
+
+def test_concurrent_errors_are_typed_and_leave_the_others_alone(llm: dc.LLM, reference: list[list[int]]) -> None:
+    def too_long() -> Any:
+        return dc.generate("x", model=llm, regex="[0-9]{50}", max_new_tokens=8)
+
+    def bad_schema() -> Any:
+        return dc.generate("x", model=llm, schema="{not json", max_new_tokens=8)
+
+    def huge_prompt() -> Any:
+        return dc.generate("word " * 3000, model=llm, max_new_tokens=8)
+
+    def catch(fn: Any) -> Any:
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - the test checks the type
+            return exc
+
+    fns = [lambda fn=fn: catch(fn) for fn in (too_long, bad_schema, huge_prompt)]
+    fns += [lambda i=i: _call(llm, i, "llm") for i in range(4)]
+    out = _run_threads(fns)
+    assert all(isinstance(e, DllmConstrainError) for e in out[:3]), out[:3]
+    assert [r.token_ids for r in out[3:]] == reference[:4]
+
+
+def test_a_call_with_its_own_engine_settings_runs_correctly_beside_the_batch(llm: dc.LLM) -> None:
+    job = dict(JOBS[0])
+    prompt = job.pop("prompt")
+    alone = llm.generate(prompt, max_new_tokens=MAX_NEW, kv_cache="none", **job)[0].token_ids
+    fns = [lambda: llm.generate(prompt, max_new_tokens=MAX_NEW, kv_cache="none", **job)[0].token_ids]
+    fns += [lambda i=i: _call(llm, i, "llm").token_ids for i in range(1, 4)]
+    out = _run_threads(fns)
+    assert out[0] == alone
+    assert out[1:] == [_call(llm, i, "llm").token_ids for i in range(1, 4)]
+
+
+def test_progress_is_routed_to_its_own_call(llm: dc.LLM) -> None:
+    events: dict[str, list[Any]] = {"a": [], "b": []}
+
+    def ask(key: str, prompts: list[str]) -> list[Any]:
+        return llm.generate(prompts, regex="[0-9]+", max_new_tokens=16, seed=1,
+                            progress=lambda ev: events[key].append(ev))
+
+    a, b = _run_threads([lambda: ask("a", ["What is 1 plus 1?"]), lambda: ask("b", ["Two?", "Three?", "Four?"])])
+    assert len(a) == 1 and len(b) == 3
+    for key, n in (("a", 1), ("b", 3)):
+        assert events[key], key
+        assert all([s.index for s in ev.snapshots] == list(range(n)) for ev in events[key])
+        assert all(s.done for s in events[key][-1].snapshots)
+
+
+def test_generate_inside_a_progress_callback_is_a_typed_error(llm: dc.LLM) -> None:
+    seen: list[Any] = []
+
+    def progress(event: Any) -> None:
+        if not seen:
+            try:
+                llm.generate("again", max_new_tokens=8)
+            except InvalidRequestError as exc:
+                seen.append(exc)
+
+    llm.submit("What is 3 plus 4?", regex="[0-9]+", max_new_tokens=8, progress=progress).result(WAIT)
+    assert len(seen) == 1 and "loop thread" in str(seen[0])
+
+
+def test_abort_of_a_pending_and_of_a_running_request(llm: dc.LLM, reference: list[list[int]]) -> None:
+    gate = threading.Event()
+    held = threading.Event()
+
+    def hold(event: Any) -> None:  # the first step's progress holds the loop thread
+        if not gate.is_set():
+            held.set()
+            assert gate.wait(WAIT)
+
+    job = dict(JOBS[1])
+    first = llm.submit(job.pop("prompt"), max_new_tokens=MAX_NEW, progress=hold, **job)
+    assert held.wait(WAIT)
+    pending = llm.submit("What is 5 plus 5?", regex="[0-9]+", max_new_tokens=MAX_NEW)
+    pending.abort()
+    started = threading.Event()
+    running_handle: list[Any] = []
+
+    def abort_self(event: Any) -> None:
+        started.set()
+        running_handle[0].abort()
+
+    running_handle.append(llm.submit("What is 6 plus 6?", regex="[0-9]+", max_new_tokens=MAX_NEW,
+                                     progress=abort_self))
+    gate.set()
+    with pytest.raises(GenerationAbortedError):
+        pending.result(WAIT)
+    with pytest.raises(GenerationAbortedError):
+        running_handle[0].result(WAIT)
+    assert started.is_set()
+    assert first.result(WAIT)[0].token_ids == reference[1]
+    # the engine is empty again and still serves new calls
+    assert _call(llm, 3, "dc").token_ids == reference[3]
+
+
+def test_async_generate_equals_sync_and_stream_concatenates_to_the_text(llm: dc.LLM) -> None:
+    allm = dc.AsyncLLM(llm)
+
+    async def scenario() -> tuple[list[Any], list[list[str]]]:
+        results = await asyncio.wait_for(asyncio.gather(*(
+            allm.generate(j["prompt"], max_new_tokens=MAX_NEW, **{k: v for k, v in j.items() if k != "prompt"})
+            for j in JOBS[:4])), WAIT)
+
+        async def collect(j: dict[str, Any]) -> list[str]:
+            return [d async for d in allm.stream(j["prompt"], max_new_tokens=MAX_NEW,
+                                                 **{k: v for k, v in j.items() if k != "prompt"})]
+
+        deltas = await asyncio.wait_for(asyncio.gather(*(collect(j) for j in JOBS[:4])), WAIT)
+        return list(results), list(deltas)
+
+    results, deltas = asyncio.run(scenario())
+    sync = [_call(llm, i, "llm") for i in range(4)]
+    assert [r.token_ids for r in results] == [r.token_ids for r in sync]
+    assert ["".join(d) for d in deltas] == [r.text for r in sync]
+    assert any(len(d) > 1 for d in deltas)  # the text arrives in pieces, not only at the end
+
+
+def test_async_errors_are_typed_and_cancel_aborts(llm: dc.LLM) -> None:
+    allm = dc.AsyncLLM(llm)
+
+    async def scenario() -> None:
+        with pytest.raises(dc.api.ConstraintTooLongError):
+            await asyncio.wait_for(allm.generate("x", regex="[0-9]{50}", max_new_tokens=8), WAIT)
+        task = asyncio.ensure_future(allm.generate("What is 3 plus 4?", max_new_tokens=MAX_NEW))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        r = await asyncio.wait_for(allm.generate("What is 3 plus 4?", regex="[0-9]+", max_new_tokens=8), WAIT)
+        assert r.text.isdigit()
+
+    asyncio.run(scenario())
