@@ -1,0 +1,188 @@
+"""The vLLM-independent half of the plugin: request specs, the compiled-constraint cache, and the
+per-request canvas state that answers "which tokens may the next position take".
+
+Nothing here imports vLLM, so it is tested in the project's own environment; `routing.py` and
+`logits_processor.py` bind it to vLLM's objects.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..constraints import CompiledConstraint, ConstraintCompiler, TokenizerInfo
+from ..errors import CompilationTimeoutError, ConstraintError
+
+# vLLM configures handlers on its "vllm" logger; a child of it prints with vLLM's own format and level.
+logger = logging.getLogger("vllm.dllm_constrain")
+
+# SamplingParams.extra_args key that carries a claimed constraint from the frontend to the sampler.
+EXTRA_KEY = "dllm_constrain"
+KINDS = ("json_schema", "regex")
+
+
+class SpecError(ValueError):
+    """A malformed `extra_args["dllm_constrain"]` entry."""
+
+
+def spec_from_structured_outputs(so: Any) -> dict | None:
+    """vLLM's StructuredOutputsParams (duck-typed) -> {"kind", "source"}, or None for the kinds this
+    plugin leaves to vLLM (grammar, structural_tag).
+
+    response_format json_schema arrives as `so.json` (a dict or a JSON string), json_object as
+    `so.json_object`, guided regex as `so.regex`, guided choice as `so.choice`."""
+    if so is None:
+        return None
+    js = getattr(so, "json", None)
+    if js is not None:
+        text = js if isinstance(js, str) else json.dumps(js, separators=(",", ":"), ensure_ascii=False)
+        return {"kind": "json_schema", "source": text}
+    if getattr(so, "json_object", None):
+        return {"kind": "json_schema", "source": '{"type":"object"}'}
+    rx = getattr(so, "regex", None)
+    if rx is not None:
+        return {"kind": "regex", "source": rx}
+    choice = getattr(so, "choice", None)
+    if choice:
+        return {"kind": "regex", "source": "|".join(re.escape(str(c)) for c in choice)}
+    return None
+
+
+def check_spec(spec: Any) -> dict:
+    """Validate an extra_args entry; returns it."""
+    if not isinstance(spec, dict):
+        raise SpecError(f'extra_args["{EXTRA_KEY}"] must be an object with "kind" and "source", '
+                        f"got {type(spec).__name__}")
+    kind, source = spec.get("kind"), spec.get("source")
+    if kind not in KINDS:
+        raise SpecError(f'extra_args["{EXTRA_KEY}"]["kind"] must be one of {list(KINDS)}, got {kind!r}')
+    if not isinstance(source, str):
+        raise SpecError(f'extra_args["{EXTRA_KEY}"]["source"] must be a string, got {type(source).__name__}')
+    return spec
+
+
+def spec_digest(spec: dict) -> str:
+    return hashlib.sha256(f"{spec['kind']}\x00{spec['source']}".encode()).hexdigest()[:12]
+
+
+# ---------------------------------------------------------------------------------------- caches
+_INFO_LOCK = threading.Lock()
+_INFOS: dict[tuple, TokenizerInfo] = {}
+
+
+def tokenizer_info_for(tokenizer: Any, vocab_size: int, key: Any = None) -> TokenizerInfo:
+    """TokenizerInfo of a tokenizer (a transformers fast tokenizer, a tokenizers.Tokenizer or a
+    tokenizer.json path), as wide as the model's logits; one per (key, vocab_size) in this process."""
+    k = (id(tokenizer) if key is None else key, int(vocab_size))
+    with _INFO_LOCK:
+        hit = _INFOS.get(k)
+    if hit is not None:
+        return hit
+    info = TokenizerInfo.from_tokenizer(tokenizer, vocab_size=int(vocab_size))
+    with _INFO_LOCK:
+        _INFOS[k] = info
+    return info
+
+
+class ConstraintCache:
+    """LRU of compiled constraints keyed by (tokenizer fingerprint, kind, schema or regex text).
+
+    One per process: vLLM compiles at admission (frontend) and again in the sampler's process, each
+    once per distinct text. Failures are cached too, so a bad schema sent twice is refused twice
+    without a second compilation."""
+
+    def __init__(self, maxsize: int = 64):
+        self.maxsize = int(maxsize)
+        self._lru: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def get(self, info: TokenizerInfo, spec: dict, where: str = "") -> CompiledConstraint:
+        check_spec(spec)
+        key = (info.fingerprint, spec["kind"], spec["source"])
+        with self._lock:
+            hit = self._lru.get(key)
+            if hit is not None:
+                self._lru.move_to_end(key)
+                self.hits += 1
+        if hit is not None:
+            if isinstance(hit, BaseException):
+                raise hit
+            return hit
+        t0 = time.perf_counter()
+        compiler = ConstraintCompiler(info)
+        res: CompiledConstraint | BaseException
+        try:
+            if spec["kind"] == "json_schema":
+                res = compiler.compile_json_schema(spec["source"])
+            else:
+                res = compiler.compile_regex(spec["source"])
+        except (ConstraintError, ValueError) as e:
+            if isinstance(e, CompilationTimeoutError):
+                raise  # not cached: a later try may fit in time
+            res = e
+        dt = time.perf_counter() - t0
+        with self._lock:
+            self.misses += 1
+            self._lru[key] = res
+            self._lru.move_to_end(key)
+            while len(self._lru) > self.maxsize:
+                self._lru.popitem(last=False)
+        status = "refused: " + str(res) if isinstance(res, BaseException) else "ok"
+        logger.info("dllm_constrain: compiled %s %s (%d chars) in %.3fs%s: %s", spec["kind"], spec_digest(spec),
+                    len(spec["source"]), dt, f" [{where}]" if where else "", status)
+        if isinstance(res, BaseException):
+            raise res
+        return res
+
+
+CACHE = ConstraintCache()
+
+
+# ------------------------------------------------------------------------------- request state
+class RequestConstraint:
+    """One request's canvas constraint, seen from an autoregressive sampler.
+
+    The canvas is the answer region: `max_tokens` positions, the tokens generated so far committed on
+    its left and every later position open. The mask for the next position is the constraint's
+    per-position mask there (`allowed_tokens(canvas, [k])`), so the answer is valid *and* fits in
+    max_tokens: the layer only offers a token when a valid completion of the remaining length exists.
+    """
+
+    def __init__(self, compiled: CompiledConstraint, max_tokens: int, logits_width: int):
+        self.compiled = compiled
+        self.n = int(max_tokens)
+        self.width = int(logits_width)
+        self.state = compiled.new_canvas_state(self.n)  # ConstraintTooLongError when nothing fits
+        self.mask_id = compiled.mask_id
+        self.steps = 0
+
+    def next_row(self, output_ids: Sequence[int]) -> torch.Tensor | None:
+        """Bool [width]: the tokens allowed at the next position, or None when the canvas is full."""
+        k = len(output_ids)
+        if k >= self.n:
+            return None
+        canvas = list(output_ids) + [self.mask_id] * (self.n - k)
+        row = self.state.allowed_tokens(canvas, [k])[0]
+        self.steps += 1
+        if row.shape[0] != self.width:
+            out = torch.zeros(self.width, dtype=torch.bool)
+            m = min(self.width, row.shape[0])
+            out[:m] = row[:m]
+            row = out
+        return row
+
+    def accepts(self, output_ids: Sequence[int]) -> bool:
+        return self.compiled.accepts_tokens(output_ids)

@@ -1,0 +1,123 @@
+"""The sampler side: a vLLM v1 custom logits processor that applies the constraint layer's per-position
+masks to every request carrying `extra_args["dllm_constrain"]`.
+
+Interface: `vllm.v1.sample.logits_processor.LogitsProcessor` (the V1 model runner's; vLLM's CPU backend
+uses that runner, as Model Runner V2 needs Triton's CPU backend). vLLM calls `update_state` with the
+batch changes before each forward pass and `apply` with the [num_reqs, vocab] logits of the step;
+`output_tok_ids` in a BatchUpdate is a live reference to the request's generated tokens.
+
+Per request the state is a canvas as long as max_tokens whose left part holds the tokens generated so
+far; the next position's row of `allowed_tokens` is the mask. Masked logits are set to -inf, so every
+sampling mode (greedy, temperature, top-k/p) draws an allowed token.
+"""
+from __future__ import annotations
+
+import torch
+from vllm.v1.sample.logits_processor import LogitsProcessor
+from vllm.v1.sample.logits_processor.builtin import process_dict_updates
+
+from .core import CACHE, EXTRA_KEY, RequestConstraint, SpecError, check_spec, logger, spec_digest
+from .routing import claim, model_tokenizer_info
+
+
+class _Entry:
+    __slots__ = ("rc", "output_ids", "digest")
+
+    def __init__(self, rc: RequestConstraint, output_ids: list[int], digest: str):
+        self.rc = rc
+        self.output_ids = output_ids
+        self.digest = digest
+
+
+class DllmConstrainLogitsProcessor(LogitsProcessor):
+    """Applies dllm-constrain's canvas masks to the requests that carry a claimed constraint.
+
+    Enable with `--logits-processors dllm_constrain.vllm_plugin:DllmConstrainLogitsProcessor`; requests
+    then send `response_format` json_schema / json_object (or `structured_outputs` regex / choice) as
+    usual, and the plugin's admission hook (routing.py) hands them to this processor."""
+
+    def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.device = device
+        self.vocab_size = self.model_config.get_vocab_size()
+        self.entries: dict[int, _Entry] = {}
+        self._info = None
+        self.max_model_len = self.model_config.max_model_len
+
+    # --------------------------------------------------------------------------- admission
+    @classmethod
+    def validate_params(cls, sampling_params) -> None:
+        """Runs in the frontend after `SamplingParams.verify`. When the general plugin's verify hook is
+        not installed (the plugin is not registered, or VLLM_PLUGINS leaves it out), the claim happens
+        here, for models whose verify accepted the structured output (autoregressive ones)."""
+        claim(sampling_params)
+        spec = (sampling_params.extra_args or {}).get(EXTRA_KEY)
+        if spec is not None:
+            check_spec(spec)
+
+    def is_argmax_invariant(self) -> bool:
+        return False  # masking changes the argmax
+
+    # --------------------------------------------------------------------------- batch state
+    def _tokenizer_info(self):
+        if self._info is None:
+            from vllm.tokenizers import cached_tokenizer_from_config
+
+            tok = cached_tokenizer_from_config(self.model_config)
+            self._info = model_tokenizer_info(self.model_config, tok)
+        return self._info
+
+    def _new_entry(self, params, prompt_ids, output_ids) -> _Entry | None:
+        spec = (getattr(params, "extra_args", None) or {}).get(EXTRA_KEY)
+        if spec is None:
+            return None
+        try:
+            check_spec(spec)
+        except SpecError:
+            logger.warning("dllm_constrain: ignoring a malformed %s entry", EXTRA_KEY)
+            return None
+        compiled = CACHE.get(self._tokenizer_info(), spec, where="sampler")
+        n = params.max_tokens
+        if not n:
+            n = self.max_model_len - (len(prompt_ids) if prompt_ids is not None else 0)
+        rc = RequestConstraint(compiled, n, self.vocab_size)
+        digest = spec_digest(spec)
+        logger.debug("dllm_constrain: constraining a request by %s %s over %d positions", spec["kind"], digest, n)
+        return _Entry(rc, output_ids, digest)
+
+    def update_state(self, batch_update) -> None:
+        process_dict_updates(self.entries, batch_update, self._new_entry)
+
+    # --------------------------------------------------------------------------- masking
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.entries:
+            return logits
+        for index, entry in self.entries.items():
+            if index >= logits.shape[0]:
+                continue
+            out = entry.output_ids
+            if out and out[-1] < 0:
+                continue  # placeholder of an in-flight async step: the real ids are not known yet
+            row = entry.rc.next_row(out)
+            if row is None:
+                continue
+            if not bool(row.any()):
+                # cannot happen for a completable canvas; keep the request going with EOS
+                logger.warning("dllm_constrain: empty mask for a %s request; forcing EOS", entry.digest)
+                row = torch.zeros_like(row)
+                row[entry.rc.compiled.eos_id] = True
+            keep = row.to(logits.device)
+            width = min(logits.shape[1], keep.shape[0])
+            logits[index, :width].masked_fill_(~keep[:width], float("-inf"))
+            if logits.shape[1] > width:
+                logits[index, width:] = float("-inf")
+        return logits
+
+
+# Loaded by --logits-processors in the frontend (for validate_params) and in the worker: install the
+# admission hook here too, so later requests are claimed before vLLM's own checks even when the
+# general plugin entry point is not registered.
+from . import register as _register  # noqa: E402
+
+_register()
