@@ -106,3 +106,231 @@ def format_node(name: str) -> A.Node | None:
     if pat is None:
         return None
     return parse_regex(pat).node
+
+
+# ------------------------------------------------------------------------------------------ length bounds
+# A format with minLength/maxLength: the generic product (dfa_ops) of the format's byte DFA with a
+# code-point counter spends ~0.1 ms of numpy per product state, and a format with its own counters (the
+# email's {0,62} local part, a hostname's labels) times maxLength 64..253 reaches thousands of states
+# (seconds, or over the intersection limit). Here: (1) bounds the format implies are dropped and
+# repetitions that the maximum length cannot reach are unbounded (the same intersection, a far smaller
+# format DFA); (2) the product with the counter is built directly from the format DFA's grouped rows; (3) if
+# even that would exceed `limit` states, the format is narrowed to a sub-language no longer than the maximum
+# (repetitions capped), a sound subset that needs no counter.
+
+
+def _cp_len(data: bytes) -> int:
+    return len(data.decode("utf-8", "surrogatepass"))
+
+
+def length_range(node: A.Node) -> tuple[int, int | None]:
+    """(minimum, maximum or None) length in code points of the strings of a char-level AST (Graph/Members
+    nodes: (0, None), a safe over-approximation)."""
+    if isinstance(node, (A.Chars,)):
+        return 1, 1
+    if isinstance(node, A.Bytes):  # a raw byte: part of one code point at most
+        return 0, 1
+    if isinstance(node, A.Lit):
+        n = _cp_len(node.data)
+        return n, n
+    if isinstance(node, A.Seq):
+        lo, hi = 0, 0
+        for it in node.items:
+            a, b = length_range(it)
+            lo += a
+            hi = None if hi is None or b is None else hi + b
+        return lo, hi
+    if isinstance(node, A.Alt):
+        if not node.items:
+            return 0, 0
+        rs = [length_range(it) for it in node.items]
+        return min(a for a, _ in rs), (None if any(b is None for _, b in rs) else max(b for _, b in rs))
+    if isinstance(node, A.Rep):
+        a, b = length_range(node.item)
+        hi = None if node.hi is None or b is None else b * node.hi
+        if node.hi is not None and b == 0:
+            hi = 0
+        return a * node.lo, hi
+    return 0, None
+
+
+def unbind_unreachable_counts(node: A.Node, budget: int) -> A.Node:
+    """The same language once intersected with "at most `budget` code points": a repetition whose upper
+    bound no string within the budget can reach (each copy needs >= 1 code point) becomes unbounded, so the
+    DFA no longer counts it. `budget` is the room left for `node` by the rest of its context."""
+    if isinstance(node, A.Seq):
+        mins = [length_range(it)[0] for it in node.items]
+        total = sum(mins)
+        return A.seq(*[unbind_unreachable_counts(it, budget - (total - m)) for it, m in zip(node.items, mins)])
+    if isinstance(node, A.Alt):
+        return A.alt(*[unbind_unreachable_counts(it, budget) for it in node.items])
+    if isinstance(node, A.Rep):
+        m = length_range(node.item)[0]
+        item_budget = budget - max(node.lo - 1, 0) * m
+        item = unbind_unreachable_counts(node.item, item_budget)
+        hi = node.hi
+        if hi is not None and m >= 1 and hi >= budget // m:
+            hi = None
+        return A.rep(item, node.lo, hi)
+    return node
+
+
+def cap_to_length(node: A.Node, mx: int) -> A.Node | None:
+    """A sub-language of `node` whose strings have at most `mx` code points (every repetition capped at the
+    largest common count that fits), or None when even the shortest shape is too long."""
+    def capped(n: A.Node, c: int) -> A.Node:
+        if isinstance(n, A.Seq):
+            return A.seq(*[capped(it, c) for it in n.items])
+        if isinstance(n, A.Alt):
+            return A.alt(*[capped(it, c) for it in n.items])
+        if isinstance(n, A.Rep):
+            hi = max(n.lo, c) if n.hi is None else min(n.hi, max(n.lo, c))
+            return A.rep(capped(n.item, c), n.lo, hi)
+        return n
+
+    lo, hi = 0, mx
+    best = None
+    while lo <= hi:  # the largest cap c whose language fits
+        c = (lo + hi) // 2
+        cand = capped(node, c)
+        top = length_range(cand)[1]
+        if top is not None and top <= mx:
+            best, lo = cand, c + 1
+        else:
+            hi = c - 1
+    return best
+
+
+_DFA_CACHE: dict = {}
+
+
+def _full_dfa(node: A.Node, deadline, limit: int):
+    """The complete DFA of a (small) format language: per state, its (byte-class label, target, counts a
+    code point) groups, whether it accepts, and the fewest code points to acceptance. Memoised per node
+    (formats are few); None when it has more than `limit` states."""
+    hit = _DFA_CACHE.get(node)
+    if hit is not None:
+        return hit if hit[0] is not None else None
+    from .dfa import DEAD, START, LazyDFA
+    from .dfa_ops import _ranges
+    from .nfa import build_nfa
+
+    d = LazyDFA(build_nfa(node, deadline), deadline)  # (subset construction: faster than derivatives here)
+    rows: dict[int, list] = {}
+    todo = [START]
+    while todo:
+        q = todo.pop()
+        if q in rows:
+            continue
+        if deadline is not None:
+            deadline.check()
+        if len(rows) >= limit:
+            _DFA_CACHE[node] = (None,)
+            return None
+        d.expand(q)
+        groups: dict[tuple[int, bool], list[int]] = {}
+        for b, t in enumerate(d.T[q].tolist()):
+            if t != DEAD:
+                groups.setdefault((t, not (0x80 <= b <= 0xBF)), []).append(b)
+        rows[q] = [(A.Bytes(_ranges(bs)), t, lead) for (t, lead), bs in groups.items()]
+        todo.extend(t for _, t, _ in rows[q] if t not in rows)
+    acc = {q: bool(d.accepting[q]) for q in rows}
+    # fewest code points from q to acceptance (Bellman-Ford over the small graph, 0/1 weights)
+    INF = 1 << 30
+    mincp = {q: (0 if acc[q] else INF) for q in rows}
+    changed = True
+    while changed:
+        changed = False
+        for q, row in rows.items():
+            best = mincp[q]
+            for _, t, lead in row:
+                c = mincp[t] + (1 if lead else 0)
+                if c < best:
+                    best = c
+            if best < mincp[q]:
+                mincp[q], changed = best, True
+    res = (rows, acc, mincp, START)
+    if len(_DFA_CACHE) > 256:
+        _DFA_CACHE.clear()
+    _DFA_CACHE[node] = res
+    return res
+
+
+def with_length(node: A.Node, mn: int, mx: int | None, deadline=None, limit: int = 20000) -> A.Node:
+    """node ∩ {strings of mn..mx code points} (mx None: no maximum), exact when the layered product fits
+    `limit` states, else the capped sub-language of cap_to_length (sound)."""
+    from .dfa_ops import _prune
+
+    flo, fhi = length_range(node)
+    if mx is not None and fhi is not None and fhi <= mx:
+        mx = None  # implied
+    if mn <= flo:
+        mn = 0
+    if mx is not None and mn > mx:
+        return A.NOTHING
+    if mn == 0 and mx is None:
+        return node
+    if mx is not None:
+        node = unbind_unreachable_counts(node, mx)
+    full = _full_dfa(node, deadline, limit)
+    top = mx if mx is not None else mn
+    # (a layered state costs ~1 us and a few edges: twice the generic product's state limit)
+    if full is None or len(full[0]) * (top + 1) > 2 * limit:
+        capped = cap_to_length(node, mx) if mx is not None else None
+        if capped is None or capped == node:
+            raise FormatLengthTooLarge()
+        return with_length(capped, mn, None, deadline, limit)
+    rows, acc, mincp, start = full
+    # layered product: layer i holds the format states after i code points (saturating at mn when there is
+    # no maximum: that layer is closed under its edges); states that cannot end within mx are never built,
+    # so without a minimum every built state is co-reachable
+    nlayers = (mx if mx is not None else mn) + 1
+    layers: list[list[int]] = []
+    ids: list[dict[int, int]] = []
+    n = 0
+    cur = [start]
+    for i in range(nlayers):
+        if deadline is not None:
+            deadline.check()
+        seen = dict.fromkeys(cur)
+        todo = list(cur)
+        while todo:  # closure under continuation bytes (same code point count)
+            q = todo.pop()
+            for _, t, lead in rows[q]:
+                if not lead and t not in seen and (mx is None or i + mincp[t] <= mx):
+                    seen[t] = None
+                    todo.append(t)
+        layer = list(seen)
+        layers.append(layer)
+        ids.append({q: n + k for k, q in enumerate(layer)})
+        n += len(layer)
+        if mx is None and i == mn:
+            break
+        nxt = dict.fromkeys(t for q in layer for _, t, lead in rows[q]
+                            if lead and (mx is None or i + 1 + mincp[t] <= mx))
+        if not nxt or i + 1 >= nlayers:
+            break
+        cur = list(nxt)
+    edges = []
+    finals = []
+    last = len(layers) - 1
+    for i, layer in enumerate(layers):
+        here = ids[i]
+        up = ids[i + 1] if i < last else (here if mx is None and i == mn else {})
+        for q in layer:
+            u = here[q]
+            if acc[q] and i >= mn:
+                finals.append(u)
+            for lab, t, lead in rows[q]:
+                v = (up if lead else here).get(t)
+                if v is not None:
+                    edges.append((u, lab, v))
+    if not finals:
+        return A.NOTHING
+    if mn == 0:
+        return A.Graph(n, 0, tuple(finals), tuple(edges))
+    return _prune(n, 0, finals, edges)
+
+
+class FormatLengthTooLarge(Exception):
+    """A format with length bounds that neither the product nor the capped format can express."""

@@ -49,7 +49,7 @@ from . import numeric as N
 from . import regex_ast as A
 from .deadline import Deadline
 from .deriv import DerivDFA
-from .formats import STANDARD_FORMATS, format_node
+from .formats import STANDARD_FORMATS, FormatLengthTooLarge, format_node, with_length
 from .object_members import object_members
 from .regex_parser import parse_regex, search_language
 
@@ -1588,6 +1588,7 @@ class SchemaCompiler:
             except InvalidRegexError as e:
                 raise UnsupportedSchemaError("pattern", path, str(e)) from None
         fmts = []
+        fmt_nodes: list[A.Node] = []
         if "format" in s:
             fmts.append(s["format"])
         fmts.extend(s.get("__formats__", []))
@@ -1599,7 +1600,18 @@ class SchemaCompiler:
                 if f in STANDARD_FORMATS:
                     raise UnsupportedSchemaError("format", path, f"format {f!r} is not supported")
                 continue  # not a standard format: an annotation
-            langs.append(fnode)
+            fmt_nodes.append(fnode)
+        if fmt_nodes and (mn > 0 or mx is not None):
+            # a format with length bounds: the format DFA times a counter, built directly (cheap), or the
+            # format capped to the maximum length when even that is too large (a sound narrowing)
+            try:
+                fnode = fmt_nodes[0] if len(fmt_nodes) == 1 else \
+                    dfa_ops.intersect(fmt_nodes, self.deadline, self.opts.intersection_limit)
+                fmt_nodes = [with_length(fnode, mn, mx, self.deadline, self.opts.intersection_limit)]
+                mn, mx = 0, None
+            except (dfa_ops.TooLarge, FormatLengthTooLarge):
+                raise UnsupportedSchemaError("format", path, "combination with length bounds is too large") from None
+        langs.extend(fmt_nodes)
         if mn > 0 or mx is not None:
             langs.append(A.rep(A.chars(A.ANY_CHAR), mn, mx))
         if not langs:
