@@ -168,6 +168,10 @@ class EngineLoop:
             while command is not None:
                 if command[0] == "stop":
                     self._shutdown()
+                    with self._lock:  # commands that raced with the stop fail too; later ones start a new thread
+                        if self._thread is threading.current_thread():
+                            self._thread = None
+                        self._drain(GenerationAbortedError("the engine loop was closed"))
                     return
                 self._handle(command)
                 try:
@@ -312,17 +316,21 @@ class EngineLoop:
         if not call.future.done():
             call.future.set_exception(error)
 
-    def _shutdown(self) -> None:
-        error = GenerationAbortedError("the engine loop was closed")
-        for call in list(self._live):
-            self._abort(call, error)
+    def _drain(self, error: BaseException) -> None:
+        """Fail the calls still queued."""
         while True:
             try:
                 command = self._queue.get_nowait()
             except queue.Empty:
-                break
+                return
             if command[0] == "submit":
                 self._fail(command[1], error)
+
+    def _shutdown(self) -> None:
+        error = GenerationAbortedError("the engine loop was closed")
+        for call in list(self._live):
+            self._abort(call, error)
+        self._drain(error)
         while self.engine.has_unfinished():  # deliver the aborted requests' outputs, freeing their slots
             try:
                 self.engine.step()

@@ -216,3 +216,27 @@ def test_async_errors_are_typed_and_cancel_aborts(llm: dc.LLM) -> None:
         assert r.text.isdigit()
 
     asyncio.run(scenario())
+
+
+def test_closing_the_loop_fails_unfinished_calls_and_a_later_call_starts_it_again(llm: dc.LLM,
+                                                                                 reference: list[list[int]]) -> None:
+    gate = threading.Event()
+    held = threading.Event()
+
+    def hold(event: Any) -> None:
+        held.set()
+        assert gate.wait(WAIT)
+
+    running = llm.submit("What is 3 plus 4?", max_new_tokens=MAX_NEW, progress=hold)
+    assert held.wait(WAIT)
+    queued = llm.submit("What is 5 plus 5?", regex="[0-9]+", max_new_tokens=MAX_NEW)
+    closer = threading.Thread(target=llm.close, daemon=True)
+    closer.start()
+    gate.set()
+    closer.join(WAIT)
+    assert not closer.is_alive()
+    for handle in (running, queued):
+        with pytest.raises(GenerationAbortedError):
+            handle.result(WAIT)
+    assert not llm.engine.has_unfinished()
+    assert _call(llm, 2, "llm").token_ids == reference[2]
