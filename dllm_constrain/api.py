@@ -9,6 +9,11 @@ A list of prompts runs as one batch. `model=None` means the bundled checkpoint (
 `model` may also be a checkpoint folder path, an `LLM`, or a `LoadedModel` from `engine.loader`. Loaded checkpoints are kept in one explicit,
 small cache of `LLM` objects keyed by resolved path (`clear_model_cache()` empties it); compiled
 constraints are cached inside each `LLM`, per constraint, for its tokenizer.
+
+Threads: each `LLM` owns one engine loop thread (dllm_constrain.engine_loop, started by the first call): `generate`
+and `dc.generate` hand their requests to it and wait, so any number of threads may call them at once; their
+requests share one continuous batch and each result equals the single-threaded one for its seed. `LLM.submit`
+queues a call without waiting (a CallHandle); `dllm_constrain.AsyncLLM` is the asyncio front end.
 """
 from __future__ import annotations
 
