@@ -17,7 +17,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                   "the loader puts it)")
     p.add_argument("--max-queue", type=int, default=64, help="requests that may wait for the engine; more get 429")
     p.add_argument("--max-batch-size", type=int, default=8,
-                   help="waiting requests with the same constraint and options that share one engine call")
+                   help="requests in the engine's continuous batch at once")
     p.add_argument("--request-timeout", type=float, default=None,
                    help="seconds a request may take from arrival, queueing included (504 past it; default: none)")
     p.add_argument("--served-model-name", default=None, help="model id in /v1/models and responses")

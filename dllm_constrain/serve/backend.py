@@ -73,12 +73,6 @@ class GenerationRequest:
     stream: bool = False  # publish Delta events while denoising
     timeout: float | None = None  # seconds from submission after which the request is dropped (504)
 
-    def batch_key(self) -> str:
-        """Requests with equal keys use one compiled constraint and one set of sampling options (EngineBackend no
-        longer groups by it: the engine's continuous batch runs any mix of requests)."""
-        c = self.constraint.key() if self.constraint is not None else None
-        return json.dumps([c, self.max_new_tokens, self.temperature, self.seed])
-
 
 @dataclass(frozen=True)
 class Completion:
