@@ -1553,10 +1553,31 @@ class SchemaCompiler:
             except (OverflowError, ValueError):
                 continue
             texts.append(txt)
-        if not texts:
+        small = A.alt_literals(sorted(set(texts))) if texts else A.NOTHING
+        # the whole range: the multiples that every double reading accepts (see N.decimal_multiple_of)
+        dm = N.decimal_multiple_of(k)
+        if dm is not None:
+            mult, bound = dm
+            # (the automaton spells only magnitudes below `bound`: a bound beyond it needs no product)
+            blo, bls = (None, False) if lo is None or lo <= -bound else (lo, ls)
+            bhi, bhs = (None, False) if hi is None or hi >= bound else (hi, hs)
+            if blo == 0 and not bls:  # `minimum: 0`, the common case: drop the sign instead
+                mult, blo = N.decimal_multiple_of(k, negative=False)[0], None
+            if blo is None and bhi is None:
+                wide = mult
+            elif blo is None or bhi is None or blo < bhi or (blo == bhi and not (bls or bhs)):
+                try:
+                    wide = dfa_ops.intersect([N.decimal_range(blo, bls, bhi, bhs), mult], self.deadline,
+                                             self.opts.intersection_limit)
+                except dfa_ops.TooLarge:
+                    wide = A.NOTHING
+            else:
+                wide = A.NOTHING
+            small = A.alt(small, wide)
+        if A.is_nothing(small):
             self.unsat.append(f"no multiple of {m} in range at {path}")
             return A.NOTHING
-        return A.alt_literals(sorted(set(texts)))
+        return small
 
     # -------------------------------------------------------------- strings
     def string_body_chars(self, s: dict, path: str, excluded: list[str] | None = None) -> A.Node:

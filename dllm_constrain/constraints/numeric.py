@@ -301,3 +301,75 @@ def _exact(a: Decimal, b: Decimal) -> Decimal:
     with localcontext() as ctx:
         ctx.prec = max(len(a.as_tuple().digits), 1) + abs(a.as_tuple().exponent) + abs(b.adjusted()) + 10
         return a + b
+
+
+# ------------------------------------------------------------------------------------------ decimal multipleOf
+def decimal_multiple_of(m: Decimal, negative: bool = True) -> tuple[A.Node, Decimal] | None:
+    """multipleOf a non-integer decimal m = a / 10^k: the literals `-?INT(.D{1,k})?` whose scaled integer
+    N = value * 10^k is a multiple of lcm(a, 5^k), and the magnitude bound X below which they are sound.
+
+    Validators test `value / m` in doubles (python-jsonschema: `int(q) == q` on q = float(x) / float(m);
+    ajv alike), which rounds: 0.07 / 0.01 is 7.000000000000001. A multiple of 5^k in N makes the value a
+    dyadic fraction, exactly a double (up to X); the quotient is then n * (m / double(m)) with n = N / a an
+    integer below 2^53, and |m / double(m) - 1| < 2^-54 makes it round to n itself: every such literal passes
+    the float test, the exact decimal test and every double reading alike. (For 0.01: the multiples of 0.25;
+    0.25, 0.5: all multiples; 0.3: the multiples of 1.5.) None when that margin does not hold or the
+    remainder automaton would be large. negative=False: no negative literals."""
+    from fractions import Fraction
+    from math import lcm
+
+    sign, digits, exp = m.normalize().as_tuple()
+    if sign or exp >= 0:
+        return None
+    k = -exp
+    a = int("".join(map(str, digits)))
+    fm = float(m)
+    if abs(Fraction(m) / Fraction(fm) - 1) >= Fraction(1, 2 ** 54):
+        return None
+    mod = lcm(a, 5 ** k)
+    if mod * (k + 3) > 20000:
+        return None
+    n_max = min(5 ** k, a) * (2 ** 53 - 1)  # N / 5^k and N / a stay below 2^53
+    # integer parts of at most `int_digits` digits: every literal is below 10^int_digits <= n_max / 10^k
+    int_digits = len(str(n_max // 10 ** k)) - 1
+    bound = Decimal(10) ** int_digits
+    # nodes: 0 start, 1 after '-', 2 literal "0", 3 + r: integer part (>= 1 digit, no leading zero) with
+    # N-remainder r of the integer part, 3 + mod + j * mod + R: after '.' and j + 1 fraction digits (j < k),
+    # dot nodes: 3 + mod * (k + 1) + R (R = integer part * 10^k mod M)
+    if int_digits < 1:
+        return None
+    # integer-part nodes are layered by digit count: I0 + (c - 1) * mod + r after c digits
+    I0 = 3
+    F0 = 3 + mod * int_digits
+    D0 = F0 + mod * k
+    n = D0 + mod + 1  # the last node: "-0", not an end (no "-0" spelling; "-0.25" is one)
+    edges = [(0, A.lit("0"), 2), (n - 1, A.lit("."), D0)]
+    if negative:
+        edges += [(0, A.lit("-"), 1), (1, A.lit("0"), n - 1)]
+    scale = pow(10, k, mod)
+
+    def digit_edges(src, f):
+        by: dict[int, list[int]] = {}
+        for d in range(10):
+            t = f(d)
+            if t is not None:
+                by.setdefault(t, []).append(d)
+        for t, ds in by.items():
+            edges.append((src, A.chars([(0x30 + d, 0x30 + d) for d in ds]), t))
+
+    for src in ((0, 1) if negative else (0,)):
+        digit_edges(src, lambda d: I0 + d % mod if d else None)
+    for c in range(int_digits):
+        for r in range(mod):
+            src_node = I0 + c * mod + r
+            if c + 1 < int_digits:
+                digit_edges(src_node, lambda d, r=r, c=c: I0 + (c + 1) * mod + (r * 10 + d) % mod)
+            edges.append((src_node, A.lit("."), D0 + (r * scale) % mod))
+    edges.append((2, A.lit("."), D0))
+    for R in range(mod):
+        digit_edges(D0 + R, lambda d, R=R: F0 + (R + d * pow(10, k - 1, mod)) % mod)
+        for j in range(k - 1):
+            digit_edges(F0 + j * mod + R, lambda d, R=R, j=j: F0 + (j + 1) * mod + (R + d * pow(10, k - j - 2, mod)) % mod)
+    finals = [2] + [I0 + c * mod + r for c in range(int_digits) for r in range(mod) if (r * scale) % mod == 0] \
+        + [F0 + j * mod for j in range(k)]
+    return A.Graph(n, 0, tuple(finals), tuple(edges)), bound
