@@ -69,8 +69,9 @@ def ecma_schema(x):
 
 
 def ecma_valid(schema, text: str) -> bool:
-    """ECMA-262 patterns, and every number read as a double."""
-    s = ecma_schema(schema)
+    """ECMA-262 patterns, and every number read as a double -- the schema's own numbers too (an ECMA reader
+    parses the schema document with the same double arithmetic as the instance)."""
+    s = json.loads(json.dumps(ecma_schema(schema)), parse_int=float)
     cls = jsonschema.validators.validator_for(s, default=jsonschema.Draft202012Validator)
     return cls(s).is_valid(json.loads(text, parse_int=float))
 
