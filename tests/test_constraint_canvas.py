@@ -257,7 +257,7 @@ def test_tokens_splitting_a_multibyte_character_are_handled_exactly():
 
 @settings(max_examples=40, deadline=None)
 @given(st.data(), st.integers(0, 2**32 - 1), st.integers(0, 3))
-def test_under_a_tiny_expansion_budget_masks_stay_sound_and_the_frontier_never_empty(data, seed, budget):
+def test_under_a_tiny_expansion_budget_masks_stay_sound_and_the_frontier_exact(data, seed, budget):
     rnd = random.Random(seed)
     tokens = data.draw(tiny_vocabularies())
     pattern = data.draw(small_regexes())
@@ -276,6 +276,7 @@ def test_under_a_tiny_expansion_budget_masks_stay_sound_and_the_frontier_never_e
         for i, m in zip(opens, masks):
             assert m <= exact[i]  # sound: only tokens of some valid completion
         assert masks[0], "the left frontier's mask is never empty while the canvas is completable"
+        assert masks[0] == exact[opens[0]], "the left frontier's mask is exact under any budget"
         p = rnd.choice([q for q, m in zip(opens, masks) if m])
         t = rnd.choice(sorted(masks[opens.index(p)]))
         assert state.select_commits(canvas, [(p, t, 1.0)]) == [(p, t)]

@@ -30,9 +30,11 @@ compute at most `expand_budget` new token transitions and spend at most `expand_
 left to right: the positions next to the committed frontier first). States whose transitions are not known yet are not followed: the sets are
 then the states reachable through known states only, a subset of the exact ones, so every allowed token
 is still part of a valid completion (sound), and select_commits verifies in the same system. One state of
-minimal distance to acceptance is always followed (a "spine"); when the budget still leaves the left frontier
-(the first open position) without completions, its mask is recomputed exactly, so the engine always has a
-position to commit, and select_commits / is_completable redo an inconclusive call exactly. The transition cache is shared by all requests of the compiled constraint and never
+minimal distance to acceptance is always followed (a "spine"). The left frontier (the first open position) is
+exact whenever the budget cut any set of the call: every state after its token is decided by a depth-first
+search for one completion (_frontier_sets), so the engine always has a position to commit and a token of a
+valid completion is never missing there (the spine alone once allowed only the first letter of the shortest
+enum value); select_commits / is_completable redo an inconclusive call exactly. The transition cache is shared by all requests of the compiled constraint and never
 shrinks, so masks become exact once the reachable part is known; with a budget that covers it (always for
 small constraints) they are exact from the first call.
 """
@@ -113,6 +115,9 @@ class SetAlgebra:
         self._greedy: dict[int, int] = {}
         self._greedy_step: dict[int, tuple[int, int]] = {}
         self.last_partial = False  # did the last step follow only part of its members (budget)?
+        # set-level results computed through part of their members only (budget cuts): a call compares the
+        # count before and after to know whether its sets may be smaller than the exact ones
+        self.cuts = 0
         self.rows: OrderedDict = OrderedDict()  # mask-row cache: (Bi, Bn) -> bool numpy row
         self.max_rows = 64
 
@@ -180,6 +185,8 @@ class SetAlgebra:
                     continue
             r |= sb
         self.last_partial = partial
+        if partial:
+            self.cuts += 1
         if partial and not r and not ended:
             # keep a spine: follow the member closest to acceptance even past the budget
             dist = self.dfa.dist
@@ -240,7 +247,9 @@ class SetAlgebra:
                 partial = True
             elif sb & X:
                 r |= 1 << q
-        if not partial:
+        if partial:
+            self.cuts += 1
+        else:
             self._back_open[key] = r
         return r
 
@@ -409,12 +418,16 @@ class SetAlgebra:
         for q in self.members(F):
             if q == ENDED or acc[q] or (easy and int(dist[q]) <= m):
                 r |= 1 << q
-            elif self.can_finish(q, m, budget):
-                r |= 1 << q
-            elif not (q in self._fin_false and self._fin_false[q] >= m):
-                complete = False
+            else:
+                f3 = self.finish3(q, m, budget)
+                if f3 is True:
+                    r |= 1 << q
+                elif f3 is None:  # undecided within the budget (a proven False keeps the set complete)
+                    complete = False
         if complete:
             self._fin_sets[key] = r
+        else:
+            self.cuts += 1
         return r
 
     # ------------------------------------------------------------------ rows
@@ -520,6 +533,8 @@ class CanvasState:
         self.eos = algebra.eos
         self._fwd_canvas: tuple | None = None
         self.exact_fallbacks = 0  # calls that the expansion budget left inconclusive, redone exactly
+        self._fm_canvas: tuple | None = None  # the exact frontier's memo (see _frontier_memo)
+        self._fm: dict[int, dict[int, bool]] = {}
         self._fwd: list[int] = [START_BIT]
         self._fwd_ok: list[bool] = [True]
 
@@ -691,6 +706,7 @@ class CanvasState:
     def _allowed_into(self, c: tuple, positions: list[int], frontier: int | None, o: np.ndarray,
                       done: dict[int, bool]) -> None:
         self._new_budget()
+        cuts0 = self.alg.cuts
         an = self._analyze(c, max(positions) + 1)
         B = an.B
         if B[0]:
@@ -705,25 +721,167 @@ class CanvasState:
                 done[j] = True
                 continue
             bi, bn = B[p], B[p + 1]
-            if self._budget is not None and p == frontier and not (bi and bn):
-                redo = j  # decided exactly below, after every other row is safe
-                continue
             if bi and bn:
                 o[j] = self.alg.row(bi, bn, V)
+            if p == frontier and self._budget is not None and (self.alg.cuts != cuts0 or not o[j].any()):
+                # the budget cut part of the sets: the frontier row may miss tokens; decided exactly below, after
+                # every other row is safe (until then the sound budgeted row stands, if it is not empty)
+                redo = j
+                if not o[j].any():
+                    continue
             done[j] = True
         if redo is not None:
-            # the budget cut every completion through the left frontier: decide the frontier exactly, so its
-            # mask is never empty while the canvas is completable (the engine always has a position to
-            # commit; further open positions may stay empty under the budget: sound, filled in later calls)
-            self._budget = None
+            # the left frontier's mask is exact: every token of every valid completion is allowed there (the
+            # engine always has a position to commit, and a wanted token is never lost to the budget; further
+            # open positions may miss tokens or stay empty under the budget: sound, filled in later calls)
             self.exact_fallbacks += 1
-            ex = self._analyze(c, frontier + 1)
-            bi, bn = ex.B[frontier], ex.B[frontier + 1]
-            if ex.B[0]:
-                self._prove(c)
+            bi, bn = self._frontier_sets(c, frontier, an)
+            o[redo] = self.alg.row(bi, bn, V) if (bi and bn) else False
             if bi and bn:
-                o[redo] = self.alg.row(bi, bn, V)
+                self._prove(c)
             done[redo] = True
+
+    def _frontier_memo(self, c: tuple) -> dict[int, dict[int, bool]]:
+        """Per-position memo of "state v before position i completes the canvas", kept from the previous call
+        for the positions right of the last one that changed (the answer depends on c[i:] only)."""
+        prev = self._fm_canvas
+        memo = self._fm
+        if prev is None or len(prev) != len(c):
+            memo = {}
+        else:
+            d = next((i for i in range(len(c) - 1, -1, -1) if prev[i] != c[i]), -1)
+            if d >= 0:
+                memo = {i: m for i, m in memo.items() if i > d}
+        self._fm_canvas = c
+        self._fm = memo
+        return memo
+
+    def _frontier_sets(self, c: tuple, f: int, an: Analysis) -> tuple[int, int]:
+        """Exact (B[f], B[f+1]) at the left frontier f (every position before f is committed, so F[f] is exact).
+
+        A state w after the frontier's token belongs to B[f+1] iff some completion of c[f+1:] starts from it: a
+        depth-first search over (state, position) with exact token transitions, stopping at the first witness.
+        States of the budgeted backward sets are certified (they are subsets of the exact ones), a committed
+        next token prunes the successors that cannot read it, right of the last committed position the answer is
+        can_finish, and answers are memoised by position across calls while c[i:] is unchanged. A state without
+        a completion is refuted only by exhausting what it reaches before the committed tokens stop it: at worst
+        the exact forward sets, at best (the frequent case) one path per state."""
+        alg, ta = self.alg, self.ta
+        dfa = alg.dfa  # its arrays are reallocated as it grows: read dfa.accepting / dfa.dist at each use
+        n, eos = self.n, self.eos
+        J = self._last_committed(c)
+        B, H = an.B, an.H
+        eos_tail = [True] * (n + 2)  # eos_tail[i]: every committed position >= i holds EOS
+        for i in range(n - 1, -1, -1):
+            eos_tail[i] = eos_tail[i + 1] and (c[i] is None or c[i] == eos)
+        memo = self._frontier_memo(c)
+        known = ta.succ_bits
+        delta = ta.delta
+
+        def quick(v: int, i: int) -> bool | None:
+            if v == ENDED:
+                return eos_tail[i]
+            if i >= n:
+                return bool(dfa.accepting[v])
+            if i <= H and (B[i] >> v) & 1:
+                return True
+            m = memo.get(i)
+            if m is not None:
+                r = m.get(v)
+                if r is not None:
+                    return r
+            if i > J:
+                r = alg.can_finish(v, n - i)
+                memo.setdefault(i, {})[v] = r
+                return r
+            ci = c[i]
+            if ci is None:
+                if dfa.accepting[v] and eos_tail[i + 1]:
+                    return True
+            elif ci == eos:
+                return bool(dfa.accepting[v]) and eos_tail[i + 1]
+            return None
+
+        def children(v: int, i: int) -> list[int]:
+            ci = c[i]
+            if ci is not None:
+                w = delta(v, ci)
+                return [] if w == DEAD else [w]
+            sb = ta.trans(v).succ_bits
+            if i + 1 <= H and sb & B[i + 1]:
+                return [(sb & B[i + 1]).bit_length() - 1]  # certified
+            m = memo.get(i + 1)
+            ws = alg.members(sb)
+            if m:
+                hit = next((w for w in ws if m.get(w) is True), None)
+                if hit is not None:
+                    return [hit]
+            nxt = c[i + 1] if i + 1 < n else None
+            if nxt is not None:
+                if nxt == eos:
+                    ws = [w for w in ws if dfa.accepting[w]]
+                else:
+                    ws = [w for w in ws if delta(w, nxt) != DEAD]
+            # states whose transitions are known first (no trie walk to look further), then nearest to acceptance
+            return sorted(ws, key=lambda w: (w not in known, int(dfa.dist[w])))
+
+        visits = 0
+
+        def good(v0: int, i0: int) -> bool:
+            nonlocal visits
+            r = quick(v0, i0)
+            if r is not None:
+                return r
+            stack = [(v0, i0, iter(children(v0, i0)))]
+            while stack:
+                v, i, it = stack[-1]
+                res = None
+                for w in it:
+                    r = quick(w, i + 1)
+                    if r is True:
+                        res = True
+                        break
+                    if r is None:
+                        visits += 1
+                        if not visits & 63:
+                            check_active(w, "deciding the left frontier's mask exactly")
+                        stack.append((w, i + 1, iter(children(w, i + 1))))
+                        break
+                else:
+                    res = False
+                if res is None:
+                    continue  # descended
+                if res:
+                    for u, k, _ in stack:
+                        memo.setdefault(k, {})[u] = True
+                    return True
+                memo.setdefault(i, {})[v] = False
+                stack.pop()
+            return False
+
+        bi = bn = 0
+        for q in alg.members(an.F[f]):
+            if q == ENDED:
+                if eos_tail[f]:
+                    bi |= ENDED_BIT
+                    bn |= ENDED_BIT
+                continue
+            sb = ta.trans(q).succ_bits
+            ok = False
+            if dfa.accepting[q] and eos_tail[f + 1]:
+                bn |= ENDED_BIT
+                ok = True
+            cert = sb & B[f + 1] if f + 1 <= H else 0
+            if cert:
+                bn |= cert
+                ok = True
+            for w in alg.members(sb & ~cert):
+                if not (bn >> w) & 1 and good(w, f + 1):
+                    bn |= 1 << w
+                    ok = True
+            if ok:
+                bi |= 1 << q
+        return bi, bn
 
     def is_completable(self, canvas: Sequence[int]) -> bool:
         """Under the call's deadline; a canvas already proven completable (by select_commits or a mask) answers at
