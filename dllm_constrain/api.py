@@ -17,6 +17,7 @@ queues a call without waiting (a CallHandle); `dllm_constrain.AsyncLLM` is the a
 """
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import numbers
@@ -500,7 +501,7 @@ class LLM:
         its function in REQUEST_FIELDS, prompts by `validate_prompts`), a ConstraintError
         subclass for a constraint that cannot be compiled or cannot fit the canvas, all before any forward.
         """
-        options = {k: v for k, v in locals().items() if k not in ("self", "prompts")}
+        options = {k: v for k, v in locals().items() if k not in ("self", "prompts")}  # this signature, once
         loop = self._engine_loop()
         if loop.on_loop_thread:
             raise InvalidRequestError("LLM.generate() was called from the engine loop thread (inside a progress "
@@ -515,7 +516,7 @@ class LLM:
         each request's committed left prefix (`StreamUpdate`, token ids) after every step that grew it, called
         on the loop thread. Thread-safe: any number of threads may submit; all calls share one continuous batch
         (see dllm_constrain.engine_loop)."""
-        build, config, progress = self._prepare(prompts, **options)
+        build, config, progress = self._prepare(prompts, generate_options(options))
         return self._engine_loop().submit(build, config=config, progress=progress, on_stream=on_stream)
 
     def _engine_loop(self) -> EngineLoop:
@@ -532,44 +533,14 @@ class LLM:
         if loop is not None:
             loop.close()
 
-    def _prepare(
-        self,
-        prompts: str | Sequence[str],
-        *,
-        schema: Any = None,
-        regex: Any = None,
-        grammar: Any = None,
-        max_new_tokens: int | None = None,
-        steps: int | None = None,
-        block_length: int | None = None,
-        temperature: float = 0.0,
-        seed: int | None = None,
-        policy: str | None = None,
-        threshold: float | None = None,
-        entropy_bound: float = 0.1,
-        whitespace: Any = None,
-        strict: bool = True,
-        schema_options: dict[str, Any] | None = None,
-        progress: ProgressCallback | None = None,
-        kv_cache: str | None = None,
-        refresh: str | None = None,
-        refresh_steps: int | None = None,
-        refresh_threshold: float | None = None,
-        keep_ratio: float | None = None,
-        logits_budget_bytes: int | None = None,
-        constraint_timeout: float | None = CONSTRAINT_TIMEOUT_S,
-        compile_timeout: float | None = None,
-    ) -> tuple[Callable[[], list[Request]], EngineConfig, ProgressCallback | None]:
+    def _prepare(self, prompts: str | Sequence[str], o: dict[str, Any]
+                 ) -> tuple[Callable[[], list[Request]], EngineConfig, ProgressCallback | None]:
         """Check a call's input here (caller thread); the returned `build` compiles the constraint and makes the
         requests on the engine loop thread (the compiled constraints and the engine are used by that thread only)."""
         prompts = validate_prompts(prompts)
-        schema, regex, grammar = validate_constraint(schema, regex, grammar)
-        v = validate_request(
-            max_new_tokens=max_new_tokens, steps=steps, block_length=block_length, temperature=temperature,
-            seed=seed, policy=policy, threshold=threshold, entropy_bound=entropy_bound, strict=strict,
-            schema_options=schema_options, progress=progress, refresh_steps=refresh_steps,
-            refresh_threshold=refresh_threshold, keep_ratio=keep_ratio, logits_budget_bytes=logits_budget_bytes,
-            constraint_timeout=constraint_timeout, compile_timeout=compile_timeout)
+        schema, regex, grammar = validate_constraint(o["schema"], o["regex"], o["grammar"])
+        v = validate_request(**{k: o[k] for k in REQUEST_FIELDS if k in o})
+        whitespace, strict, schema_options, progress = o["whitespace"], v["strict"], v["schema_options"], v["progress"]
         d = self.defaults
         params = SamplingParams(
             max_new_tokens=d.max_new_tokens if v["max_new_tokens"] is None else v["max_new_tokens"],
@@ -579,7 +550,7 @@ class LLM:
             threshold=d.threshold if v["threshold"] is None else v["threshold"], entropy_bound=v["entropy_bound"])
         params.validate()
         config = self.engine.config.with_overrides(
-            kv_cache=kv_cache, refresh=refresh, refresh_steps=v["refresh_steps"],
+            kv_cache=o["kv_cache"], refresh=o["refresh"], refresh_steps=v["refresh_steps"],
             refresh_threshold=v["refresh_threshold"], keep_ratio=v["keep_ratio"],
             logits_budget_bytes=v["logits_budget_bytes"])
 
@@ -631,52 +602,31 @@ def _resolve_llm(model: Any) -> LLM:
         return llm
 
 
-def generate(
-    prompt: str | Sequence[str],
-    *,
-    schema: Any = None,
-    regex: Any = None,
-    grammar: Any = None,
-    model: Any = None,
-    max_new_tokens: int | None = None,
-    steps: int | None = None,
-    block_length: int | None = None,
-    temperature: float = 0.0,
-    seed: int | None = None,
-    policy: str | None = None,
-    threshold: float | None = None,
-    entropy_bound: float = 0.1,
-    whitespace: Any = None,
-    strict: bool = True,
-    schema_options: dict[str, Any] | None = None,
-    return_result: bool = False,
-    progress: Callable[..., None] | None = None,
-    kv_cache: str | None = None,
-    refresh: str | None = None,
-    refresh_steps: int | None = None,
-    refresh_threshold: float | None = None,
-    keep_ratio: float | None = None,
-    logits_budget_bytes: int | None = None,
-    constraint_timeout: float | None = CONSTRAINT_TIMEOUT_S,
-    compile_timeout: float | None = None,
-) -> Any:
+def generate(prompt: str | Sequence[str], *, model: Any = None, return_result: bool = False, **options: Any) -> Any:
     """Generate text for a prompt (-> str) or a list of prompts (-> list[str], one batch).
 
-    return_result=True returns GenerationResult objects instead of strings. See `LLM.generate` for the
-    options; `policy` is one of "quota", "threshold", "entropy", "margin", "entropy_bound".
+    model: None (the bundled checkpoint), a checkpoint folder, an LLM or a loaded checkpoint; return_result=True
+    returns GenerationResult objects instead of strings; every other keyword is an option of `LLM.generate`
+    (its signature holds the defaults; an unknown name raises InvalidRequestError).
     """
     return_result = REQUEST_FIELDS["return_result"](return_result)
     validate_prompts(prompt)  # before loading a model for a request that cannot run
-    llm = _resolve_llm(model)
-    results = llm.generate(
-        prompt, schema=schema, regex=regex, grammar=grammar, max_new_tokens=max_new_tokens, steps=steps,
-        block_length=block_length, temperature=temperature, seed=seed, policy=policy, threshold=threshold,
-        entropy_bound=entropy_bound, whitespace=whitespace, strict=strict, schema_options=schema_options,
-        progress=progress, kv_cache=kv_cache, refresh=refresh,
-        refresh_steps=refresh_steps, refresh_threshold=refresh_threshold, keep_ratio=keep_ratio,
-        logits_budget_bytes=logits_budget_bytes, constraint_timeout=constraint_timeout,
-        compile_timeout=compile_timeout,
-    )
+    generate_options(options)
+    results = _resolve_llm(model).generate(prompt, **options)
     out: list[Any] = results if return_result else [r.text for r in results]
     return out[0] if isinstance(prompt, str) else out
 
+
+def generate_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Every option of `LLM.generate`, the given ones over its signature's defaults (the one place defaults
+    live); an unknown name raises InvalidRequestError naming it."""
+    unknown = sorted(set(options) - set(_GENERATE_DEFAULTS))
+    if unknown:
+        raise InvalidRequestError(f"unknown generation option(s) {', '.join(map(repr, unknown))}; the options are "
+                                  f"{', '.join(_GENERATE_DEFAULTS)}")
+    return {**_GENERATE_DEFAULTS, **options}
+
+
+_GENERATE_DEFAULTS: dict[str, Any] = {
+    name: p.default for name, p in inspect.signature(LLM.generate).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY}

@@ -402,3 +402,20 @@ def test_a_min_length_string_that_fits_32_multi_character_tokens_is_generated_qu
     jsonschema.validate(json.loads(res.text), schema)
     assert len(res.token_ids) <= 32
     assert time.perf_counter() - t0 < 60
+
+
+def test_an_unknown_generation_option_is_a_typed_error_naming_it() -> None:
+    from dllm_constrain.api import generate_options
+
+    with pytest.raises(InvalidRequestError, match="'max_tokens'"):
+        generate_options({"max_tokens": 32})
+    with pytest.raises(InvalidRequestError, match="'temprature'"):
+        dc.generate("hello", temprature=0.5)
+
+
+def test_every_generation_option_has_one_default_from_the_llm_generate_signature() -> None:
+    from dllm_constrain.api import generate_options
+
+    opts = generate_options({})
+    assert opts["temperature"] == 0.0 and opts["constraint_timeout"] == dc.api.CONSTRAINT_TIMEOUT_S
+    assert generate_options({"seed": 3})["seed"] == 3

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import dllm_constrain as dc
+from dllm_constrain.api import generate_options
 from dllm_constrain.engine_loop import GenerationAbortedError
 from dllm_constrain.errors import DllmConstrainError, InvalidRequestError
 
@@ -42,7 +43,7 @@ def reference() -> list[list[int]]:
     out = []
     for job in JOBS:
         job = dict(job)
-        build, config, _ = ref._prepare(job.pop("prompt"), max_new_tokens=MAX_NEW, **job)
+        build, config, _ = ref._prepare(job.pop("prompt"), generate_options({"max_new_tokens": MAX_NEW, **job}))
         [result] = ref.engine.generate(build(), config=config)
         out.append(result.token_ids)
     return out
