@@ -13,3 +13,9 @@ def test_a_constraint_with_no_completion_is_not_reported_as_needing_a_billion_to
 def test_a_constraint_longer_than_the_canvas_names_both_lengths() -> None:
     assert "at least 40 tokens" in str(ConstraintTooLongError(40, 32))
     assert "max_new_tokens is 32" in str(ConstraintTooLongError(40, 32))
+
+
+def test_no_output_is_the_automata_infinity() -> None:
+    from dllm_constrain.constraints.nfa import INF
+
+    assert ConstraintTooLongError.NO_OUTPUT == INF
