@@ -13,10 +13,11 @@ from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
 
 from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo, normalize_schema_input
-from dllm_constrain.constraints.deriv import DEAD, START, DerivDFA
+from dllm_constrain.constraints.deriv import DerivDFA
 from dllm_constrain.constraints.json_schema import SchemaOptions, schema_to_regex_ast
 from dllm_constrain.errors import (CompilationTimeoutError, InvalidOptionError, InvalidSchemaError,
                                    UnsatisfiableSchemaError, UnsupportedSchemaError)
+from test_constraint_support import random_members
 
 
 def lang(schema, **opts) -> DerivDFA:
@@ -37,28 +38,7 @@ def validator(schema):
 
 
 def random_texts(dfa: DerivDFA, rng: random.Random, n: int = 20, max_len: int = 400) -> list[bytes]:
-    """Random members of the language: random byte walks that always keep a completion, stopping at
-    accepting states with some probability."""
-    out = []
-    for _ in range(n):
-        s, buf = START, bytearray()
-        for _ in range(max_len):
-            if dfa.accepting[s] and (rng.random() < 0.15 or len(buf) > max_len // 2):
-                break
-            dfa.expand(s)
-            live = [b for b in range(256) if dfa.T[s, b] != DEAD]
-            if not live:
-                break
-            # prefer moving towards acceptance once long enough
-            if len(buf) > max_len // 2:
-                live.sort(key=lambda b: int(dfa.dist[dfa.T[s, b]]))
-                live = live[:2]
-            b = rng.choice(live)
-            buf.append(b)
-            s = int(dfa.T[s, b])
-        if dfa.accepting[s]:
-            out.append(bytes(buf))
-    return out
+    return random_members(dfa, rng, n, max_len, stop=0.15)
 
 
 # ------------------------------------------------------------------------------------------ soundness

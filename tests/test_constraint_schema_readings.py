@@ -15,10 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo
-from dllm_constrain.constraints.deriv import DEAD, START, DerivDFA
+from dllm_constrain.constraints.deriv import DerivDFA
 from dllm_constrain.constraints.json_schema import SchemaOptions, schema_to_regex_ast
 from dllm_constrain.errors import (InvalidOptionError, UnknownKeywordError, UnknownKeywordWarning,
                                    UnsupportedSchemaError)
+from test_constraint_support import random_members
 
 
 def lang(schema, **opts) -> DerivDFA:
@@ -78,26 +79,11 @@ def ecma_valid(schema, text: str) -> bool:
 
 def random_texts(dfa: DerivDFA, rng: random.Random, n: int = 30, max_len: int = 60) -> list[str]:
     out = []
-    for _ in range(n):
-        s, buf = START, bytearray()
-        for _ in range(max_len):
-            if dfa.accepting[s] and (rng.random() < 0.2 or len(buf) > max_len // 2):
-                break
-            dfa.expand(s)
-            live = [b for b in range(256) if dfa.T[s, b] != DEAD]
-            if not live:
-                break
-            if len(buf) > max_len // 2:
-                live.sort(key=lambda b: int(dfa.dist[dfa.T[s, b]]))
-                live = live[:2]
-            b = rng.choice(live)
-            buf.append(b)
-            s = int(dfa.T[s, b])
-        if dfa.accepting[s]:
-            try:
-                out.append(bytes(buf).decode("utf-8"))
-            except UnicodeDecodeError:
-                pass
+    for data in random_members(dfa, rng, n, max_len, stop=0.2):
+        try:
+            out.append(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            pass
     return out
 
 

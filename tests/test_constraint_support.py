@@ -3,12 +3,14 @@ regex grammar for hypothesis, and a greedy tokenizer for byte strings."""
 from __future__ import annotations
 
 import itertools
+import random
 import re
 from collections.abc import Callable, Sequence
 
 from hypothesis import strategies as st
 
 from dllm_constrain.constraints import TokenizerInfo
+from dllm_constrain.constraints.deriv import DEAD, START, DerivDFA
 
 # ---------------------------------------------------------------------------------- tiny vocabularies
 # "é" is two UTF-8 bytes (c3 a9): vocabularies below contain tokens that split it.
@@ -27,6 +29,32 @@ def tiny_vocabularies(draw, min_size: int = 4, max_size: int = 10) -> list[bytes
     pool = [b"".join(p) for n in (1, 2, 3) for p in itertools.product(TINY_ALPHABET, repeat=n)]
     extra = draw(st.lists(st.sampled_from(pool), min_size=min_size - 2, max_size=max_size - 2, unique=True))
     out = [b"a", b"b"] + [t for t in extra if t not in (b"a", b"b")]
+    return out
+
+
+# ---------------------------------------------------------------------------------- language walks
+def random_members(dfa: DerivDFA, rng: random.Random, n: int, max_len: int, stop: float) -> list[bytes]:
+    """Random members of the language: random byte walks that always keep a completion, stopping at
+    accepting states with probability `stop` (always once past max_len // 2, where the walk also heads
+    towards acceptance); walks that end unaccepted are dropped."""
+    out = []
+    for _ in range(n):
+        s, buf = START, bytearray()
+        for _ in range(max_len):
+            if dfa.accepting[s] and (rng.random() < stop or len(buf) > max_len // 2):
+                break
+            dfa.expand(s)
+            live = [b for b in range(256) if dfa.T[s, b] != DEAD]
+            if not live:
+                break
+            if len(buf) > max_len // 2:
+                live.sort(key=lambda b: int(dfa.dist[dfa.T[s, b]]))
+                live = live[:2]
+            b = rng.choice(live)
+            buf.append(b)
+            s = int(dfa.T[s, b])
+        if dfa.accepting[s]:
+            out.append(bytes(buf))
     return out
 
 
