@@ -45,7 +45,7 @@ def test_every_mask_equals_the_brute_force_set_of_completable_tokens(data):
     cc, info = _compiled(pattern, tokens)
     canvas = data.draw(canvases(len(tokens), info.eos_id, info.mask_id))
     try:
-        state = cc.new_canvas_state(len(canvas), expand_budget=None)
+        state = cc.new_canvas_state(len(canvas), expand_budget=None, timeout_s=None)
     except ConstraintTooLongError:
         assert not brute_force_completable([info.mask_id] * len(canvas), tokens, info.eos_id, info.mask_id,
                                            regex_accepts(pattern))
@@ -65,7 +65,7 @@ def test_is_completable_equals_brute_force(data):
     cc, info = _compiled(pattern, tokens)
     canvas = data.draw(canvases(len(tokens), info.eos_id, info.mask_id))
     try:
-        state = cc.new_canvas_state(len(canvas), expand_budget=None)
+        state = cc.new_canvas_state(len(canvas), expand_budget=None, timeout_s=None)
     except ConstraintTooLongError:
         return
     assert state.is_completable(canvas) == brute_force_completable(canvas, tokens, info.eos_id, info.mask_id,
@@ -80,7 +80,7 @@ def test_a_mask_is_never_empty_while_the_canvas_is_completable(data):
     cc, info = _compiled(pattern, tokens)
     canvas = data.draw(canvases(len(tokens), info.eos_id, info.mask_id, max_len=8, max_open=8))
     try:
-        state = cc.new_canvas_state(len(canvas), expand_budget=None)
+        state = cc.new_canvas_state(len(canvas), expand_budget=None, timeout_s=None)
     except ConstraintTooLongError:
         return
     opens = [i for i, c in enumerate(canvas) if c == info.mask_id]
@@ -96,7 +96,7 @@ def test_select_commits_keeps_a_jointly_consistent_greedy_subset(data):
     cc, info = _compiled(pattern, tokens)
     n = data.draw(st.integers(2, 5))
     try:
-        state = cc.new_canvas_state(n, expand_budget=None)
+        state = cc.new_canvas_state(n, expand_budget=None, timeout_s=None)
     except ConstraintTooLongError:
         return
     canvas = [info.mask_id] * n
@@ -132,7 +132,7 @@ def test_forced_tokens_are_exactly_the_positions_with_one_completion_token(data)
     cc, info = _compiled(pattern, tokens)
     canvas = data.draw(canvases(len(tokens), info.eos_id, info.mask_id))
     try:
-        state = cc.new_canvas_state(len(canvas), expand_budget=None)
+        state = cc.new_canvas_state(len(canvas), expand_budget=None, timeout_s=None)
     except ConstraintTooLongError:
         return
     expected = brute_force_allowed(canvas, tokens, info.eos_id, info.mask_id, regex_accepts(pattern))
@@ -149,7 +149,7 @@ def test_random_decoding_with_random_commit_orders_always_ends_valid(data, seed)
     cc, info = _compiled(pattern, tokens)
     n = data.draw(st.integers(1, 10))
     try:
-        state = cc.new_canvas_state(n, expand_budget=None)
+        state = cc.new_canvas_state(n, expand_budget=None, timeout_s=None)
     except ConstraintTooLongError:
         return
     canvas = [info.mask_id] * n
@@ -172,21 +172,21 @@ def test_random_decoding_with_random_commit_orders_always_ends_valid(data, seed)
 
 def test_canvas_state_satisfies_the_protocol():
     cc, info = _compiled("ab", [b"a", b"b"])
-    assert isinstance(cc.new_canvas_state(3, expand_budget=None), CanvasConstraint)
+    assert isinstance(cc.new_canvas_state(3, expand_budget=None, timeout_s=None), CanvasConstraint)
 
 
 def test_a_constraint_longer_than_the_canvas_is_refused_with_its_minimum_length():
     cc, info = _compiled("a{5}", [b"a", b"aa"])
     assert cc.min_tokens() == 3
-    cc.new_canvas_state(3, expand_budget=None)
+    cc.new_canvas_state(3, expand_budget=None, timeout_s=None)
     with pytest.raises(ConstraintTooLongError) as e:
-        cc.new_canvas_state(2, expand_budget=None)
+        cc.new_canvas_state(2, expand_budget=None, timeout_s=None)
     assert e.value.min_tokens == 3 and e.value.max_new_tokens == 2
 
 
 def test_text_that_fills_the_whole_canvas_needs_no_eos():
     cc, info = _compiled("abab", [b"a", b"b", b"ab"])
-    state = cc.new_canvas_state(2, expand_budget=None)
+    state = cc.new_canvas_state(2, expand_budget=None, timeout_s=None)
     m = state.allowed_tokens([info.mask_id, info.mask_id], [0, 1])
     assert set(torch.nonzero(m[0]).flatten().tolist()) == {2}
     assert set(torch.nonzero(m[1]).flatten().tolist()) == {2}
@@ -195,7 +195,7 @@ def test_text_that_fills_the_whole_canvas_needs_no_eos():
 def test_eos_is_allowed_only_where_everything_to_its_right_can_be_eos():
     cc, info = _compiled("a+", [b"a", b"b"])
     eos, mask = info.eos_id, info.mask_id
-    state = cc.new_canvas_state(4, expand_budget=None)
+    state = cc.new_canvas_state(4, expand_budget=None, timeout_s=None)
     # a committed text token at position 3 forbids EOS anywhere before it
     m = state.allowed_tokens([mask, mask, mask, 0], [0, 1, 2])
     assert not m[:, eos].any()
@@ -207,7 +207,7 @@ def test_committed_token_right_of_open_positions_constrains_them():
     # "é" = c3 a9; a committed continuation byte at position 1 forces the lead byte at position 0
     toks = [b"\xc3", b"\xa9", b"a", b"\xc3\xa9"]
     cc, info = _compiled("(é|a)+", toks)
-    state = cc.new_canvas_state(3, expand_budget=None)
+    state = cc.new_canvas_state(3, expand_budget=None, timeout_s=None)
     m = state.allowed_tokens([info.mask_id, 1, info.mask_id], [0, 2])
     assert set(torch.nonzero(m[0]).flatten().tolist()) == {0}
     # the last position cannot start a character it has no room to finish
@@ -219,7 +219,7 @@ def test_mask_width_is_the_model_vocab_and_extra_ids_are_never_allowed():
 
     info = TokenizerInfo([b"a", b"b", None, None], eos_id=2, mask_id=3, vocab_size=10)
     cc = ConstraintCompiler(info).compile_regex("[ab]*")
-    m = cc.new_canvas_state(2, expand_budget=None).allowed_tokens([3, 3], [0, 1])
+    m = cc.new_canvas_state(2, expand_budget=None, timeout_s=None).allowed_tokens([3, 3], [0, 1])
     assert m.shape == (2, 10)
     assert not m[:, 3:].any() and not m[:, 3].any()
     assert m[:, :3].all()
@@ -240,7 +240,7 @@ def test_compiling_twice_returns_the_cached_constraint():
 def test_tokens_splitting_a_multibyte_character_are_handled_exactly():
     toks = [b"\xc3", b"\xa9", b"\xc3\xa9", b"x"]
     cc, info = _compiled("é{2}", toks)
-    state = cc.new_canvas_state(3, expand_budget=None)
+    state = cc.new_canvas_state(3, expand_budget=None, timeout_s=None)
     got = state.allowed_sets([info.mask_id] * 3)
     assert got[0] == {0, 2}
     assert got[1] == {0, 1, 2}  # [c3a9, c3, a9] / [c3, a9, c3a9] / [c3a9, c3a9, EOS]
@@ -264,7 +264,7 @@ def test_under_a_tiny_expansion_budget_masks_stay_sound_and_the_frontier_exact(d
     cc, info = _compiled(pattern, tokens)
     n = data.draw(st.integers(1, 6))
     try:
-        state = cc.new_canvas_state(n, expand_budget=budget)
+        state = cc.new_canvas_state(n, expand_budget=budget, timeout_s=None)
     except ConstraintTooLongError:
         return
     accepts = regex_accepts(pattern)

@@ -136,11 +136,11 @@ def test_a_request_interrupted_mid_growth_does_not_break_the_shared_compiled_con
     monkeypatch.setattr(deriv, "np", _FailingNumpy(rows=grown_at, fail_at=3))
     canvas = [3] * 48
     with pytest.raises(CompilationTimeoutError):
-        shared.new_canvas_state(48, expand_budget=None).allowed_tokens(canvas, range(48))
+        shared.new_canvas_state(48, expand_budget=None, timeout_s=None).allowed_tokens(canvas, range(48))
     monkeypatch.setattr(deriv, "np", np)
     fresh = ConstraintCompiler(info, cache=False).compile_regex(PATTERN)
-    got = shared.new_canvas_state(48, expand_budget=None).allowed_tokens(canvas, range(48))
-    want = fresh.new_canvas_state(48, expand_budget=None).allowed_tokens(canvas, range(48))
+    got = shared.new_canvas_state(48, expand_budget=None, timeout_s=None).allowed_tokens(canvas, range(48))
+    want = fresh.new_canvas_state(48, expand_budget=None, timeout_s=None).allowed_tokens(canvas, range(48))
     assert got.equal(want)
     assert shared.accepts_text("abcdegz12") and not shared.accepts_text("abz")
 
