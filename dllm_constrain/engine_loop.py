@@ -217,12 +217,7 @@ class EngineLoop:
         progress, seen = call.progress, {}
         if call.on_stream is not None:
             progress = self._streaming_progress(call, engine.special.eos_id, seen)
-        try:
-            results = engine.generate(requests, progress=progress, config=call.config)
-        finally:
-            loop = engine._loop  # generate() installed its own runner and logits path: give back the batch's
-            if loop is not None:
-                engine.runner, engine.logits_path = loop.runner, loop.logits_path
+        results = engine.generate(requests, progress=progress, config=call.config)  # the batch keeps its own machinery
         if call.on_stream is not None:
             for i, r in enumerate(results):
                 new = r.token_ids[min(seen.get(i, 0), len(r.token_ids)):]

@@ -68,7 +68,6 @@ from dllm_constrain.engine.outputs import (
     StreamUpdate,
 )
 from dllm_constrain.engine.policies import CommitPolicy, make_policy
-from dllm_constrain.engine.sampling import RowStats
 from dllm_constrain.engine.scheduler import Scheduler, SchedulerConfig
 from dllm_constrain.engine.state import Request, RequestState
 from dllm_constrain.errors import (
@@ -268,7 +267,8 @@ class LLMEngine:
         live = [s for s in running if not s.done]
         for row in loop.runner.forward_rows(live):
             s = row.state
-            self._isolated(s, self._after_forward, s, loop.policies[s.index], row.hidden, row.offset)
+            self._isolated(s, self._after_forward, s, loop.policies[s.index], row.hidden, row.offset,
+                           loop.logits_path)
         for s in running:
             if s.done:
                 outputs.append(RequestOutput(s.index, self._result(s, loop.runner)))
@@ -343,10 +343,13 @@ class LLMEngine:
         if not s.done and s.constraint is not None:
             self._commit_forced(s)
 
-    def _after_forward(self, s: RequestState, policy: CommitPolicy, hidden: torch.Tensor, offset: int) -> None:
-        """The part of a step after the forward: policy, joint verification, backtracking, bookkeeping."""
+    def _after_forward(self, s: RequestState, policy: CommitPolicy, hidden: torch.Tensor, offset: int,
+                       logits_path: LogitsPath) -> None:
+        """The part of a step after the forward: policy, joint verification, backtracking, bookkeeping. `logits_path`
+        is the one of the loop the request belongs to (a generate() call between two steps of the continuous loop
+        has its own)."""
         s.nfe += 1
-        self._denoise(s, policy, hidden, offset)
+        self._denoise(s, policy, hidden, offset, logits_path)
         s.block_step += 1
         self._settle(s)
 
@@ -383,7 +386,7 @@ class LLMEngine:
                               self_conditioning_logits=sc_logits)
                 out = model.denoise_step(canvas)
                 for b in active:
-                    self._after_forward(states[b], policies[b], out.hidden[b], -start)
+                    self._after_forward(states[b], policies[b], out.hidden[b], -start, self.logits_path)
                 temperature = first.temperature
                 sc_logits = (out.logits / temperature if temperature > 0 else out.logits).to(out.hidden.dtype)
                 if progress is not None:
@@ -427,18 +430,17 @@ class LLMEngine:
                     allowed[j, btok] = False
         return allowed
 
-    def _row_stats(self, s: RequestState, rows: torch.Tensor, allowed: torch.Tensor) -> RowStats:
-        """Project logits for `rows` hidden states in budgeted chunks, each masked and reduced at once."""
-        return self.logits_path.row_stats(rows, allowed, s.params.temperature, s.generator)
-
-    def _denoise(self, s: RequestState, policy: CommitPolicy, hidden: torch.Tensor, offset: int) -> None:
+    def _denoise(self, s: RequestState, policy: CommitPolicy, hidden: torch.Tensor, offset: int,
+                 logits_path: LogitsPath) -> None:
         positions = s.open_in_block()
         if not positions:
             return
         view = s.canvas_view(self.special.mask_id)
         cached, s.allowed_cache = s.allowed_cache, None
         allowed = cached[1] if cached is not None and cached[0] == positions else self._allowed(s, view, positions)
-        stats = self._row_stats(s, hidden[[offset + p for p in positions]], allowed)
+        # logits for the open positions in budgeted chunks, each masked and reduced at once
+        stats = logits_path.row_stats(hidden[[offset + p for p in positions]], allowed, s.params.temperature,
+                                      s.generator)
         selection = policy.select(stats, s)
         proposals = [(positions[r], int(stats.token[r]), float(score))
                      for r, score in zip(selection.commit, selection.scores)]

@@ -177,6 +177,20 @@ def test_abort_removes_a_request_and_its_slot_goes_to_the_next_one() -> None:
     assert loop.runner.cache.entries == {} and loop.scheduler.budget.used == 0
 
 
+def test_a_generate_call_between_two_steps_leaves_the_continuous_loop_its_own_logits_path() -> None:
+    engine = LLMEngine(MODEL, TOKENIZER)
+    rid = engine.add_request(SPECS[0].request())
+    engine.step()
+    (between,) = engine.generate([SPECS[2].request()], config=EngineConfig(max_logit_rows=1))
+    assert (between.canvas_ids, between.nfe) == solo(2, "dual")
+    call_path, chunks = engine.logits_path, engine.logits_path.chunks  # the generate() call's
+    outs = {}
+    while engine.has_unfinished():
+        outs.update({o.request_id: o.result for o in engine.step()})
+    assert (outs[rid].canvas_ids, outs[rid].nfe) == solo(0, "dual")
+    assert call_path.chunks == chunks  # the loop's later steps never went through the call's logits path
+
+
 class FailingConstraint(DigitsConstraint):
     """The digits language, until its `fail_at`-th mask request, which raises ConstraintError."""
 
