@@ -25,7 +25,7 @@ from collections import Counter
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_masks import DEFAULT_MIX, SHARED, load_sample, pct  # noqa: E402
+from bench_masks import DEFAULT_MIX, add_sample_args, load_sample, load_tokenizer, pct  # noqa: E402
 
 
 def fill(cc, st, n, eos, mask_id, rng, times, stats, run_cap):
@@ -92,17 +92,15 @@ def fill(cc, st, n, eos, mask_id, rng, times, stats, run_cap):
     return None
 
 
-def valid(cc, schema, ids, eos, tok) -> bool | None:
+def valid(cc, schema, ids, eos) -> bool | None:
     if not cc.accepts_tokens(ids):
         return False
-    text = tok.decode([t for t in ids if t != eos], skip_special_tokens=False) if ids else ""
     k = ids.index(eos) if eos in ids else len(ids)
     data = b"".join(cc.tokenizer_info.token_bytes[t] for t in ids[:k])
     try:
         inst = json.loads(data.decode("utf-8"))
     except Exception:  # noqa: BLE001
         return False
-    del text
     try:
         import jsonschema
 
@@ -114,9 +112,7 @@ def valid(cc, schema, ids, eos, tok) -> bool | None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default=os.path.join(SHARED, "data", "jsonschemabench"))
-    ap.add_argument("--tokenizer", default=os.path.join(SHARED, "data", "tokenizers", "bpe128k"))
-    ap.add_argument("--seed", type=int, default=0)
+    add_sample_args(ap)
     ap.add_argument("--limit", type=int, default=40, help="schemas (spread over the 200-schema sample)")
     ap.add_argument("--timeout", type=float, default=0.5, help="per-call constraint_timeout (s)")
     ap.add_argument("--compile-timeout", type=float, default=10.0)
@@ -128,19 +124,15 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
-    from tokenizers import Tokenizer
-
     from dllm_constrain.api import STRICT_SCHEMA_OPTIONS
-    from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo, clear_cache
+    from dllm_constrain.constraints import ConstraintCompiler, clear_cache
     from dllm_constrain.errors import ConstraintError, ConstraintTimeoutError
 
     items = load_sample(args.data, args.seed, DEFAULT_MIX)
     step = max(1, len(items) // args.limit)
     items = items[::step][: args.limit]
-    tk = Tokenizer.from_file(os.path.join(args.tokenizer, "tokenizer.json"))
-    pad = tk.token_to_id("<|pad|>")
-    info = TokenizerInfo.from_tokenizer(args.tokenizer, mask_id=pad)
-    info.trie()
+    _, info = load_tokenizer(args.tokenizer)
+    pad = info.mask_id
     comp = ConstraintCompiler(info, timeout_s=args.compile_timeout)
     eos = info.eos_id
     report = {}
@@ -179,7 +171,7 @@ def main() -> int:
             hits += st.deadline_hits
             stats["runs"] += 1
             if ids is not None:
-                v = valid(cc, r["schema"], ids, eos, tk)
+                v = valid(cc, r["schema"], ids, eos)
                 stats["outputs"] += 1
                 stats["invalid" if v is False else ("valid" if v else "unchecked")] += 1
                 if v is False:

@@ -61,6 +61,26 @@ def load_sample(data_dir: str, seed: int, mix: dict[str, int]) -> list[dict]:
     return out
 
 
+def add_sample_args(ap: argparse.ArgumentParser) -> None:
+    """--data (JSONSchemaBench directory), --tokenizer (tokenizer folder), --seed: the sample's arguments."""
+    ap.add_argument("--data", default=os.path.join(SHARED, "data", "jsonschemabench"))
+    ap.add_argument("--tokenizer", default=os.path.join(SHARED, "data", "tokenizers", "bpe128k"))
+    ap.add_argument("--seed", type=int, default=0)
+
+
+def load_tokenizer(tokenizer_dir: str):
+    """(tokenizers.Tokenizer, TokenizerInfo) of the tokenizer folder, the trie built, the pad token as the canvas
+    mask id (never produced by a constraint)."""
+    from tokenizers import Tokenizer
+
+    from dllm_constrain.constraints import TokenizerInfo
+
+    tk = Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json"))
+    info = TokenizerInfo.from_tokenizer(tokenizer_dir, mask_id=tk.token_to_id("<|pad|>"))
+    info.trie()
+    return tk, info
+
+
 def pct(xs: list[float], q: float) -> float:
     if not xs:
         return float("nan")
@@ -116,9 +136,7 @@ def canvas_walk(cc, ids: list[int], eos: int, mask_id: int, block: int, per_step
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default=os.path.join(SHARED, "data", "jsonschemabench"))
-    ap.add_argument("--tokenizer", default=os.path.join(SHARED, "data", "tokenizers", "bpe128k"))
-    ap.add_argument("--seed", type=int, default=0)
+    add_sample_args(ap)
     ap.add_argument("--n-per-subset", type=int, default=0, help="override the mix: N schemas per subset")
     ap.add_argument("--block", type=int, default=32)
     ap.add_argument("--per-step", type=int, default=4, help="commits per denoising step in the walk")
@@ -141,9 +159,7 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
-    from tokenizers import Tokenizer
-
-    from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo, clear_cache
+    from dllm_constrain.constraints import ConstraintCompiler, clear_cache
     from dllm_constrain.errors import ConstraintError
 
     if not os.path.isdir(args.data):
@@ -155,11 +171,8 @@ def main() -> int:
         want = {x.strip() for x in open(args.ids_file) if x.strip()}
         items = [r for r in items if r["id"] in want]
     t0 = time.perf_counter()
-    tk = Tokenizer.from_file(os.path.join(args.tokenizer, "tokenizer.json"))
-    # a mask id for the canvas: the tokenizer's pad token (never produced by a constraint)
-    pad = tk.token_to_id("<|pad|>")
-    info = TokenizerInfo.from_tokenizer(args.tokenizer, mask_id=pad)
-    info.trie()
+    tk, info = load_tokenizer(args.tokenizer)
+    pad = info.mask_id
     setup_s = time.perf_counter() - t0
     comp = ConstraintCompiler(info, timeout_s=args.timeout)
     eos, mask_id = info.eos_id, pad
