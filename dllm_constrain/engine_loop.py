@@ -152,7 +152,6 @@ class EngineLoop:
     # ------------------------------------------------------------------ loop thread
     def _run(self) -> None:
         engine = self.engine
-        engine.stream_hook = self._on_stream
         while True:
             busy = engine.has_unfinished()
             try:
@@ -202,7 +201,7 @@ class EngineLoop:
                 rid = engine.add_request(request)
                 self._owner[rid] = (call, len(call.rids))
                 call.rids.append(rid)
-                call.states.append(engine._loop.states[rid])  # the engine's live state (for progress snapshots)
+                call.states.append(engine.request_state(rid))  # the live state (for progress snapshots)
         except BaseException as exc:  # noqa: BLE001 - the call's own failure (typed or not) is its answer
             self._abort(call, exc)
             return
@@ -255,10 +254,9 @@ class EngineLoop:
 
     def _step(self) -> None:
         try:
-            outputs = self.engine.step()
-        except BaseException as exc:  # noqa: BLE001 - a fault of the step itself: every live call gets it
+            outputs = self.engine.step(self._on_stream)
+        except BaseException as exc:  # noqa: BLE001 - a fault of the step itself (the engine dropped every request)
             log.exception("engine loop: step failed")
-            self.engine._loop = None  # its state is not trustworthy any more: the next request starts afresh
             for call in list(self._live):
                 self._fail(call, exc)
             self._owner.clear()
@@ -329,8 +327,7 @@ class EngineLoop:
         while self.engine.has_unfinished():  # deliver the aborted requests' outputs, freeing their slots
             try:
                 self.engine.step()
-            except BaseException:  # noqa: BLE001
-                self.engine._loop = None
+            except BaseException:  # noqa: BLE001 - the engine dropped its requests
                 break
 
 

@@ -105,7 +105,8 @@ class LLMEngine:
             for out in engine.step():          # the requests that ended at this step, as soon as they end
                 ...out.request_id, out.result (finish_reason "eos" | "length" | "error" | "aborted")
         engine.abort(rid)                       # removes it, frees its slot; its output comes with the next step
-        engine.stream_hook = fn                 # fn(list[StreamUpdate]) after each step: committed left prefixes
+        engine.step(stream=fn)                  # fn(list[StreamUpdate]) after the step: committed left prefixes
+        engine.request_state(rid)               # the live state of a waiting or running request
     Static use: `generate(requests)` runs its own loop (same per-request code) and returns results in order."""
 
     def __init__(self, model: DiffusionLM, tokenizer: Any = None, *, max_logit_rows: int | None = None,
@@ -125,8 +126,6 @@ class LLMEngine:
         self.base_allowed = self._base_allowed()
         # called with (states, hidden, offsets) after every KV cache Reuse forward (agreement measurements)
         self.reuse_hook: Callable[[list[RequestState], torch.Tensor, list[int]], None] | None = None
-        # called after every step() of the continuous loop with the requests whose committed prefix grew or ended
-        self.stream_hook: StreamHook | None = None
         self._setup_call(self.config)
         self._loop: _Loop | None = None  # the continuous loop, made by the first add_request
 
@@ -234,18 +233,32 @@ class LLMEngine:
         loop = self._loop
         return loop is not None and (loop.scheduler.has_unfinished() or bool(loop.pending))
 
+    def request_state(self, request_id: int) -> RequestState | None:
+        """The live state of a waiting or running request of the continuous loop (None once it ended); read it
+        between steps, on the thread that drives the engine."""
+        loop = self._loop
+        return loop.states.get(request_id) if loop is not None else None
+
     @torch.inference_mode()
-    def step(self) -> list[RequestOutput]:
+    def step(self, stream: StreamHook | None = None) -> list[RequestOutput]:
         """One step of the continuous loop: refill free slots, one forward for the running set, per-request
-        commits; returns the requests that ended at this step (and those aborted since the last one)."""
+        commits; returns the requests that ended at this step (and those aborted since the last one).
+        stream: called once after the step with the requests whose committed left prefix grew or that ended.
+        A step that raises (a fault of the model or the engine, not a request's own typed error, which only ends
+        that request) leaves the loop's state half-updated: every request of the loop is dropped and the error
+        re-raised; the next add_request starts a new loop."""
         loop = self._loop
         if loop is None:
             return []
-        outputs = self._step(loop)
-        if self.stream_hook is not None:
+        try:
+            outputs = self._step(loop)
+        except BaseException:
+            self._loop = None
+            raise
+        if stream is not None:
             updates = self._stream_updates(loop, outputs)
             if updates:
-                self.stream_hook(updates)
+                stream(updates)
         for out in outputs:
             loop.streamed.pop(out.request_id, None)
         return outputs

@@ -231,15 +231,39 @@ def test_a_failing_request_ends_with_its_own_typed_error_and_the_others_go_on(ki
     assert isinstance(failed.error, expected) and failed.finish_reason == "error"
 
 
-def test_the_stream_hook_gives_growing_committed_prefixes_and_each_result_as_soon_as_it_ends() -> None:
+class BrokenConstraint(DigitsConstraint):
+    """A constraint with a bug: its masks raise an untyped error (a fault of the step, not of the request)."""
+
+    def allowed_tokens(self, canvas, positions):
+        raise RuntimeError("a bug in a constraint")
+
+
+def test_a_step_that_raises_drops_the_loop_and_the_next_request_starts_a_new_one() -> None:
+    engine = LLMEngine(MODEL, TOKENIZER)
+    good = engine.add_request(SPECS[0].request())
+    state = engine.request_state(good)
+    assert state is not None and not state.done and engine.request_state(999) is None
+    engine.add_request(Request([40, 41], SamplingParams(max_new_tokens=8, block_length=4), BrokenConstraint(
+        digits=DIGITS, vocab_size=260)))
+    with pytest.raises(RuntimeError, match="a bug in a constraint"):
+        engine.step()
+    assert not engine.has_unfinished() and engine.request_state(good) is None and engine.step() == []
+    rid = engine.add_request(SPECS[0].request())
+    outs = {}
+    while engine.has_unfinished():
+        outs.update({o.request_id: o.result for o in engine.step()})
+    assert (outs[rid].canvas_ids, outs[rid].nfe) == solo(0, "dual")
+    assert engine.request_state(rid) is None  # ended
+
+
+def test_step_streams_growing_committed_prefixes_and_each_result_as_soon_as_it_ends() -> None:
     engine = LLMEngine(MODEL, TOKENIZER, scheduler_config=SchedulerConfig(max_num_seqs=3))
     updates = []
-    engine.stream_hook = updates.append
     ids = [engine.add_request(SPECS[i].request()) for i in (2, 1, 0, 6)]
     ended_at = {}
     step = 0
     while engine.has_unfinished():
-        for out in engine.step():
+        for out in engine.step(stream=updates.append):
             ended_at[out.request_id] = (step, out.result)
         step += 1
     nfe = {rid: res.nfe for rid, (_, res) in ended_at.items()}
