@@ -340,7 +340,6 @@ class SetAlgebra:
         if r is not None:
             return r
         dfa = self.dfa
-        vocab = self.ta.tok.byte_set()
         L = max(1, self.ta.max_token_len)
         chain: list[int] = []
         s = q
@@ -362,7 +361,7 @@ class SetAlgebra:
                     break
                 head.append(b)
                 states.append(u)
-            k = next((k for k in range(len(head), 0, -1) if bytes(head[:k]) in vocab), 0)
+            k = self.ta.longest_token_prefix(bytes(head))
             if k == 0:  # a dead end on the path, or a byte no token spells
                 r = memo[s] = INF
                 break

@@ -266,20 +266,10 @@ class TokenAutomaton:
         self.n_allp = k + 1
         return k
 
-    def count_longest_match(self, data: bytes) -> int:
-        """Number of tokens of a longest-match tokenization of data (INF when some byte has no token)."""
+    def longest_token_prefix(self, data: bytes) -> int:
+        """Length of the longest token that spells a prefix of data (0: no token does)."""
         vocab = self.tok.byte_set()
-        L = self.max_token_len
-        i, n, k = 0, len(data), 0
-        while i < n:
-            for j in range(min(n, i + L), i, -1):
-                if data[i:j] in vocab:
-                    i = j
-                    k += 1
-                    break
-            else:
-                return 1 << 30
-        return k
+        return next((j for j in range(min(len(data), self.max_token_len), 0, -1) if data[:j] in vocab), 0)
 
     def succ(self, s: int) -> frozenset[int]:
         return self.trans(s).succ
