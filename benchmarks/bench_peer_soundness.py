@@ -305,36 +305,6 @@ def lark_grammar_sources(examples_dir: list[str] | None = None) -> list[tuple[st
     return out
 
 
-def unfiltered_sentence(cg, rng: random.Random) -> str | None:
-    """A random sentence of our compiled grammar, rendered like cfg.sample.random_sentence but without its
-    check against our matcher and Lark (so what it renders is judged here)."""
-    from dllm_constrain.constraints.cfg.sample import _walk_terminal, random_types
-
-    spec = cg.spec
-    scan_by_type = {t.type_id: j for j, t in enumerate(spec.scan)}
-    sep = cg.separator.decode("utf-8", "replace") if cg.separator else ""
-    parts = []
-    for t in random_types(cg, rng, 6):
-        if t in spec.keywords:
-            value, icase = spec.keywords[t]
-            s = value.decode("utf-8")
-            if icase:
-                s = "".join(ch.upper() if rng.random() < 0.5 else ch.lower() for ch in s)
-            parts.append(s)
-            continue
-        j = scan_by_type.get(t)
-        if j is None:
-            return None
-        data = _walk_terminal(cg.lexer.dfas[j], rng)
-        if data is None:
-            return None
-        try:
-            parts.append(data.decode("utf-8"))
-        except UnicodeDecodeError:
-            return None
-    return sep.join(parts)
-
-
 def grammar_walk(cg, rng: random.Random, max_len: int = 30) -> str | None:
     """A random byte walk through our compiled grammar (each byte one the exact matcher accepts as a prefix),
     finished by the grammar's own completion."""
@@ -371,6 +341,7 @@ def run_lark(args, rng: random.Random) -> Tally | None:
         print("lark: the lark package is not installed; skipped", file=sys.stderr)
         return None
     from dllm_constrain.constraints.cfg import GrammarCompiler
+    from dllm_constrain.constraints.cfg.sample import render_sentence
     from dllm_constrain.errors import ConstraintError
 
     gc_ = GrammarCompiler(byte_info())
@@ -421,7 +392,7 @@ def run_lark(args, rng: random.Random) -> Tally | None:
         try:
             with time_limit(args.item_timeout * 6):
                 for _ in range(n_sent):
-                    s = unfiltered_sentence(cg, rng)
+                    s = render_sentence(cg, rng, 6)  # unchecked: what it renders is judged here
                     if s is not None:
                         base.add(s)
                     s = grammar_walk(cg, rng)

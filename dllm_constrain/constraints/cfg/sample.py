@@ -69,39 +69,37 @@ def random_types(cg: CompiledGrammar, rng: random.Random, max_depth: int = 8) ->
     return out
 
 
-def random_sentence(cg: CompiledGrammar, rng: random.Random, max_depth: int = 8, tries: int = 20) -> str | None:
+def render_sentence(cg: CompiledGrammar, rng: random.Random, max_depth: int = 8) -> str | None:
+    """One random derivation rendered as text, unchecked (None when a lexeme cannot be rendered)."""
     spec = cg.spec
-    lx = cg.lexer
     scan_by_type = {t.type_id: j for j, t in enumerate(spec.scan)}
-    sep = cg.separator.decode("utf-8") if cg.separator else ""
-    for _ in range(tries):
-        types = random_types(cg, rng, max_depth)
-        parts = []
-        ok = True
-        for t in types:
-            if t in spec.keywords:
-                value, icase = spec.keywords[t]
-                s = value.decode("utf-8")
-                if icase:
-                    s = "".join(ch.upper() if rng.random() < 0.5 else ch.lower() for ch in s)
-                parts.append(s)
-                continue
-            j = scan_by_type.get(t)
-            if j is None:
-                ok = False
-                break
-            data = _walk_terminal(lx.dfas[j], rng)
-            if data is None:
-                ok = False
-                break
-            try:
-                parts.append(data.decode("utf-8"))
-            except UnicodeDecodeError:
-                ok = False
-                break
-        if not ok:
+    sep = cg.separator.decode("utf-8", "replace") if cg.separator else ""
+    parts = []
+    for t in random_types(cg, rng, max_depth):
+        if t in spec.keywords:
+            value, icase = spec.keywords[t]
+            s = value.decode("utf-8")
+            if icase:
+                s = "".join(ch.upper() if rng.random() < 0.5 else ch.lower() for ch in s)
+            parts.append(s)
             continue
-        text = sep.join(parts) if sep else "".join(parts)
-        if cg.accepts_text(text) and cg.lark_parses(text):
+        j = scan_by_type.get(t)
+        if j is None:
+            return None
+        data = _walk_terminal(cg.lexer.dfas[j], rng)
+        if data is None:
+            return None
+        try:
+            parts.append(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            return None
+    return sep.join(parts)
+
+
+def random_sentence(cg: CompiledGrammar, rng: random.Random, max_depth: int = 8, tries: int = 20) -> str | None:
+    """A random sentence that both the exact matcher and Lark accept (None after `tries` failed renders)."""
+    for _ in range(tries):
+        text = render_sentence(cg, rng, max_depth)
+        if text is not None and cg.accepts_text(text) and cg.lark_parses(text):
             return text
     return None
