@@ -70,7 +70,7 @@ START_BIT = 1 << START
 class Budget:
     """How many new token-transition computations one call may still do, and until when."""
 
-    __slots__ = ("left", "t_end", "undecided", "finish_left")
+    __slots__ = ("left", "t_end", "undecided", "finish_left", "cuts")
 
     def __init__(self, n: int | None = None, seconds: float | None = None, finish: int | None = None):
         self.left = UNLIMITED if n is None else n
@@ -78,6 +78,9 @@ class Budget:
         self.undecided: set[tuple[int, int]] = set()  # (state, m) found undecided in this call
         # the can-finish search has its own allowance (it decides which tokens are allowed at all)
         self.finish_left = UNLIMITED if n is None else (8 * n if finish is None else finish)
+        # set-level results this call computed through part of their members only (budget cuts): while 0, every
+        # set of the call is exact. Per call, not on the shared SetAlgebra, which other requests (and threads) use.
+        self.cuts = 0
 
     def take(self) -> bool:
         if self.left <= 0 or (self.t_end is not None and time.perf_counter() > self.t_end):
@@ -114,10 +117,6 @@ class SetAlgebra:
         self._succ_sorted: dict[int, list[int]] = {}
         self._greedy: dict[int, int] = {}
         self._greedy_step: dict[int, tuple[int, int]] = {}
-        self.last_partial = False  # did the last step follow only part of its members (budget)?
-        # set-level results computed through part of their members only (budget cuts): a call compares the
-        # count before and after to know whether its sets may be smaller than the exact ones
-        self.cuts = 0
         self.rows: OrderedDict = OrderedDict()  # mask-row cache: (Bi, Bn) -> bool numpy row
         self.max_rows = 64
 
@@ -184,9 +183,8 @@ class SetAlgebra:
                     unknown.append(q)
                     continue
             r |= sb
-        self.last_partial = partial
-        if partial:
-            self.cuts += 1
+        if partial:  # only a budget leaves members unknown
+            budget.cuts += 1
         if partial and not r and not ended:
             # keep a spine: follow the member closest to acceptance even past the budget
             dist = self.dfa.dist
@@ -217,12 +215,12 @@ class SetAlgebra:
         return r
 
     def step(self, F: int, c: int | None, budget: Budget | None = None) -> int:
-        self.last_partial = False
         return self.step_open(F, budget) if c is None else self.step_tok(F, c)
 
     # ------------------------------------------------------------------ backward
-    def back_open(self, F: int, X: int) -> int:
-        """{q in F : an open position takes q into X} (through known transitions)."""
+    def back_open(self, F: int, X: int, budget: Budget | None = None) -> int:
+        """{q in F : an open position takes q into X} (through known transitions; a member whose transitions are
+        unknown counts as a cut of `budget`'s call)."""
         key = (F, X)
         r = self._back_open.get(key)
         if r is not None:
@@ -247,10 +245,10 @@ class SetAlgebra:
                 partial = True
             elif sb & X:
                 r |= 1 << q
-        if partial:
-            self.cuts += 1
-        else:
+        if not partial:
             self._back_open[key] = r
+        elif budget is not None:
+            budget.cuts += 1
         return r
 
     def back_tok(self, F: int, t: int, X: int) -> int:
@@ -425,8 +423,8 @@ class SetAlgebra:
                     complete = False
         if complete:
             self._fin_sets[key] = r
-        else:
-            self.cuts += 1
+        else:  # only a budget leaves a member undecided
+            budget.cuts += 1
         return r
 
     # ------------------------------------------------------------------ rows
@@ -562,13 +560,13 @@ class CanvasState:
         else:
             F = F[:1]
             ok = ok[:1]
-        alg = self.alg
-        step = alg.step
+        step = self.alg.step
         budget = self._budget
+        cuts0 = budget.cuts if budget is not None else 0
         while len(F) <= upto:
             i = len(F) - 1
             F.append(step(F[i], c[i], budget))
-            ok.append(ok[i] and not alg.last_partial)
+            ok.append(ok[i] and (budget is None or budget.cuts == cuts0))
         self._fwd = F
         self._fwd_ok = ok
         self._fwd_canvas = c
@@ -597,7 +595,7 @@ class CanvasState:
             if not nb:
                 break  # B[<=i] all empty
             ci = c[i]
-            B[i] = back_open(F[i], nb) if ci is None else back_tok(F[i], ci, nb)
+            B[i] = back_open(F[i], nb, self._budget) if ci is None else back_tok(F[i], ci, nb)
         return Analysis(c, F, B, H)
 
     def _completable(self, c: tuple) -> bool:
@@ -705,7 +703,6 @@ class CanvasState:
     def _allowed_into(self, c: tuple, positions: list[int], frontier: int | None, o: np.ndarray,
                       done: dict[int, bool]) -> None:
         self._new_budget()
-        cuts0 = self.alg.cuts
         an = self._analyze(c, max(positions) + 1)
         B = an.B
         if B[0]:
@@ -722,7 +719,7 @@ class CanvasState:
             bi, bn = B[p], B[p + 1]
             if bi and bn:
                 o[j] = self.alg.row(bi, bn, V)
-            if p == frontier and self._budget is not None and (self.alg.cuts != cuts0 or not o[j].any()):
+            if p == frontier and self._budget is not None and (self._budget.cuts or not o[j].any()):
                 # the budget cut part of the sets: the frontier row may miss tokens; decided exactly below, after
                 # every other row is safe (until then the sound budgeted row stands, if it is not empty)
                 redo = j
