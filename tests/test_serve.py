@@ -34,7 +34,7 @@ from dllm_constrain.serve.backend import (  # noqa: E402
     RequestHandle,
 )
 from dllm_constrain.serve.chat import ChatFormatter  # noqa: E402
-from dllm_constrain.serve.streaming import CommittedText, committed_prefix  # noqa: E402
+from dllm_constrain.serve.streaming import CommittedText  # noqa: E402
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
           "required": ["name", "age"]}
@@ -433,11 +433,6 @@ def test_command_line_options() -> None:
                                                                                         None)
     with pytest.raises(SystemExit):
         parse_args(["--max-queue", "-1"])
-
-
-def test_committed_prefix_stops_at_gap_and_eos() -> None:
-    assert committed_prefix([5, 6, 7, 8], [True, True, False, True], eos_id=1) == [5, 6]
-    assert committed_prefix([5, 1, 7], [True, True, True], eos_id=1) == [5]
 
 
 def test_committed_text_holds_back_partial_characters_and_stop_prefixes() -> None:

@@ -1,8 +1,8 @@
 """The seam between the HTTP layer and the engine: `Backend.submit(GenerationRequest) -> RequestHandle`.
 
 The HTTP layer only knows this interface: a request goes in, the handle yields events (`Started`, `Delta` text that
-is final, then `Done` with the `Completion`; or raises the request's error) and can be aborted. A continuous-
-batching scheduler can replace `EngineBackend` without touching the routes: it has to accept requests from the
+is final, then `Done` with the `Completion`; or raises the request's error) and can be aborted. Another
+scheduler can replace `EngineBackend` without touching the routes: it has to accept requests from the
 event loop (`submit`, non-blocking, raising QueueFullError when it will not take more), publish events to each
 handle from whatever thread runs the engine (`RequestHandle.publish`, thread-safe), and honour `aborted`.
 
@@ -10,15 +10,15 @@ handle from whatever thread runs the engine (`RequestHandle.publish`, thread-saf
 thread owns the engine and runs its continuous batch, so requests with different constraints and sampling options
 denoise together, each joining at the next step and leaving as soon as it ends. Requests wait in a bounded FIFO
 while `max_batch_size` of them are in the engine; a finished one lets the next waiting one in. Each request's
-progress events (its own canvas only) announce Started and publish the committed-prefix deltas of streaming
-requests. An aborted or timed-out request is dropped from the queue, or, when it runs, removed from the engine at
-its next step (`engine.abort`): its neighbours go on.
+progress events (its own canvas only) announce Started; a streaming request also takes the engine's committed-
+prefix updates (`on_stream`), turned into final-text deltas by `CommittedText` (as in `AsyncLLM.stream`). An
+aborted or timed-out request is dropped from the queue, or, when it runs, removed from the engine at its next step
+(`CallHandle.abort`): its neighbours go on.
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import threading
 import time
@@ -31,11 +31,12 @@ from typing import TYPE_CHECKING, Any, Protocol, Union
 from dllm_constrain.engine_loop import CallHandle, GenerationAbortedError
 from dllm_constrain.errors import DllmConstrainError
 from dllm_constrain.serve.errors import QueueFullError, RequestAbortedError, RequestTimeoutError
-from dllm_constrain.serve.streaming import CommittedText, committed_prefix
+from dllm_constrain.serve.streaming import CommittedText
 
 if TYPE_CHECKING:  # only for annotations: the engine's result and progress types
     from dllm_constrain.api import GenerationResult
     from dllm_constrain.engine.llm_engine import StepEvent
+    from dllm_constrain.engine.outputs import StreamUpdate
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +55,6 @@ class ConstraintSpec:
         if self.kind == "schema":
             return {"schema": self.value, "strict": self.strict}
         return {self.kind: self.value}
-
-    def key(self) -> str:
-        """Equal keys mean the same compiled constraint (requests with equal keys may share a batch)."""
-        return json.dumps([self.kind, self.value, self.strict], sort_keys=True, default=str)
 
 
 @dataclass(frozen=True)
@@ -210,7 +207,6 @@ class _Job:
     handle: RequestHandle
     text: CommittedText
     started: bool = False
-    prefix_len: int = -1  # committed-prefix length at the last decode (skip decoding when unchanged)
     call: CallHandle | None = None  # the engine loop's handle once the request runs
 
 
@@ -230,7 +226,6 @@ class EngineBackend:
         self.model_id = model_id or ("dllm-constrain-bundled" if bundled else Path(path).name)
         self.max_queue = max_queue
         self.max_batch_size = max_batch_size
-        self._eos_id = llm.model.special.eos_id
         self._waiting: deque[_Job] = deque()
         self._running: list[_Job] = []
         # reentrant: a call that ends at once runs its done-callback inside _pump, under the lock
@@ -319,6 +314,8 @@ class EngineBackend:
                                   "seed": request.seed}
         if request.constraint is not None:
             kwargs.update(request.constraint.generate_kwargs())
+        if request.stream:
+            kwargs["on_stream"] = lambda index, update: self._stream(job, update)
         return self.llm.submit(request.prompt, progress=lambda event: self._progress(job, event), **kwargs)
 
     def _finished(self, job: _Job, future: Any) -> None:
@@ -329,6 +326,8 @@ class EngineBackend:
                 if job.handle.wanted():
                     [result] = future.result()
                     job.handle.publish(self._complete(job, result))
+                else:  # aborted or expired as it ended (e.g. by close()): no consumer may be left waiting
+                    job.handle.publish(Failed(RequestAbortedError("the request was aborted")))
             elif isinstance(exc, (_RequestStopped, GenerationAbortedError)):
                 job.handle.publish(Failed(RequestAbortedError("the request was aborted")))
             else:
@@ -345,26 +344,29 @@ class EngineBackend:
                 self._pump()
 
     def _progress(self, job: _Job, event: StepEvent) -> None:
-        """After every engine step of this request: announce it started, publish its final-text deltas, stop it
-        when it is no longer wanted."""
+        """After every engine step of this request: announce it started, stop it when it is no longer wanted."""
         if not job.handle.wanted() or self._closing:
             raise _RequestStopped()
+        self._start(job)
+
+    def _stream(self, job: _Job, update: StreamUpdate) -> None:
+        """A streaming request's committed left prefix grew (engine loop thread, before that step's progress
+        event): publish its new final text. The finished update's text is published by _complete."""
+        if not update.finished:
+            self._start(job)
+            delta = job.text.advance(self.llm.engine.decode(update.token_ids))
+            if delta:
+                job.handle.publish(Delta(delta))
+
+    @staticmethod
+    def _start(job: _Job) -> None:
         if not job.started:
             job.started = True
             job.handle.publish(Started())
-        if job.handle.request.stream:
-            snap = event.snapshots[0]
-            ids = committed_prefix(snap.canvas, snap.committed, self._eos_id)
-            if len(ids) != job.prefix_len:
-                job.prefix_len = len(ids)
-                delta = job.text.advance(self.llm.engine.decode(ids))
-                if delta:
-                    job.handle.publish(Delta(delta))
 
     def _complete(self, job: _Job, result: GenerationResult) -> Event:
         request = job.handle.request
-        if not job.started:  # finished without a progress event (e.g. the engine needed no step)
-            job.handle.publish(Started())
+        self._start(job)  # a request can finish without a progress event (e.g. the engine needed no step)
         text, delta, stopped = job.text.finish(result.text)
         if request.stream and delta:
             job.handle.publish(Delta(delta))

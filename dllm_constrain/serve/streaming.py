@@ -1,9 +1,9 @@
-"""Which text of a denoising canvas is final, and the deltas a stream may send.
+"""The deltas a stream may send of a denoising canvas's final text.
 
 A dLLM commits canvas positions in any order, so the only text a client can be shown without ever taking it back
-is the committed left prefix: the positions committed contiguously from the left, up to the first EOS (every
-position left of them is final, and the answer stops at the first EOS). This module turns canvas snapshots into
-that prefix and the prefix into append-only text deltas:
+is the committed left prefix: the positions committed contiguously from the left, up to the first EOS (the engine
+computes it: `RequestState.committed_prefix`, delivered as `StreamUpdate`s through `LLM.submit(on_stream=...)`).
+This module turns the decoded prefix into append-only text deltas, for the server and `AsyncLLM.stream` alike:
 
 - a token may carry only part of a multi-byte UTF-8 character (byte-level BPE); its decoded prefix then ends in
   U+FFFD, which is held back until the rest of the character is committed;
@@ -15,16 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 REPLACEMENT = "\ufffd"
-
-
-def committed_prefix(canvas: Sequence[int], committed: Sequence[bool], eos_id: int | None) -> list[int]:
-    """The answer ids that are final: committed contiguously from position 0, stopping before the first EOS."""
-    out: list[int] = []
-    for tok, done in zip(canvas, committed):
-        if not done or (eos_id is not None and tok == eos_id):
-            break
-        out.append(int(tok))
-    return out
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
