@@ -98,6 +98,25 @@ class Tally:
             self.gaps.append({"item": item, "text": text, "why": why})
 
 
+def compile_or_tally(T: Tally, label: str, build, seconds: float, note=None, suffix: str = ""):
+    """build() under the time limit; a typed refusal (noted by `note(e)` when given), a timeout or an untyped
+    exception (a crash, named by `label`) is tallied on T and gives None."""
+    from dllm_constrain.errors import ConstraintError
+
+    try:
+        with time_limit(seconds):
+            return build()
+    except ConstraintError as e:
+        T.refused[type(e).__name__ + suffix] += 1
+        if note is not None:
+            T.notes[note(e)] += 1
+    except Timeout:
+        T.refused["timeout" + suffix] += 1
+    except Exception:  # noqa: BLE001
+        T.crashes.append(f"{label}: {traceback.format_exc(limit=1).splitlines()[-1]}")
+    return None
+
+
 def str_mutations(s: str, rng: random.Random, k: int) -> list[str]:
     out = {"", s + s}
     if s:
@@ -215,18 +234,9 @@ def run_re(args, rng: random.Random) -> Tally | None:
     T.notes[f"patterns re refuses: also refused by us {syntax_both}, compiled by us {syntax_we_accept}"] += 1
     for pattern, subjects in by_pattern.items():
         T.items += 1
-        try:
-            with time_limit(args.item_timeout):
-                cc = comp.compile_regex(pattern)
-        except ConstraintError as e:
-            T.refused[type(e).__name__] += 1
-            T.notes[f"refused: {refusal_reason(e)}"] += 1
-            continue
-        except Timeout:
-            T.refused["timeout"] += 1
-            continue
-        except Exception:  # noqa: BLE001
-            T.crashes.append(f"compile_regex({pattern!r}): {traceback.format_exc(limit=1).splitlines()[-1]}")
+        cc = compile_or_tally(T, f"compile_regex({pattern!r})", lambda: comp.compile_regex(pattern), args.item_timeout,
+                              note=lambda e: f"refused: {refusal_reason(e)}")
+        if cc is None:
             continue
         T.compiled += 1
         rx = re.compile(pattern)
@@ -342,7 +352,6 @@ def run_lark(args, rng: random.Random) -> Tally | None:
         return None
     from dllm_constrain.constraints.cfg import GrammarCompiler
     from dllm_constrain.constraints.cfg.sample import render_sentence
-    from dllm_constrain.errors import ConstraintError
 
     gc_ = GrammarCompiler(byte_info())
     T = Tally("Lark grammars (lark.Lark lalr/basic .parse)")
@@ -356,18 +365,9 @@ def run_lark(args, rng: random.Random) -> Tally | None:
         if text is None:
             T.refused[f"not standalone: {start} ({name})"] += 1
             continue
-        try:
-            with time_limit(args.item_timeout * 4):
-                cg = gc_.compile(text, start=start, name=name)
-        except ConstraintError as e:
-            T.refused[f"{type(e).__name__} ({name})"] += 1
-            T.notes[f"{name}: {str(e)[:150]}"] += 1
-            continue
-        except Timeout:
-            T.refused[f"timeout ({name})"] += 1
-            continue
-        except Exception:  # noqa: BLE001
-            T.crashes.append(f"{name}: {traceback.format_exc(limit=1).splitlines()[-1]}")
+        cg = compile_or_tally(T, name, lambda: gc_.compile(text, start=start, name=name), args.item_timeout * 4,
+                              note=lambda e: f"{name}: {str(e)[:150]}", suffix=f" ({name})")
+        if cg is None:
             continue
         try:
             reader = lark.Lark(text, parser="lalr", lexer="basic", start=start)
@@ -519,7 +519,6 @@ def run_jsb(args, rng: random.Random) -> Tally | None:
     import jsonschema
 
     from dllm_constrain.constraints import ConstraintCompiler, clear_cache
-    from dllm_constrain.errors import ConstraintError
 
     tk = None
     tok_dir = os.path.join(SHARED, "data", "tokenizers", "bpe32k")
@@ -564,17 +563,9 @@ def run_jsb(args, rng: random.Random) -> Tally | None:
             T.refused["reader refuses the schema"] += 1
             T.notes[f"reader refuses: {type(e).__name__}"] += 1
             continue
-        try:
-            with time_limit(args.item_timeout):
-                cc = comp.compile_json_schema(copy.deepcopy(schema), **opts)
-        except ConstraintError as e:
-            T.refused[type(e).__name__] += 1
-            continue
-        except Timeout:
-            T.refused["timeout"] += 1
-            continue
-        except Exception:  # noqa: BLE001
-            T.crashes.append(f"{r['id']}: {traceback.format_exc(limit=1).splitlines()[-1]}")
+        cc = compile_or_tally(T, r["id"], lambda: comp.compile_json_schema(copy.deepcopy(schema), **opts),
+                              args.item_timeout)
+        if cc is None:
             continue
         T.compiled += 1
         values = []
