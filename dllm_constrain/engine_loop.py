@@ -29,7 +29,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,7 +75,9 @@ class _Call:
 
 
 class CallHandle:
-    """The caller's side of one submitted call: `future` (list[GenerationResult] or the call's error), `abort()`."""
+    """The caller's side of one submitted call: `future` (list[GenerationResult] or the call's error), `abort()`.
+    `future.cancel()` succeeds only while the call is still queued (the loop then skips it); once the loop took the
+    call its future is running, cancel() returns False, and `abort()` is what stops it."""
 
     def __init__(self, loop: "EngineLoop", call: _Call) -> None:
         self._loop = loop
@@ -187,8 +189,8 @@ class EngineLoop:
         kind, call = command
         if kind == "abort":
             self._abort(call, GenerationAbortedError("the generation was aborted"))
-        elif kind == "submit" and not call.done and not call.aborted:
-            self._admit(call)
+        elif kind == "submit" and not call.aborted and call.future.set_running_or_notify_cancel():
+            self._admit(call)  # its future is running now: `future.cancel()` no longer races the loop (use abort)
 
     def _admit(self, call: _Call) -> None:
         engine = self.engine
@@ -306,8 +308,10 @@ class EngineLoop:
     def _fail(self, call: _Call, error: BaseException) -> None:
         if call in self._live:
             self._live.remove(call)
-        if not call.future.done():
+        try:
             call.future.set_exception(error)
+        except InvalidStateError:  # it already ended, or a queued call's future was cancelled meanwhile
+            pass
 
     def _drain(self, error: BaseException) -> None:
         """Fail the calls still queued."""

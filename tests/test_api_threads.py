@@ -180,6 +180,28 @@ def test_abort_of_a_pending_and_of_a_running_request(llm: dc.LLM, reference: lis
     assert _call(llm, 3, "dc").token_ids == reference[3]
 
 
+def test_cancelling_a_future_skips_a_queued_call_and_cannot_race_a_taken_one(llm: dc.LLM,
+                                                                             reference: list[list[int]]) -> None:
+    gate = threading.Event()
+    held = threading.Event()
+
+    def hold(event: Any) -> None:  # the first step's progress holds the loop thread
+        if not gate.is_set():
+            held.set()
+            assert gate.wait(WAIT)
+
+    job = dict(JOBS[1])
+    taken = llm.submit(job.pop("prompt"), max_new_tokens=MAX_NEW, progress=hold, **job)
+    assert held.wait(WAIT)
+    queued = llm.submit("What is 5 plus 5?", regex="[0-9]+", max_new_tokens=MAX_NEW)
+    assert not taken.future.cancel() and taken.future.running()  # the loop took it: abort() stops it, not cancel()
+    assert queued.future.cancel()
+    gate.set()
+    assert taken.result(WAIT)[0].token_ids == reference[1]
+    assert queued.future.cancelled()
+    assert _call(llm, 3, "dc").token_ids == reference[3]  # the loop skipped the cancelled call and still serves
+
+
 def test_async_generate_equals_sync_and_stream_concatenates_to_the_text(llm: dc.LLM) -> None:
     allm = dc.AsyncLLM(llm)
 
