@@ -30,7 +30,6 @@ bookkeeping; per-request tensors keep the CPU path simple and the rows exactly i
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -92,21 +91,10 @@ class KVCache:
     def __contains__(self, request_index: int) -> bool:
         return request_index in self.entries
 
-    @property
-    def index(self) -> list[int]:
-        """Request indices with an entry, in the order they were first refreshed."""
-        return list(self.entries)
-
     # ------------------------------------------------------------------ lifetime
     def release(self, request_index: int) -> None:
         """Drop one request's entry (it finished or was aborted); the other entries are untouched."""
         self.entries.pop(request_index, None)
-
-    def keep(self, indices: Iterable[int]) -> None:
-        """Drop the entries of requests not in `indices`."""
-        wanted = set(indices)
-        for i in [i for i in self.entries if i not in wanted]:
-            self.release(i)
 
     # ------------------------------------------------------------------ refresh
     def refresh_attention(self, request_index: int, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -148,7 +136,7 @@ class KVCache:
     # ------------------------------------------------------------------ inspection
     @property
     def packed(self) -> list[PackedKV]:
-        """Sparse layout, per layer: every entry's PackedKV stacked in `index` order (for inspection and tests)."""
+        """Sparse layout, per layer: every entry's PackedKV stacked in the order the entries were made (for inspection and tests)."""
         entries = [e for e in self.entries.values() if e.packed]
         if not entries:
             return []

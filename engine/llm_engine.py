@@ -195,7 +195,7 @@ class LLMEngine:
         if request_id is None:
             request_id = loop.scheduler.next_request_id
         state = self._new_state(request_id, request)
-        rid = loop.scheduler.add(len(state.prompt_ids) + state.canvas_len, state, request_id)
+        rid = loop.scheduler.add(len(state.prompt_ids) + state.canvas_len, request_id)
         loop.states[rid] = state
         loop.policies[rid] = make_policy(state.params)
         return rid

@@ -94,7 +94,6 @@ class SeqEntry:
     request_id: int
     tokens: int  # prompt + canvas
     arrival: int  # scheduler step at which it was added
-    payload: Any = None  # the engine's per-request state
     admitted_at: int | None = None
 
     def waited(self, step: int) -> int:
@@ -117,7 +116,7 @@ class Scheduler:
         self.budget = TokenBudget(self.config.max_num_tokens)
 
     # ------------------------------------------------------------------ arrivals and departures
-    def add(self, tokens: int, payload: Any = None, request_id: int | None = None) -> int:
+    def add(self, tokens: int, request_id: int | None = None) -> int:
         """Queue a request of `tokens` tokens (prompt + canvas); returns its id. PromptTooLongError if it can never
         be admitted under the token budget."""
         if not isinstance(tokens, int) or tokens < 1:
@@ -131,7 +130,7 @@ class Scheduler:
         elif self.get(request_id) is not None:
             raise InvalidRequestError(f"request id {request_id} is already in use")
         self._next_id = max(self._next_id, request_id + 1)
-        self.waiting.append(SeqEntry(request_id, tokens, self.step_count, payload))
+        self.waiting.append(SeqEntry(request_id, tokens, self.step_count))
         return request_id
 
     @property
