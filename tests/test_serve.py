@@ -363,6 +363,49 @@ def test_request_timeout_is_504_with_an_openai_error_body() -> None:
             assert err.value.status_code == 504 and err.value.body["code"] == "request_timeout"
 
 
+class _ConstraintTimeoutBackend(_SilentBackend):
+    """A backend whose requests start, then end with the library's ConstraintTimeoutError (a constraint call ran
+    past its per-call limit mid-generation)."""
+
+    model_id = "timeout"
+
+    def submit(self, request: GenerationRequest) -> RequestHandle:
+        from dllm_constrain.errors import ConstraintTimeoutError
+        from dllm_constrain.serve.backend import Failed, Started
+
+        handle = RequestHandle("timeout-1", request, asyncio.get_running_loop())
+        handle.publish(Started())
+        handle.publish(Failed(ConstraintTimeoutError(kind="json_schema", operation="allowed_tokens",
+                                                     timeout_s=0.5)))
+        return handle
+
+
+def test_constraint_timeout_is_504_or_an_error_event() -> None:
+    with running_server(build_app(_ConstraintTimeoutBackend(), request_timeout=WAIT)) as url:
+        with pytest.raises(openai.InternalServerError) as err:
+            _chat(_client(url), "timeout", response_format=_schema_format(PERSON))
+        assert err.value.status_code == 504
+        assert (err.value.body["code"], err.value.body["type"], err.value.body["param"]) == (
+            "constraint_timeout", "timeout_error", "response_format")
+        assert "allowed_tokens exceeded its time limit of 0.5 s" in err.value.body["message"]
+        stream = _chat(_client(url), "timeout", response_format=_schema_format(PERSON), stream=True)
+        with pytest.raises(openai.APIError) as err:  # the stream had started: an error event, no [DONE]
+            list(stream)
+        assert err.value.body["code"] == "constraint_timeout"
+
+
+def test_unknown_route_and_method_get_openai_error_bodies() -> None:
+    import urllib.error
+    import urllib.request
+
+    with running_server(build_app(_SilentBackend())) as url:
+        for path, status in [("/no-such-route", 404), ("/chat/completions", 405)]:  # GET on a POST route: 405
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(url + path, timeout=WAIT)
+            body = json.loads(err.value.read())
+            assert err.value.code == status and set(body["error"]) == {"message", "type", "param", "code"}
+
+
 # ---------------------------------------------------------------------------------------------- the worker
 def test_worker_skips_aborted_and_expired_requests(spare_llm: Any) -> None:
     """Requests dropped while waiting never reach the engine; the live one still gets its answer."""

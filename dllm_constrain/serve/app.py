@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dllm_constrain.serve.backend import Backend, Delta, Done, Event, RequestHandle, Started
 from dllm_constrain.serve.chat import ChatFormatter
@@ -89,6 +90,13 @@ def build_app(backend: Backend, *, chat: ChatFormatter | None = None, request_ti
                 await asyncio.get_running_loop().run_in_executor(None, backend.close)
 
     app = FastAPI(title="dllm-constrain", lifespan=lifespan)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """The framework's own refusals (unknown route 404, wrong method 405) in OpenAI's error shape too."""
+        body = {"error": {"message": str(exc.detail), "type": "invalid_request_error", "param": None,
+                          "code": None}}
+        return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     def model_card() -> dict[str, Any]:
         return {"id": backend.model_id, "object": "model", "created": 0, "owned_by": "dllm-constrain"}

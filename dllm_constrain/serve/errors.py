@@ -13,6 +13,7 @@ from typing import Any
 from dllm_constrain.errors import (
     CompilationTimeoutError,
     ConstraintError,
+    ConstraintTimeoutError,
     ConstraintTooLongError,
     DllmConstrainError,
     GenerationTimeoutError,
@@ -105,6 +106,8 @@ _LIBRARY_ERRORS: list[tuple[type[BaseException], int, str, str, str | None]] = [
     (InvalidGrammarError, 400, "invalid_request_error", "invalid_grammar", "constraint"),
     (InvalidOptionError, 400, "invalid_request_error", "invalid_option", "constraint"),
     (CompilationTimeoutError, 400, "invalid_request_error", "compilation_timeout", "constraint"),
+    # a constraint call ran past the server's per-call limit while the request ran: a server-side time limit
+    (ConstraintTimeoutError, 504, "timeout_error", "constraint_timeout", "constraint"),
     (ConstraintError, 400, "invalid_request_error", "constraint_error", "constraint"),
     (GenerationTimeoutError, 500, "server_error", "generation_timeout", None),
     (DllmConstrainError, 500, "server_error", "engine_error", None),
