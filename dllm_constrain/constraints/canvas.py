@@ -98,6 +98,18 @@ class Budget:
 UNLIMITED = 1 << 62
 
 
+def checked_chunks(members: list[int], size: int = 256):
+    """`members` in slices of `size`, this thread's call deadline checked before each: set loops check once per
+    slice instead of testing a counter at every member (which cost more than the loop bodies it guarded)."""
+    if len(members) <= size:
+        check_active()
+        yield members
+        return
+    for k in range(0, len(members), size):
+        check_active()
+        yield members[k:k + size]
+
+
 class SetAlgebra:
     """Memoised set-level steps for one compiled constraint (shared by all its canvases)."""
 
@@ -168,21 +180,20 @@ class SetAlgebra:
         partial = False
         unknown: list[int] = []
         sget = self.ta.succ_bits.get
-        for k, q in enumerate(self.members(F)):
-            if q == ENDED:
-                continue
-            if not k & 255:
-                check_active()
-            if not ended and acc[q]:
-                ended = True
-            sb = sget(q)
-            if sb is None:
-                sb = self._expand(q, budget)
-                if sb is None:
-                    partial = True
-                    unknown.append(q)
+        for chunk in checked_chunks(self.members(F)):
+            for q in chunk:
+                if q == ENDED:
                     continue
-            r |= sb
+                if not ended and acc[q]:
+                    ended = True
+                sb = sget(q)
+                if sb is None:
+                    sb = self._expand(q, budget)
+                    if sb is None:
+                        partial = True
+                        unknown.append(q)
+                        continue
+                r |= sb
         if partial:  # only a budget leaves members unknown
             budget.cuts += 1
         if partial and not r and not ended:
@@ -230,21 +241,20 @@ class SetAlgebra:
         ended_ok = bool(X & ENDED_BIT)
         r = 0
         partial = False
-        for k, q in enumerate(self.members(F)):
-            if not k & 255:
-                check_active()
-            if q == ENDED:
-                if ended_ok:
-                    r |= ENDED_BIT
-                continue
-            if ended_ok and acc[q]:
-                r |= 1 << q
-                continue
-            sb = sget(q)
-            if sb is None:
-                partial = True
-            elif sb & X:
-                r |= 1 << q
+        for chunk in checked_chunks(self.members(F)):
+            for q in chunk:
+                if q == ENDED:
+                    if ended_ok:
+                        r |= ENDED_BIT
+                    continue
+                if ended_ok and acc[q]:
+                    r |= 1 << q
+                    continue
+                sb = sget(q)
+                if sb is None:
+                    partial = True
+                elif sb & X:
+                    r |= 1 << q
         if not partial:
             self._back_open[key] = r
         elif budget is not None:
