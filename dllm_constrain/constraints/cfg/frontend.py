@@ -56,17 +56,15 @@ class _ExactParser(_Parser):
         return _exact_shorthand(kind)
 
 
-def _sre_features(pattern: str) -> tuple[set[str], bool]:
-    """(refused features, uses a lazy quantifier) of a Python regex, from Python's own regex parser."""
+def _sre_features(pattern: str) -> set[str]:
+    """The refused features of a Python regex, from Python's own regex parser."""
     refused: set[str] = set()
-    lazy = False
     try:
         tree = sre_p.parse(pattern)
     except Exception as e:  # noqa: BLE001 - Lark already compiled it; be defensive
         raise InvalidGrammarError(f"regex {pattern!r} does not parse: {e}") from None
 
     def walk(items) -> None:
-        nonlocal lazy
         for op, av in items:
             if op in (sre_c.ASSERT, sre_c.ASSERT_NOT):
                 refused.add("lookaround")
@@ -78,8 +76,6 @@ def _sre_features(pattern: str) -> tuple[set[str], bool]:
                 refused.add("atomic group")
             elif op == getattr(sre_c, "POSSESSIVE_REPEAT", None):
                 refused.add("possessive quantifier")
-            if op == sre_c.MIN_REPEAT:
-                lazy = True
             if op in (sre_c.MAX_REPEAT, sre_c.MIN_REPEAT, getattr(sre_c, "POSSESSIVE_REPEAT", object())):
                 walk(av[2])
             elif op == sre_c.SUBPATTERN:
@@ -97,7 +93,7 @@ def _sre_features(pattern: str) -> tuple[set[str], bool]:
                     walk(av[2])
 
     walk(tree)
-    return refused, lazy
+    return refused
 
 
 @functools.lru_cache(maxsize=1)
@@ -113,8 +109,8 @@ def _known_equivalents() -> dict[str, str]:
     return out
 
 
-def terminal_ast(name: str, pattern) -> tuple[A.Node, bool]:
-    """(regex AST over code points, lazy) for a Lark TerminalDef's pattern; refuses what we cannot honour."""
+def terminal_ast(name: str, pattern) -> A.Node:
+    """The regex AST over code points of a Lark TerminalDef's pattern; refuses what we cannot honour."""
     if isinstance(pattern, PatternStr):
         value = pattern.value
         flags = set(pattern.flags)
@@ -130,8 +126,8 @@ def terminal_ast(name: str, pattern) -> tuple[A.Node, bool]:
                     items.append(A.chars([(ord(ch.lower()),) * 2, (ord(ch.upper()),) * 2]))
                 else:
                     items.append(A.lit(ch))
-            return A.seq(*items), False
-        return A.lit(value), False
+            return A.seq(*items)
+        return A.lit(value)
     if not isinstance(pattern, PatternRE):
         raise InvalidGrammarError(f"terminal {name}: unsupported pattern type {type(pattern).__name__}")
     if pattern.flags:
@@ -139,7 +135,7 @@ def terminal_ast(name: str, pattern) -> tuple[A.Node, bool]:
                                   "(write the case variants or the characters out)")
     regexp = pattern.value
     regexp = _known_equivalents().get(pattern.to_regexp(), regexp)
-    refused, lazy = _sre_features(regexp)
+    refused = _sre_features(regexp)
     if refused:
         raise InvalidGrammarError(f"terminal {name}: regex /{regexp}/ uses {', '.join(sorted(refused))}, which a "
                                   "token-level lexer cannot honour")
@@ -157,7 +153,7 @@ def terminal_ast(name: str, pattern) -> tuple[A.Node, bool]:
         raise InvalidGrammarError(f"terminal {name}: {e}") from None
     except RecursionError:
         raise InvalidGrammarError(f"terminal {name}: regex nested too deeply") from None
-    return A.alt(*nodes), lazy
+    return A.alt(*nodes)
 
 
 def terminal_matcher(name: str, pattern) -> PikeNFA | None:
@@ -178,8 +174,7 @@ def terminal_matcher(name: str, pattern) -> PikeNFA | None:
 class ScanTerm:
     name: str
     type_id: int
-    ast: A.Node
-    lazy: bool
+    ast: A.Node  # the lexer's automaton for a string terminal (a regex terminal's is `matcher`)
     unless: tuple[int, ...] = ()  # keyword type ids, in Lark's order (first full match wins)
     ignored: bool = False
     matcher: PikeNFA | None = None  # regex terminals: Python's (first-match) semantics, see pike.py
@@ -267,7 +262,7 @@ def _build_spec(text: str, start: str, lk: lark.Lark) -> GrammarSpec:
     ignore = frozenset(lk.ignore_tokens)
     scan: list[ScanTerm] = []
     for t in scan_terms:
-        ast, lazy = terminal_ast(t.name, t.pattern)
+        ast = terminal_ast(t.name, t.pattern)
         if A.is_nothing(ast):
             raise InvalidGrammarError(f"terminal {t.name} matches nothing")
         unless: tuple[int, ...] = ()
@@ -283,7 +278,7 @@ def _build_spec(text: str, start: str, lk: lark.Lark) -> GrammarSpec:
                 keywords[tid(s.name)] = (st.pattern.value.encode("utf-8"), icase)
                 ids.append(tid(s.name))
             unless = tuple(ids)
-        scan.append(ScanTerm(t.name, tid(t.name), ast, lazy, unless, t.name in ignore,
+        scan.append(ScanTerm(t.name, tid(t.name), ast, unless, t.name in ignore,
                              terminal_matcher(t.name, t.pattern)))
     # ------------------------------------------------------------ LALR(1) table with items
     from lark.parsers.lalr_analysis import LALR_Analyzer, Shift
