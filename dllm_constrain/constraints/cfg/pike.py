@@ -225,8 +225,8 @@ class PikeNFA:
 
 
 class PikeDFA:
-    """Lazy DFA over ordered thread tuples (the interface of deriv.DerivDFA the lexer uses: T, expanded,
-    accepting, expand, step, walk, matches; state 0 is dead, 1 the start)."""
+    """Lazy DFA over ordered thread tuples (the part of deriv.DerivDFA's interface the lexer and cfg/sample
+    use: T, expanded, accepting, expand; state 0 is dead, 1 the start)."""
 
     def __init__(self, nfa: PikeNFA, max_states: int = 100_000):
         self.nfa = nfa
@@ -317,21 +317,10 @@ class PikeDFA:
         self.T[sid] = row
         self.expanded[sid] = True
 
-    def ensure_rows(self, ids: np.ndarray) -> None:
-        for s in np.unique(ids[~self.expanded[ids]]).tolist():
-            self.expand(s)
-
     def step(self, s: int, b: int) -> int:
         if not self.expanded[s]:
             self.expand(s)
         return int(self.T[s, b])
-
-    def walk(self, s: int, data: bytes) -> int:
-        for b in data:
-            if s == DEAD:
-                return DEAD
-            s = self.step(s, b)
-        return s
 
     def match_len(self, data: bytes) -> int | None:
         """Length of Python's re.match of the regex on data (None: no match); for tests."""
