@@ -212,6 +212,8 @@ def test_canvas_too_short_is_400(served: tuple[Any, str]) -> None:
     ({"extra_body": {"structured_outputs": {"whitespace_pattern": " "}}}, "structured_outputs.whitespace_pattern"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"extra_body": {"guided_grammar": "start: foo"}}, "guided_grammar"),
+    ({"extra_body": {"guided_json": "{not json"}}, "guided_json"),  # the library's InvalidSchemaError
+    ({"extra_body": {"structured_outputs": {"json": '{"type": "foo"}'}}}, "structured_outputs.json"),
 ])
 def test_unsupported_or_bad_fields_are_400_naming_them(served: tuple[Any, str], kw: dict[str, Any],
                                                        param: str) -> None:

@@ -16,7 +16,6 @@ Constraints, at most one per request:
 from __future__ import annotations
 
 import json
-import re
 import time
 import uuid
 from typing import Any, Literal, Union
@@ -24,6 +23,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dllm_constrain.serve.backend import Completion, ConstraintSpec, GenerationRequest
+from dllm_constrain.serve.constraint_fields import JSON_OBJECT_SCHEMA, choice_regex
 from dllm_constrain.serve.errors import BadRequest
 
 # ---------------------------------------------------------------------------------------------- request bodies
@@ -156,20 +156,12 @@ def _refuse_unsupported(body: _GenerationBody) -> None:
 def _choice_regex(choices: list[str], param: str) -> str:
     if not choices or not all(isinstance(c, str) and c for c in choices):
         raise BadRequest(f"{param} must be a non-empty list of non-empty strings", param=param)
-    return "|".join(re.escape(c) for c in choices)
+    return choice_regex(choices)
 
 
-def _schema_value(value: Any, param: str) -> Any:
-    """A schema given as JSON text is parsed here so that a bad one is reported against its field."""
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise BadRequest(f"{param} is not valid JSON: {exc}", param=param) from None
-    return value
-
-
-ANY_JSON_OBJECT = ConstraintSpec("schema", {"type": "object"}, strict=False)
+# A schema given as JSON text goes to the library as it is: `LLM.compile` parses it, and a bad one is a 400
+# invalid_schema naming the field it came from (error_info's constraint_param).
+ANY_JSON_OBJECT = ConstraintSpec("schema", JSON_OBJECT_SCHEMA, strict=False)
 
 
 def constraint_of(body: _GenerationBody) -> tuple[ConstraintSpec | None, str | None]:
@@ -187,7 +179,7 @@ def constraint_of(body: _GenerationBody) -> tuple[ConstraintSpec | None, str | N
     so = body.structured_outputs
     if so is not None:
         if so.json_ is not None:
-            found.append((ConstraintSpec("schema", _schema_value(so.json_, "structured_outputs.json")),
+            found.append((ConstraintSpec("schema", so.json_),
                           "structured_outputs.json"))
         if so.regex is not None:
             found.append((ConstraintSpec("regex", so.regex), "structured_outputs.regex"))
@@ -199,7 +191,7 @@ def constraint_of(body: _GenerationBody) -> tuple[ConstraintSpec | None, str | N
         if so.json_object:
             found.append((ANY_JSON_OBJECT, "structured_outputs.json_object"))
     if body.guided_json is not None:
-        found.append((ConstraintSpec("schema", _schema_value(body.guided_json, "guided_json")), "guided_json"))
+        found.append((ConstraintSpec("schema", body.guided_json), "guided_json"))
     if body.guided_regex is not None:
         found.append((ConstraintSpec("regex", body.guided_regex), "guided_regex"))
     if body.guided_grammar is not None:

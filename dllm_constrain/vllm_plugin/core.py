@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -20,6 +19,7 @@ import torch
 
 from ..constraints import CompiledConstraint, ConstraintCompiler, TokenizerInfo
 from ..errors import CompilationTimeoutError, ConstraintError
+from ..serve.constraint_fields import JSON_OBJECT_SCHEMA, choice_regex
 
 # vLLM configures handlers on its "vllm" logger; a child of it prints with vLLM's own format and level.
 logger = logging.getLogger("vllm.dllm_constrain")
@@ -46,13 +46,13 @@ def spec_from_structured_outputs(so: Any) -> dict | None:
         text = js if isinstance(js, str) else json.dumps(js, separators=(",", ":"), ensure_ascii=False)
         return {"kind": "json_schema", "source": text}
     if getattr(so, "json_object", None):
-        return {"kind": "json_schema", "source": '{"type":"object"}'}
+        return {"kind": "json_schema", "source": json.dumps(JSON_OBJECT_SCHEMA, separators=(",", ":"))}
     rx = getattr(so, "regex", None)
     if rx is not None:
         return {"kind": "regex", "source": rx}
     choice = getattr(so, "choice", None)
     if choice:
-        return {"kind": "regex", "source": "|".join(re.escape(str(c)) for c in choice)}
+        return {"kind": "regex", "source": choice_regex([str(c) for c in choice])}
     return None
 
 
