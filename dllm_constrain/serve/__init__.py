@@ -1,7 +1,8 @@
 """An OpenAI-compatible HTTP server for dllm-constrain (`python -m dllm_constrain.serve`; needs fastapi and uvicorn).
 
 Modules: protocol (OpenAI request/response bodies and their mapping to generation options), backend (the
-`Backend` interface and `EngineBackend`, the engine worker thread), streaming (the final text of a canvas),
+`Backend` interface and `EngineBackend`, a bounded queue in front of the LLM's engine loop), streaming (the
+final text of a canvas), constraint_fields (choice and json_object as constraints, shared with the vLLM plugin),
 chat (messages -> prompt), errors (typed errors -> HTTP statuses and OpenAI error bodies), app (the routes,
 `build_app`), __main__ (the command line). See docs/serving.md.
 """
