@@ -36,7 +36,7 @@ class CallDeadline:
     `where` (a callable returning a string, evaluated only when the deadline fires) adds the request-level
     location (e.g. the JSON pointer at the canvas frontier); the automaton adds the DFA state it was expanding."""
 
-    __slots__ = ("limit_s", "t_end", "kind", "operation", "where", "fired")
+    __slots__ = ("limit_s", "t_end", "kind", "operation", "where")
 
     def __init__(self, limit_s: float | None, kind: str = "constraint", operation: str = "", where=None):
         self.limit_s = limit_s
@@ -44,10 +44,6 @@ class CallDeadline:
         self.kind = kind
         self.operation = operation
         self.where = where
-        self.fired = False
-
-    def expired(self) -> bool:
-        return self.t_end is not None and time.perf_counter() > self.t_end
 
     def error(self, state: int | None = None, detail: str = "") -> ConstraintTimeoutError:
         parts = []
@@ -65,11 +61,6 @@ class CallDeadline:
         return ConstraintTimeoutError(kind=self.kind, operation=self.operation, location="; ".join(parts),
                                       timeout_s=self.limit_s)
 
-    def check(self, state: int | None = None, detail: str = "") -> None:
-        if self.t_end is not None and time.perf_counter() > self.t_end:
-            self.fired = True
-            raise self.error(state, detail)
-
 
 class _Local(threading.local):
     # per thread; the class default answers where no call is active, without the AttributeError that
@@ -80,16 +71,10 @@ class _Local(threading.local):
 _local = _Local()
 
 
-def active() -> CallDeadline | None:
-    """The call deadline active on this thread (None: unbounded)."""
-    return _local.d
-
-
 def check_active(state: int | None = None, detail: str = "") -> None:
     """Raise ConstraintTimeoutError if this thread's active call deadline has passed."""
     d = _local.d
     if d is not None and d.t_end is not None and time.perf_counter() > d.t_end:
-        d.fired = True
         raise d.error(state, detail)
 
 
