@@ -142,7 +142,8 @@ class EngineLoop:
         starts a new thread."""
         with self._lock:
             thread = self._thread
-            if thread is None:
+            if thread is None or not thread.is_alive():  # nothing to stop (a stop left queued would fail a later call)
+                self._thread = None
                 return
             self._queue.put(("stop",))
         if thread is not threading.current_thread():
@@ -153,6 +154,24 @@ class EngineLoop:
 
     # ------------------------------------------------------------------ loop thread
     def _run(self) -> None:
+        """The thread's body; should the loop itself fail (a bug, not a request's error: those end their own call),
+        every live and queued call fails with GenerationAbortedError instead of waiting forever."""
+        try:
+            self._serve()
+        except BaseException as exc:  # noqa: BLE001 - the callers must hear of it
+            error = GenerationAbortedError(f"the engine loop failed: {exc!r}")
+            error.__cause__ = exc
+            with self._lock:
+                if self._thread is threading.current_thread():
+                    self._thread = None
+                for call in list(self._live):
+                    try:
+                        self._abort(call, error)
+                    except BaseException:  # noqa: BLE001 - the engine may be the broken part
+                        self._fail(call, error)
+                self._drain(error)
+
+    def _serve(self) -> None:
         engine = self.engine
         while True:
             busy = engine.has_unfinished()

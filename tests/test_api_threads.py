@@ -263,3 +263,20 @@ def test_closing_the_loop_fails_unfinished_calls_and_a_later_call_starts_it_agai
             handle.result(WAIT)
     assert not llm.engine.has_unfinished()
     assert _call(llm, 2, "llm").token_ids == reference[2]
+
+
+def test_a_failure_of_the_loop_itself_fails_its_calls_instead_of_leaving_them_waiting(reference: list[list[int]]) -> None:
+    own = dc.LLM()  # its own loop: the fault below must not touch the shared fixture's
+    loop = own._engine_loop()
+
+    def broken_step() -> None:
+        raise RuntimeError("a fault inside the loop")
+
+    loop._step = broken_step  # type: ignore[method-assign]
+    handle = own.submit("What is 3 plus 4?", max_new_tokens=MAX_NEW)
+    with pytest.raises(GenerationAbortedError, match="engine loop failed"):
+        handle.result(WAIT)
+    del loop._step  # the instance attribute goes, the method is back: a new thread serves the next call
+    own.close()  # the failed thread is gone: nothing to stop, and no stop left queued for the next one
+    assert _call(own, 2, "llm").token_ids == reference[2]
+    own.close()
