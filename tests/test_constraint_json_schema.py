@@ -16,7 +16,7 @@ from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo, normal
 from dllm_constrain.constraints.deriv import DerivDFA
 from dllm_constrain.constraints.json_schema import SchemaOptions, schema_to_regex_ast
 from dllm_constrain.errors import (CompilationTimeoutError, InvalidOptionError, InvalidSchemaError,
-                                   UnsatisfiableSchemaError, UnsupportedSchemaError)
+                                   UnknownKeywordWarning, UnsatisfiableSchemaError, UnsupportedSchemaError)
 from test_constraint_support import random_members
 
 
@@ -601,9 +601,10 @@ def test_unsupported_keywords_are_refused_by_name(schema, keyword):
     assert e.value.keyword == keyword and keyword in str(e.value)
 
 
-def test_unknown_keywords_are_ignored_or_refused_on_request():
+def test_unknown_keywords_are_not_enforced_or_refused_on_request():
     s = {"type": "integer", "x-vendor": 1}
-    assert accepts(s, 1)
+    with pytest.warns(UnknownKeywordWarning, match="x-vendor"):
+        assert accepts(s, 1)
     with pytest.raises(UnsupportedSchemaError):
         schema_to_regex_ast(s, SchemaOptions(unknown_keywords="error"))
 

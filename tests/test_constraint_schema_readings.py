@@ -244,7 +244,8 @@ def test_unknown_keywords_are_reported_with_their_paths():
         warnings.simplefilter("error")
         schema_to_regex_ast(s, SchemaOptions(unknown_keywords="ignore"))
         schema_to_regex_ast({"type": "integer", "title": "t", "$schema": "https://json-schema.org/draft/2020-12/schema",
-                             "$id": "https://e.x/s", "writeOnly": False, "contentMediaType": "text/plain"})
+                             "$id": "https://e.x/s", "writeOnly": False, "contentMediaType": "text/plain",
+                             "example": 3})
     with pytest.raises(UnknownKeywordError) as e:
         schema_to_regex_ast(s, SchemaOptions(unknown_keywords="error"))
     assert isinstance(e.value, UnsupportedSchemaError) and e.value.keyword == "x-foo" and e.value.path == "#"
@@ -254,6 +255,29 @@ def test_unknown_keywords_are_reported_with_their_paths():
     assert e.value.keyword == "maxLenght" and e.value.path == "#/items"
     with pytest.raises(InvalidOptionError):
         SchemaOptions(unknown_keywords="loud")
+
+
+def test_a_discriminator_its_tagged_union_implies_is_an_annotation():
+    """Pydantic's tagged unions carry OpenAPI's `discriminator` beside oneOf; when every branch requires the tag
+    and fixes it to values the mapping sends to that branch, an OpenAPI reader checks nothing more."""
+    cat = {"type": "object", "properties": {"kind": {"const": "cat"}, "n": {"type": "integer"}}, "required": ["kind"]}
+    dog = {"type": "object", "properties": {"kind": {"enum": ["dog", "pup"]}}, "required": ["kind"]}
+
+    def schema(mapping, branches=("#/$defs/Cat", "#/$defs/Dog")):
+        return {"$defs": {"Cat": cat, "Dog": dog}, "type": "object", "required": ["pet"],
+                "properties": {"pet": {"oneOf": [{"$ref": r} for r in branches],
+                                       "discriminator": {"propertyName": "kind", "mapping": mapping}}}}
+
+    implied = {"cat": "#/$defs/Cat", "dog": "#/$defs/Dog", "pup": "#/$defs/Dog"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        schema_to_regex_ast(schema(implied), SchemaOptions(unknown_keywords="error"))
+        assert accepts(schema(implied), {"pet": {"kind": "pup"}}) and not accepts(schema(implied), {"pet": {}})
+    for mapping in ({**implied, "pup": "#/$defs/Cat"}, {"cat": "#/$defs/Cat"}, None):
+        ignored: list = []
+        with pytest.warns(UnknownKeywordWarning, match="discriminator"):
+            schema_to_regex_ast(schema(mapping), SchemaOptions(), ignored=ignored)
+        assert ignored == [("#/properties/pet", "discriminator")]
 
 
 def test_compiled_constraint_lists_ignored_keywords():

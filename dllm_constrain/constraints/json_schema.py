@@ -169,6 +169,7 @@ ANNOTATIONS = frozenset({
     "title", "description", "examples", "default", "$schema", "$id", "id", "$comment", "deprecated", "readOnly",
     "writeOnly", "contentMediaType", "contentEncoding", "contentSchema", "$anchor", "$dynamicAnchor",
     "$vocabulary", "definitions", "$defs", "$recursiveAnchor",
+    "example",  # OpenAPI's singular example (an annotation there too)
 })
 OBJECT_KW = frozenset({"properties", "required", "additionalProperties", "patternProperties", "minProperties",
                        "maxProperties", "propertyNames", "dependentRequired", "dependencies", "dependentSchemas",
@@ -564,13 +565,38 @@ class SchemaCompiler:
         return node
 
     def _check_keywords(self, s: dict, path: str) -> None:
+        # (keywords outside the vocabularies are reported or refused before compiling: see unknown_keywords)
         for k in s:
-            if k in ANNOTATIONS or k in SUPPORTED or k.startswith("__"):  # (__: the compiler's own marks)
-                continue
             if k in KNOWN_UNSUPPORTED:
                 raise UnsupportedSchemaError(k, path)
-            if self.opts.unknown_keywords == "error":
-                raise UnknownKeywordError(k, path, "unknown keyword (unknown_keywords='error')")
+
+    def _implied_discriminator(self, s: dict, path: str) -> bool:
+        """OpenAPI's `discriminator` (Pydantic emits it beside a tagged union's oneOf) has no meaning for a
+        JSON Schema validator; it is taken as an annotation only when the branches already decide what an
+        OpenAPI reader would check: each branch is a $ref that requires `propertyName` and fixes it (const or
+        enum) to strings that `mapping` sends to that same $ref. Otherwise it is reported as unknown."""
+        d = s.get("discriminator")
+        branches = s.get("oneOf", s.get("anyOf"))
+        if not (isinstance(d, dict) and isinstance(d.get("propertyName"), str) and isinstance(d.get("mapping"), dict)
+                and isinstance(branches, list) and branches):
+            return False
+        name, mapping = d["propertyName"], d["mapping"]
+        for b in branches:
+            ref = b.get("$ref") if isinstance(b, dict) else None
+            if not isinstance(ref, str):
+                return False
+            try:
+                target, _uri = self.resolve_ref(ref, path, self._base_of(s))
+            except (InvalidSchemaError, UnsupportedSchemaError):
+                return False
+            if not isinstance(target, dict) or name not in (target.get("required") or []):
+                return False
+            prop = (target.get("properties") or {}).get(name)
+            vals = ([prop["const"]] if "const" in prop else prop.get("enum")) if isinstance(prop, dict) else None
+            if not isinstance(vals, list) or not vals or any(not isinstance(v, str) or mapping.get(v) != ref
+                                                             for v in vals):
+                return False
+        return True
 
     def unknown_keywords(self) -> list[tuple[str, str]]:
         """(JSON pointer, keyword) of every keyword outside the JSON Schema vocabularies in the subschemas
@@ -585,7 +611,8 @@ class SchemaCompiler:
             seen.add(id(x))
             for k, v in x.items():
                 sub = f"{path}/{_escape_pointer(k)}"
-                if k not in ANNOTATIONS and k not in SUPPORTED and k not in KNOWN_UNSUPPORTED:
+                if k not in ANNOTATIONS and k not in SUPPORTED and k not in KNOWN_UNSUPPORTED \
+                        and not (k == "discriminator" and self._implied_discriminator(x, path)):
                     out.append((path, k))
                     continue
                 if k in _SCHEMA_MAPS and isinstance(v, dict):
