@@ -35,6 +35,8 @@ import tokenizers
 
 from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.llm_engine import GenerationResult, LLMEngine, ProgressCallback
+from dllm_constrain.engine.model_runner import model_device
+from dllm_constrain.engine.placement import model_dtype
 from dllm_constrain.engine_loop import CallHandle, EngineLoop, StreamCallback
 from dllm_constrain.engine.state import POLICY_NAMES, Request, SamplingParams
 from dllm_constrain.errors import (
@@ -349,18 +351,28 @@ class LLM:
     specials (`<|bos|>` and `<|mask|>`, i.e. trained by `python -m dllm_constrain.train`), else "raw".
     """
 
-    def __init__(self, model_path: str | Path | None = None, *, prompt_format: str = "auto",
-                 max_logit_rows: int = 32) -> None:
+    def __init__(self, model_path: str | Path | None = None, *, device: Any = None, dtype: Any = None,
+                 prompt_format: str = "auto", max_logit_rows: int = 32) -> None:
+        """device: None (CUDA when available, else the CPU: `engine.placement.default_device`), "cpu", "cuda",
+        "cuda:N" or a torch.device. dtype: None (the checkpoint's stored dtype; on CUDA bfloat16 for a float32
+        checkpoint when the GPU supports it), "bfloat16"/"bf16", "float16"/"fp16", "float32"/"fp32" or a
+        torch.dtype. Bad values raise InvalidRequestError naming the field. Sampling noise is drawn on the model's
+        device, so a seed reproduces its results on the same device (not across devices, as in vLLM)."""
         from dllm_constrain.engine.loader import load_checkpoint
+        from dllm_constrain.engine.placement import parse_dtype, resolve_device, resolve_dtype, stored_dtype
 
         if model_path is not None and not isinstance(model_path, (str, os.PathLike)):
             raise InvalidRequestError(f"model_path must be a checkpoint folder path (or None for the bundled "
                                       f"model), got {_given(model_path)}")
+        where = resolve_device(device)
+        wanted = parse_dtype(dtype)
         path = Path(model_path) if model_path is not None else bundled_model_path()
         if model_path is None and not (path / "config.json").is_file():
             raise CheckpointError(f"the bundled model is missing from {path} (config.json not found); "
                                   "train it with `python -m dllm_constrain.train` or pass model=<checkpoint folder>")
-        loaded = load_checkpoint(path)
+        if wanted is None and where.type == "cuda":  # the stored dtype decides whether bfloat16 replaces it
+            wanted = resolve_dtype(None, where, stored_dtype(path))
+        loaded = load_checkpoint(path, dtype=wanted, device=where)
         self._setup(loaded.model, loaded.tokenizer, path, prompt_format, max_logit_rows)
 
     @classmethod
@@ -377,6 +389,8 @@ class LLM:
         self.model = model
         self.tokenizer = tokenizer
         self.path = path
+        self.device = model_device(model)  # where the model's weights are (LLM(device=...) or from_model's model)
+        self.dtype = model_dtype(model)
         self.engine = LLMEngine(model, tokenizer, max_logit_rows=max_logit_rows)
         if prompt_format == "auto":
             ours = all(self._token_id(t) is not None for t in ("<|bos|>", "<|mask|>"))
@@ -607,7 +621,9 @@ def generate(prompt: str | Sequence[str], *, model: Any = None, return_result: b
 
     model: None (the bundled checkpoint), a checkpoint folder, an LLM or a loaded checkpoint; return_result=True
     returns GenerationResult objects instead of strings; every other keyword is an option of `LLM.generate`
-    (its signature holds the defaults; an unknown name raises InvalidRequestError).
+    (its signature holds the defaults; an unknown name raises InvalidRequestError). A checkpoint loaded here (model
+    None or a path) is on the default placement (`LLM(path)`: CUDA when available, see engine.placement); for
+    another device or dtype pass `model=LLM(path, device=..., dtype=...)`.
     """
     return_result = REQUEST_FIELDS["return_result"](return_result)
     validate_prompts(prompt)  # before loading a model for a request that cannot run

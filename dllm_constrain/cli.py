@@ -1,4 +1,5 @@
-"""Command line: `python -m dllm_constrain "prompt" [--schema FILE_or_JSON] [--regex R] [--model PATH] ...`.
+"""Command line: `python -m dllm_constrain "prompt" [--schema FILE_or_JSON] [--regex R] [--model PATH]
+[--device D] [--dtype T] ...`.
 
 Prints the answer on stdout. When stderr is a terminal (and --no-progress is not given) the denoising is
 shown live on stderr: committed text, with open canvas positions drawn as ░, redrawn after every step.
@@ -72,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     p.add_argument("--seed", type=int, default=None, help="random seed")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--device", default=None,
+                   help="where the model runs: cpu, cuda or cuda:N (default: cuda when available, else cpu)")
+    p.add_argument("--dtype", default=None,
+                   help="weights dtype: bfloat16 (bf16), float16 (fp16) or float32 (fp32) (default: the stored "
+                        "dtype; on CUDA bfloat16 for a float32 checkpoint when the GPU supports it)")
     p.add_argument("--no-progress", action="store_true", help="do not draw the denoising on stderr")
     p.add_argument("--stats", action="store_true",
                    help="print NFE, tokens per forward, forced tokens, remasks, backtracks and wall time on stderr")
@@ -135,7 +141,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     display: CanvasDisplay | None = None
     try:
         schema = load_schema_arg(args.schema) if args.schema is not None else None
-        llm: LLM = _resolve_llm(args.model)
+        if args.device is None and args.dtype is None:
+            llm: LLM = _resolve_llm(args.model)
+        else:
+            llm = LLM(args.model, device=args.device, dtype=args.dtype)
         show = not args.no_progress and sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
         if show:
             display = CanvasDisplay(llm.engine.decode, sys.stderr)

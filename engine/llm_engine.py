@@ -39,6 +39,11 @@ distribution instead), the previous step's logits (divided by the temperature wh
 > 0) fed back as the self-conditioning signal; a finished block is appended to the cache. Committed
 positions stay committed (the real sampler re-decides them; constraints need a monotone canvas).
 
+Randomness: each request owns a `torch.Generator` on the model's device (seeded by `SamplingParams.seed`), and
+all its noise (Gumbel noise at temperature > 0, uniform-state noise) is drawn there from it. A seed therefore
+reproduces a request's results on the same device (and, on CUDA, the same logits budget, which sets the row
+chunks), independently of the batch; it does not reproduce them across devices (as in vLLM).
+
 Optional model hooks (all duck-typed, for families with extra per-request state):
   - `model.init_request_state(state)`: called once per request before the first step (may write
     `state.model_state` and fill the open canvas positions with noise using `state.generator`);
@@ -170,7 +175,9 @@ class LLMEngine:
             raise PromptTooLongError(
                 f"prompt ({len(request.prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) = {total} "
                 f"exceeds the model's context of {self.model.max_sequence_length} tokens")
-        generator = torch.Generator()
+        # the request's noise is drawn on the model's device from this generator (no host draw and copy per
+        # step), so a seed reproduces its samples on the same device, not across devices (as in vLLM)
+        generator = torch.Generator(device=self.runner.device)
         if params.seed is not None:
             generator.manual_seed(params.seed)
         else:
@@ -413,7 +420,7 @@ class LLMEngine:
 
         Under a constraint, open positions sampled at the previous step take that sample of the masked
         (constrained) distribution instead of uniform noise."""
-        noise = self.model.noise((end - start,), s.generator, torch.device("cpu"))
+        noise = self.model.noise((end - start,), s.generator, s.generator.device).cpu()  # the canvas is on the CPU
         for pos, tok in s.model_state.get("masked_samples", {}).items():
             if start <= pos < end:
                 noise[pos - start] = tok

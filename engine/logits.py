@@ -11,9 +11,12 @@ Models that expose their LM head (`lm_head_weight()`: LLaDA, Dream) take the fus
 model (e.g. DiffusionGemma's soft-capped head, test doubles) has `model.logits(chunk)` called per chunk and the
 chunk reduced by the same masked-row-statistics dispatcher.
 
-Noise at T > 0 is drawn from the request's generator chunk after chunk in row order; torch's CPU generator yields
-the same stream as one [rows, vocab] draw, so the chunking never changes a sample (and on CUDA the noise is drawn
-on the CPU from that generator and moved, so a request's samples do not depend on the device's generator either).
+Noise at T > 0 is drawn from the request's generator chunk after chunk in row order, on the model's device (the
+generator lives there: `LLMEngine` creates it with the model's device), so no noise is drawn on the host and copied.
+On the CPU it is float64 and torch's CPU generator yields the same stream as one [rows, vocab] draw, so the chunking
+never changes a sample; on CUDA it is float32 and the Philox stream depends on the chunk sizes, so a seed reproduces
+on the same device with the same logits budget. Results for a seed are reproducible per device, not across devices
+(as in vLLM).
 
 The default budget (`default_logits_budget`): on CUDA a quarter of the free device memory
 (`torch.cuda.mem_get_info`), on CPU 1/16 of the available RAM (psutil if installed, else MemAvailable from
@@ -28,7 +31,6 @@ import torch
 
 from dllm_constrain.engine.sampling import RowStats, reduce_logits
 from dllm_constrain.kernels import masked_row_stats as mrs
-from dllm_constrain.kernels.masked_row_stats import gumbel_noise
 
 MiB = 1 << 20
 MIN_BUDGET = 16 * MiB
@@ -124,10 +126,10 @@ class LogitsPath:
         n = int(hidden.shape[0])
         if n == 0:
             return RowStats.cat([])
-        if not self.budgeted:
+        if not self.budgeted:  # reduced where the logits are, i.e. where the request's generator draws its noise
             logits = self.model.logits(hidden)
             self.chunks += 1
-            return reduce_logits(logits.cpu(), allowed, temperature, generator)
+            return _to_engine_stats(reduce_logits(logits, allowed.to(logits.device), temperature, generator))
         device = hidden.device
         vocab = int(allowed.shape[-1])
         sampling = temperature > 0
@@ -136,15 +138,13 @@ class LogitsPath:
         for start in range(0, n, step):
             stop = min(n, start + step)
             mask = allowed[start:stop].to(device)
-            noise = None
-            if sampling and device.type != "cpu":  # the request's generator lives on the CPU
-                noise = gumbel_noise((stop - start, vocab), generator, torch.device("cpu")).to(device)
+            # at T > 0 the kernels draw the chunk's noise from the request's generator, on this device
             if self.weight is not None:
                 stats = mrs.masked_row_stats_from_hidden(hidden[start:stop], self.weight, mask, temperature, generator,
-                                                         noise=noise, backend=self.backend, workspace=self.workspace)
+                                                         backend=self.backend, workspace=self.workspace)
             else:
                 logits = self.model.logits(hidden[start:stop])
-                stats = mrs.masked_row_stats(logits, mask, temperature, generator, noise=noise, backend=self.backend,
+                stats = mrs.masked_row_stats(logits, mask, temperature, generator, backend=self.backend,
                                              workspace=self.workspace)
             parts.append(_to_engine_stats(stats))
             self.chunks += 1

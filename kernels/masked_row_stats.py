@@ -7,6 +7,10 @@ For one row of logits l over a vocabulary of V tokens and an allowed set A (all 
   token   = argmax_j x_j                                 if T == 0 (greedy)
           = argmax_j (x_j / T + g_j), float64            if T > 0, g_j = -log(-log U_j), U_j ~ U[0, 1)
             (Gumbel-max: a sample of softmax(x / T); ties go to the lowest index, as torch.argmax)
+
+Noise: g is drawn from the caller's generator on the logits' device (`gumbel_noise`; the generator must live
+there), in float64 on the CPU and in float32 on other devices (`noise_dtype`; scores are still formed in
+float64). A seed reproduces its samples on the same device, not across devices (as in vLLM).
   prob    = p_token
   entropy = -sum_j p_j log p_j = log S - (sum_j (x_j - m) e^{x_j - m}) / S,   m = max_j x_j, S = sum_j e^{x_j - m}
   margin  = p_(1) - p_(2) = (1 - e^{x_(2) - m}) / S      (x_(2) the second largest masked logit; p_(1) if |A| = 1)
@@ -84,7 +88,7 @@ class RowStatsWorkspace:
       "logits"  float32 [rows, V]                      the chunk's logits (a float32 copy for the logits variant)
       "scratch" bytes, max(rows * 32 W, 4 or 8 * rows * V) the unpacked mask, then the float64 scores, then the exp
                                                        (each dead before the next is written)
-      "noise"   float64 [rows, V]                      Gumbel noise drawn from the generator (T > 0)
+      "noise"   float64 (CPU) / float32 [rows, V]       Gumbel noise drawn from the generator (T > 0)
     """
 
     def __init__(self) -> None:
@@ -192,15 +196,24 @@ def _disallowed_view(allowed: torch.Tensor, vocab: int, scratch: torch.Tensor) -
     return bits.view(torch.bool).view(rows, words * 32)[:, :vocab]
 
 
-def gumbel_noise(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
-    """Standard Gumbel noise g = -log(-log U), U ~ U[0, 1) drawn in float64 from `generator` (engine.sampling's)."""
-    u = torch.rand(shape, generator=generator, dtype=torch.float64, device=device)
+def noise_dtype(device: torch.device | str) -> torch.dtype:
+    """The dtype Gumbel noise is drawn in on `device`: float64 on the CPU, float32 elsewhere (a float64 draw
+    costs a GPU far more, and float32 uniforms are ample for the Gumbel-max trick)."""
+    return torch.float64 if torch.device(device).type == "cpu" else torch.float32
+
+
+def gumbel_noise(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device,
+                 dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Standard Gumbel noise g = -log(-log U), U ~ U[0, 1) drawn on `device` from `generator` (engine.sampling's;
+    it must live on `device`), in `dtype` (None: `noise_dtype(device)`, float64 on the CPU)."""
+    dtype = noise_dtype(device) if dtype is None else dtype
+    u = torch.rand(shape, generator=generator, dtype=dtype, device=device)
     return -torch.log(-torch.log(u))
 
 
 def _gumbel_noise_into(out: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """`gumbel_noise` written into `out` (float64): same draws from the generator, bit-identical values."""
-    torch.rand(tuple(out.shape), generator=generator, dtype=torch.float64, device=out.device, out=out)
+    """`gumbel_noise` written into `out` (its device and dtype): same draws from the generator, bit-identical."""
+    torch.rand(tuple(out.shape), generator=generator, dtype=out.dtype, device=out.device, out=out)
     return out.log_().neg_().log_().neg_()
 
 
@@ -221,7 +234,7 @@ def _noise_for(shape, temperature, generator, noise, device, ws: RowStatsWorkspa
         return noise.to(device)
     if ws is None:
         return gumbel_noise(tuple(shape), generator, device)
-    return _gumbel_noise_into(ws.get("noise", tuple(shape), torch.float64, device), generator)
+    return _gumbel_noise_into(ws.get("noise", tuple(shape), noise_dtype(device), device), generator)
 
 
 def _empty_stats(device: torch.device) -> RowStats:
@@ -286,7 +299,8 @@ def reference_masked_row_stats(
     """Plain-torch statistics of a [rows, vocab] logits chunk (float32 math; see the module docstring).
 
     `allowed`: None, bool [rows, vocab] or packed int32 [rows, >= ceil(vocab/32)]. At T > 0 the Gumbel noise is
-    `noise` (float64 [rows, vocab], standard Gumbel) if given, else drawn from `generator` like engine.sampling.
+    `noise` (float64 or float32 [rows, vocab], standard Gumbel) if given, else drawn from `generator` on the
+    logits' device (`gumbel_noise`).
     `workspace` keeps the scratch buffers between calls (see RowStatsWorkspace); None allocates fresh ones.
     """
     _check_args(tuple(logits.shape), temperature, noise)
@@ -397,7 +411,7 @@ def _triton_row_stats(logits, packed, temperature, noise, num_splits, block_v) -
     out = _partials(rows, n_splits, sampling, device)
     dummy = out[1]
     temp = torch.tensor([temperature], dtype=torch.float64, device=device)
-    if sampling:
+    if sampling and noise.dtype not in (torch.float32, torch.float64):  # the kernel widens each value to float64
         noise = noise.to(torch.float64)
     grid = ((rows + block_r - 1) // block_r, n_splits)
     mod.masked_row_stats_kernel[grid](
@@ -432,7 +446,7 @@ def _triton_row_stats_from_hidden(hidden, weight, packed, temperature, noise, nu
     out = _partials(rows, n_splits, sampling, device)
     dummy = out[1]
     temp = torch.tensor([temperature], dtype=torch.float64, device=device)
-    if sampling:
+    if sampling and noise.dtype not in (torch.float32, torch.float64):  # the kernel widens each value to float64
         noise = noise.to(torch.float64)
     grid = ((rows + block_r - 1) // block_r, n_splits)
     mod.masked_row_stats_hidden_kernel[grid](
@@ -469,7 +483,7 @@ def masked_row_stats(
 
     What engine.sampling.reduce_logits(logits_chunk, allowed_mask, temperature, generator) calls. `allowed` is None,
     bool [rows, vocab] or xgrammar-packed int32 [rows, >= ceil(vocab/32)]. At T > 0 the standard Gumbel noise is
-    `noise` (float64 [rows, vocab]) or is drawn from `generator` exactly as engine.sampling draws it.
+    `noise` (float64 or float32 [rows, vocab]) or is drawn from `generator` on the logits' device (`gumbel_noise`).
     backend: "auto" (Triton on CUDA, torch elsewhere), "triton" (forced; on CPU needs TRITON_INTERPRET=1), "torch".
     num_splits: vocabulary splits per row for the Triton kernel (default: enough programs to fill the GPU).
     workspace: reusable scratch buffers (torch path, and the drawn noise on both paths) for chunk-by-chunk callers.
@@ -531,9 +545,9 @@ def workspace_bytes_per_row(vocab: int, *, sampling: bool, fused: bool) -> int:
     """Transient bytes one row costs in the logits path (what a chunk budget must cover).
 
     torch path (`_torch_stats`, see RowStatsWorkspace): float32 logits (4 B/token) + one scratch buffer reused for
-    the unpacked mask (1), then at T > 0 the float64 scores (8), then the exp (4); at T > 0 also the float64 noise
-    (8): 8 B/token greedy, 20 sampling. Fused Triton path: the logits never exist; only the noise (8 B/token at
-    T > 0) and the per-split partial states remain.
+    the unpacked mask (1), then at T > 0 the float64 scores (8), then the exp (4); at T > 0 also the noise
+    (8: float64 on the CPU; float32 elsewhere, still counted as 8): 8 B/token greedy, 20 sampling. Fused Triton
+    path: the logits never exist; only the noise (8 B/token at T > 0) and the per-split partial states remain.
     """
     if fused:
         return vocab * (8 if sampling else 0) + 4096

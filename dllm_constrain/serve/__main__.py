@@ -1,4 +1,4 @@
-"""python -m dllm_constrain.serve [--model PATH] [--host H] [--port P] [--device D] [--max-queue N]
+"""python -m dllm_constrain.serve [--model PATH] [--host H] [--port P] [--device D] [--dtype T] [--max-queue N]
 [--request-timeout S] [--max-batch-size B] [--served-model-name NAME]: an OpenAI-compatible server (docs/serving.md)."""
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="checkpoint folder (default: the bundled model)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--device", default=None, help="torch device for the model, e.g. cpu or cuda:0 (default: where "
-                                                  "the loader puts it)")
+    p.add_argument("--device", default=None, help="torch device for the model, e.g. cpu or cuda:0 (default: cuda "
+                                                  "when available, else cpu)")
+    p.add_argument("--dtype", default=None, help="weights dtype: bfloat16, float16 or float32 (default: the stored "
+                                                 "dtype; bfloat16 for a float32 checkpoint on a GPU that supports it)")
     p.add_argument("--max-queue", type=int, default=64, help="requests that may wait for the engine; more get 429")
     p.add_argument("--max-batch-size", type=int, default=8,
                    help="requests in the engine's continuous batch at once")
@@ -44,9 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     from dllm_constrain.serve.chat import ChatFormatter
 
     logging.basicConfig(level=args.log_level.upper())
-    llm = LLM(args.model)
-    if args.device is not None:
-        llm.model.to(args.device)
+    from dllm_constrain.errors import DllmConstrainError
+
+    try:
+        llm = LLM(args.model, device=args.device, dtype=args.dtype)
+    except DllmConstrainError as exc:  # a bad --device / --dtype or checkpoint: one line, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     backend = EngineBackend(llm, model_id=args.served_model_name, max_queue=args.max_queue,
                             max_batch_size=args.max_batch_size)
     app = build_app(backend, chat=ChatFormatter.for_llm(llm), request_timeout=args.request_timeout)
