@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 from dllm_constrain.constraints import regex_ast as A
 from dllm_constrain.constraints.deriv import DerivDFA
 from dllm_constrain.constraints.dfa import LazyDFA
-from dllm_constrain.constraints.nfa import build_nfa, utf8_sequences
+from dllm_constrain.constraints.nfa import build_nfa
 from dllm_constrain.constraints.regex_parser import parse_regex, search_language
+from dllm_constrain.constraints.utf8 import utf8_sequences
 from dllm_constrain.errors import InvalidRegexError
 
 from test_constraint_support import small_regexes

@@ -16,6 +16,6 @@ def test_a_constraint_longer_than_the_canvas_names_both_lengths() -> None:
 
 
 def test_no_output_is_the_automata_infinity() -> None:
-    from dllm_constrain.constraints.nfa import INF
+    from dllm_constrain.constraints.bounds import INF
 
     assert ConstraintTooLongError.NO_OUTPUT == INF

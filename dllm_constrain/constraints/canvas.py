@@ -50,7 +50,7 @@ import torch
 from ..errors import ConstraintTimeoutError
 from .deadline import CallDeadline, activate, check_active
 from .deriv import DEAD, START
-from .nfa import INF
+from .bounds import INF
 from .token_automaton import TokenAutomaton, bits_of
 
 # Per-call time limit (seconds) of every canvas call of a request (allowed_tokens, select_commits,

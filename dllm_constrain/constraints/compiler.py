@@ -19,7 +19,7 @@ from . import regex_ast as A
 from .canvas import DEFAULT_CALL_TIMEOUT_S, CanvasState, SetAlgebra
 from .deadline import CallDeadline, Deadline, activate
 from .deriv import DEAD, START, DerivDFA
-from .nfa import INF
+from .bounds import INF
 from .regex_parser import parse_regex
 from .token_automaton import TokenAutomaton
 from .tokenizer_info import TokenizerInfo

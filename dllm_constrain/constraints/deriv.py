@@ -23,8 +23,9 @@ import numpy as np
 from ..errors import CompilationTimeoutError
 from . import object_members as OM
 from . import regex_ast as A
+from .bounds import INF
 from .deadline import Deadline, check_active
-from .nfa import INF, utf8_sequences
+from .utf8 import utf8_sequences
 
 DEAD = 0
 START = 1

@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from .deadline import Deadline
-from .nfa import INF, NFA
+from .bounds import INF
+from .nfa import NFA
 
 DEAD = 0
 START = 1

@@ -1,68 +1,26 @@
 """Regex AST -> byte-level Thompson NFA.
 
 States are ints; `eps[q]` lists epsilon successors, `edges[q]` lists (lo, hi, target) byte ranges.
-Code-point sets are encoded as UTF-8 byte-range sequences (the classic utf8-ranges split), so the NFA,
-and every automaton built from it, works on bytes: tokens that split a multi-byte character are handled
-exactly.
+Code-point sets are encoded as UTF-8 byte-range sequences (utf8.py), so the NFA, and every automaton
+built from it, works on bytes: tokens that split a multi-byte character are handled exactly.
+
+With dfa.py (lazy subset construction) this is the second regex engine beside the derivative DFA
+(deriv.py): formats.py determinises small format languages with it (faster there), and the tests compare
+the two engines.
 
 Construction invariant (makes sharing a start state safe): `build(node, s)` never adds an edge *into*
 `s`; loops always go through a fresh state.
 """
 from __future__ import annotations
 
-import functools
 from collections import deque
 
 from ..errors import CompilationTimeoutError
 from . import object_members
 from . import regex_ast as A
+from .bounds import INF
 from .deadline import Deadline
-
-INF = 1 << 30
-
-
-@functools.lru_cache(maxsize=4096)
-def utf8_sequences(ranges: A.Ranges) -> tuple[tuple[tuple[int, int], ...], ...]:
-    """Split a code-point set into sequences of byte ranges whose concatenation is exactly its UTF-8."""
-    out: list[tuple[tuple[int, int], ...]] = []
-    for lo, hi in ranges:
-        _split(lo, hi, out)
-    return tuple(out)
-
-
-_BOUNDS = [(0, 0x7F), (0x80, 0x7FF), (0x800, 0xFFFF), (0x10000, 0x10FFFF)]
-
-
-def _split(lo: int, hi: int, out: list) -> None:
-    # split by encoded length first
-    for blo, bhi in _BOUNDS:
-        a, b = max(lo, blo), min(hi, bhi)
-        if a > b:
-            continue
-        if bhi == 0x7F:
-            out.append(((a, b),))
-            continue
-        n = {0x7FF: 2, 0xFFFF: 3, 0x10FFFF: 4}[bhi]
-        _split_n(a, b, n, out)
-
-
-def _split_n(lo: int, hi: int, n: int, out: list) -> None:
-    # split [lo, hi] (same encoded length n) into ranges whose continuation bytes span full 0x80-0xBF
-    for i in range(1, n):
-        m = (1 << (6 * i)) - 1
-        if (lo & ~m) != (hi & ~m):
-            if (lo & m) != 0:
-                _split_n(lo, lo | m, n, out)
-                _split_n((lo | m) + 1, hi, n, out)
-                return
-            if (hi & m) != m:
-                _split_n(lo, (hi & ~m) - 1, n, out)
-                _split_n(hi & ~m, hi, n, out)
-                return
-    a = chr(lo).encode("utf-8") if not 0xD800 <= lo <= 0xDFFF else None
-    b = chr(hi).encode("utf-8") if not 0xD800 <= hi <= 0xDFFF else None
-    assert a is not None and b is not None and len(a) == len(b) == n
-    out.append(tuple((a[k], b[k]) for k in range(n)))
+from .utf8 import utf8_sequences
 
 
 class NFA:

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ...errors import ConstraintTooLongError
-from ..nfa import INF
+from ..bounds import INF
 from .grammar import CompiledGrammar, Config
 from .lexer import START
 

@@ -20,7 +20,7 @@ from collections import OrderedDict, deque
 import numpy as np
 
 from ...errors import InvalidGrammarError
-from ..nfa import INF
+from ..bounds import INF
 from ..tokenizer_info import TokenizerInfo
 from .approx import Approx
 from .frontend import GrammarSpec

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..nfa import INF
+from ..bounds import INF
 from .frontend import GrammarSpec
 
 ROOT = 0  # the stack holding only the start state

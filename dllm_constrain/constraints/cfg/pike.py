@@ -30,7 +30,7 @@ import numpy as np
 
 from ...errors import CompilationTimeoutError
 from .. import regex_ast as A
-from ..nfa import utf8_sequences
+from ..utf8 import utf8_sequences
 from ..regex_parser import _unicode_class
 from ..regex_ast import ranges_complement, ranges_difference, ranges_union
 

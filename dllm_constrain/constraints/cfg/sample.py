@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from ..nfa import INF
+from ..bounds import INF
 from .grammar import CompiledGrammar
 
 _PRINTABLE = list(range(0x20, 0x7F))
