@@ -47,7 +47,7 @@ from dllm_constrain.errors import (
     InvalidRequestError,
     InvalidSchemaError,
 )
-from dllm_constrain.prompting import format_prompt
+from dllm_constrain.prompting import format_prompt, schema_sketch
 
 __all__ = ["LLM", "GenerationResult", "generate", "bundled_model_path", "clear_model_cache"]
 
@@ -411,13 +411,10 @@ class LLM:
         return list(self.tokenizer.encode(text, add_special=True))
 
     def format(self, prompt: str, schema: Any = None) -> str:
-        """The text the model sees for `prompt` (and `schema`, whose compact JSON the bundled model reads)."""
+        """The text the model sees for `prompt` (and `schema`, as the compact field sketch the bundled model reads)."""
         if self.prompt_format == "raw":
             return prompt
-        schema_json = None
-        if schema is not None:
-            schema_json = json.dumps(_schema_to_dict(schema), separators=(",", ":"), ensure_ascii=False)
-        return format_prompt(prompt, schema_json)
+        return format_prompt(prompt, None if schema is None else schema_sketch(_schema_to_dict(schema)))
 
     # ------------------------------------------------------------------ constraints
     def _constraint_compiler(self) -> Any:

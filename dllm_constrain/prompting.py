@@ -1,21 +1,100 @@
-"""The prompt format shared by training and inference; one function so the two can never drift apart.
+"""The prompt format shared by training and inference; one module so the two can never drift apart.
 
-The bundled model was trained on exactly this layout; the tokenizer adds BOS itself (post-processor).
+    Request: <the user's text>
+    Fields: name, age, city?, address{street, city}, tags[]
+    Answer: 
+
+The schema reaches the model as a compact field sketch, not as its JSON: the constraint layer carries the
+structure (keys, types, bounds) and the model only has to know which keys to fill, so a schema costs a few
+tokens of context whatever its size. The sketch is cut at `SKETCH_BUDGET` characters (ending in "...") for very
+large schemas; the constraint still enforces all of it. The bundled model was trained on exactly this layout;
+the tokenizer adds BOS itself (post-processor).
 """
 from __future__ import annotations
 
 import json
 from typing import Any
 
+SKETCH_BUDGET = 400
+_MAX_DEPTH = 3
+
+
+def _resolve(schema: Any, root: Any) -> Any:
+    """Follow a local `$ref` ("#/$defs/x", "#/definitions/x") once or twice; anything else is left as it is."""
+    for _ in range(4):
+        if not isinstance(schema, dict) or not isinstance(schema.get("$ref"), str):
+            return schema
+        ref = schema["$ref"]
+        if not ref.startswith("#"):
+            return schema
+        node: Any = root
+        for part in ref[1:].split("/")[1:] if ref != "#" else []:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if not isinstance(node, dict) or part not in node:
+                return schema
+            node = node[part]
+        schema = node
+    return schema
+
+
+def _branch(schema: dict[str, Any]) -> Any:
+    """The first branch of anyOf/oneOf/allOf that says something about the shape."""
+    for keyword in ("allOf", "anyOf", "oneOf"):
+        branches = schema.get(keyword)
+        if isinstance(branches, list):
+            for b in branches:
+                if isinstance(b, dict) and ("properties" in b or "items" in b or "$ref" in b):
+                    return b
+    return None
+
+
+def _sketch(schema: Any, root: Any, depth: int) -> str:
+    """'{k1, k2?}' for objects, '[...]' for arrays, '' for anything else."""
+    schema = _resolve(schema, root)
+    if not isinstance(schema, dict) or depth > _MAX_DEPTH:
+        return ""
+    props = schema.get("properties")
+    if isinstance(props, dict) and props:
+        required = schema.get("required") if isinstance(schema.get("required"), list) else []
+        items = []
+        for name, sub in props.items():
+            items.append(f"{name}{'' if name in required else '?'}{_sketch(sub, root, depth + 1)}")
+        return "{" + ", ".join(items) + "}"
+    items_schema = schema.get("items")
+    if isinstance(items_schema, (dict, bool)) or "prefixItems" in schema:
+        inner = _sketch(items_schema, root, depth + 1) if isinstance(items_schema, dict) else ""
+        return f"[{inner}]"
+    branch = _branch(schema)
+    return _sketch(branch, root, depth) if branch is not None else ""
+
+
+def schema_sketch(schema: Any, budget: int = SKETCH_BUDGET) -> str:
+    """The compact field list of a schema (a dict, JSON text, or True/False): the top-level keys with '?' on
+    optional ones, nested objects in braces, arrays as '[]'. A schema with no object at its top gives its
+    type ('string', 'array[...]', ...) or 'any'. Never raises for a well-formed JSON value."""
+    if isinstance(schema, str):
+        schema = json.loads(schema)
+    text = _sketch(schema, schema, 0)
+    if text.startswith("{"):
+        text = text[1:-1]
+    elif not text:
+        kind = schema.get("type") if isinstance(schema, dict) else None
+        text = kind if isinstance(kind, str) else "any"
+    else:
+        text = "array" + text if text.startswith("[") else text
+    if len(text) > budget:
+        text = text[: budget - 3].rsplit(",", 1)[0] + "..."
+    return text
+
+
+def format_prompt(request: str, sketch: str | None) -> str:
+    """'Request: <text>\\nFields: <sketch>\\nAnswer: ' (the Fields line only when a schema is given)."""
+    fields = f"Fields: {sketch}\n" if sketch is not None else ""
+    return f"Request: {request}\n{fields}Answer: "
+
 
 def schema_to_prompt_json(schema: dict[str, Any] | str) -> str:
-    """Compact JSON of a schema, the way the training data shows it."""
+    """Compact JSON of a schema (for callers that show the whole schema to a model of their own)."""
     if isinstance(schema, str):
         schema = json.loads(schema)
     return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
-
-
-def format_prompt(request: str, schema_json: str | None) -> str:
-    """'Schema: <compact schema>\\nRequest: <text>\\nAnswer: ' (the schema line only when a schema is given)."""
-    head = f"Schema: {schema_json}\n" if schema_json is not None else ""
-    return f"{head}Request: {request}\nAnswer: "

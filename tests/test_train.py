@@ -9,7 +9,9 @@ import torch
 from safetensors.torch import load_file
 
 from dllm_constrain.engine.models.llada import LLaDAConfig, LLaDAModel
+from dllm_constrain.prompting import schema_sketch
 from dllm_constrain.train.data import ExampleGenerator
+from dllm_constrain.train.phrasing import HELDOUT, TRAIN
 from dllm_constrain.train.tokenizer import BOS, EOS, MASK, PAD, SPECIALS, train_tokenizer
 from dllm_constrain.train.trainer import TrainConfig, train
 
@@ -26,12 +28,34 @@ def test_every_schema_answer_conforms_to_its_schema():
             jsonschema.Draft202012Validator(ex["schema"], format_checker=checker).validate(json.loads(ex["answer"]))
 
 
-def test_schema_is_part_of_the_prompt_and_plain_text_examples_exist():
+def test_the_prompt_carries_the_schema_as_a_field_sketch_and_plain_text_examples_exist():
     examples = ExampleGenerator(0).examples(300)
     with_schema = [e for e in examples if e["schema"] is not None]
     assert with_schema and len(with_schema) < len(examples)
     for e in with_schema:
-        assert json.dumps(e["schema"], separators=(",", ":")) in e["prompt"]
+        assert f"Fields: {schema_sketch(e['schema'])}\n" in e["prompt"]
+        assert e["prompt"].startswith(f"Request: {e['request']}\n")
+
+
+def test_heldout_split_uses_lead_phrasings_the_training_split_never_produces():
+    train_leads = {lead for lead in TRAIN.leads if lead}
+    for e in ExampleGenerator(11, plain_text_share=0.0, split="heldout").examples(100):
+        assert not any(e["request"].startswith(lead) for lead in train_leads)
+    assert set(HELDOUT.pairs).isdisjoint(TRAIN.pairs) and set(HELDOUT.leads).isdisjoint(TRAIN.leads)
+
+
+def test_values_come_from_open_distributions():
+    """Hardly any stated string value repeats across 500 requests: the model cannot pick from a list."""
+    strings = [v for e in ExampleGenerator(2, plain_text_share=0.0).examples(500) for v in e["stated"].values()
+               if isinstance(v, str) and len(v) > 6]
+    assert len(strings) > 300 and len(set(strings)) > 0.95 * len(strings)
+
+
+def test_every_stated_value_is_written_in_the_request():
+    for e in ExampleGenerator(4, plain_text_share=0.0).examples(300):
+        for value in e["stated"].values():
+            if isinstance(value, str):
+                assert value in e["request"]
 
 
 def test_stated_values_appear_in_the_answer():
@@ -53,7 +77,7 @@ def test_tokenizer_has_distinct_specials_and_prepends_bos():
 @pytest.fixture(scope="module")
 def micro_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("micro")
-    cfg = TrainConfig(out=str(out), vocab_size=300, tokenizer_corpus=300, d_model=32, n_layers=1, n_heads=2,
+    cfg = TrainConfig(out=str(out), run_dir=str(out / "run"), vocab_size=300, tokenizer_corpus=300, d_model=32, n_layers=1, n_heads=2,
                       mlp_hidden_size=64, max_canvas=32, batch_size=4, steps=6, log_every=100, threads=1)
     return out, train(cfg)
 
@@ -69,7 +93,7 @@ def test_micro_training_writes_a_loadable_llada_checkpoint(micro_run):
 
 def test_micro_training_is_reproducible_by_seed(micro_run, tmp_path):
     out, summary = micro_run
-    cfg = TrainConfig(out=str(tmp_path), vocab_size=300, tokenizer_corpus=300, d_model=32, n_layers=1, n_heads=2,
+    cfg = TrainConfig(out=str(tmp_path), run_dir=str(tmp_path / "run"), vocab_size=300, tokenizer_corpus=300, d_model=32, n_layers=1, n_heads=2,
                       mlp_hidden_size=64, max_canvas=32, batch_size=4, steps=6, log_every=100, threads=1)
     again = train(cfg)
     assert again["final_loss_ema"] == pytest.approx(summary["final_loss_ema"], rel=1e-5)
@@ -87,3 +111,52 @@ def test_micro_training_writes_the_measured_decoding_defaults(micro_run):
     assert gen["policy"] == "threshold" and gen["threshold"] == 0.9
     defaults = GenerationDefaults.from_folder(out)
     assert defaults.policy == "threshold"
+
+
+def _micro_config(tmp_path, **overrides) -> TrainConfig:
+    base = dict(out=str(tmp_path / "out"), run_dir=str(tmp_path / "run"), vocab_size=300, tokenizer_corpus=300,
+                d_model=32, n_layers=1, n_heads=2, mlp_hidden_size=64, max_canvas=48, batch_size=4, steps=8,
+                log_every=100, threads=1, save_every=4, eval_every=4, eval_batches=1)
+    base.update(overrides)
+    return TrainConfig(**base)
+
+
+def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
+    straight = train(_micro_config(tmp_path / "a"))
+    train(_micro_config(tmp_path / "b", steps=8, max_minutes=1e-9))  # stops after its first step
+    resumed = train(_micro_config(tmp_path / "b", resume=True))
+    a = load_file(str(tmp_path / "a" / "out" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "out" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed["steps_done"] == straight["steps_done"] == 8
+
+
+def test_the_log_holds_every_step_once_and_held_out_losses(tmp_path):
+    from dllm_constrain.train.report import read_log
+
+    train(_micro_config(tmp_path, max_minutes=1e-9))
+    train(_micro_config(tmp_path, resume=True))
+    steps, evals = read_log(tmp_path / "run" / "log.jsonl")
+    assert [r["step"] for r in steps] == list(range(8))
+    assert [r["step"] for r in evals] == [4, 8]
+
+
+def test_resume_refuses_a_different_architecture(tmp_path):
+    train(_micro_config(tmp_path, steps=1))
+    with pytest.raises(ValueError, match="d_model"):
+        train(_micro_config(tmp_path, d_model=64, resume=True))
+
+
+def test_answers_that_do_not_fit_the_canvas_are_dropped_not_truncated():
+    from dllm_constrain.train.trainer import encode_examples
+
+    tok = train_tokenizer((e["prompt"] + e["answer"] for e in ExampleGenerator(0).examples(300)), vocab_size=400)
+    examples = [{"prompt": "Request: x\nAnswer: ", "answer": "a" * 10}, {"prompt": "Request: y\nAnswer: ",
+                                                                            "answer": "word " * 200}]
+    pairs = encode_examples(examples, tok, max_canvas=32)
+    assert len(pairs) == 1 and tok.decode(pairs[0][1]) == "a" * 10
+
+
+def test_the_exported_model_has_a_context_of_2048_tokens(micro_run):
+    out, _ = micro_run
+    assert json.loads((out / "config.json").read_text())["max_sequence_length"] >= 2048

@@ -1,10 +1,20 @@
-"""Held-out figures of a checkpoint on fresh generator requests (a seed the training never used).
+"""Held-out figures of a checkpoint: requests the training never saw, the README demos, and prompt fit.
 
 python -m dllm_constrain.train.heldout [--model DIR] [--n 200] [--seed 10007] [--schema-constrained]
+python -m dllm_constrain.train.heldout --demos
+python -m dllm_constrain.train.heldout --prompt-fit ../shared/data/jsonschemabench [--max-new-tokens 256]
 
-Reports: valid-JSON rate and schema-valid rate (jsonschema Draft 2020-12 with its format checker), field-value
-recall (share of values stated in the request that appear with the right key in the answer), mean NFE,
-tokens committed per forward, and seconds per sample on this machine.
+Held-out requests come from the generator's held-out split (phrasings the training split never produces) at a
+seed training never used, so every stated value is new too. Reports: valid-JSON rate and schema-valid rate
+(jsonschema Draft 2020-12 with its format checker), field-value recall (share of values stated in the request
+that appear, exactly, under the right key in the answer), mean NFE, tokens committed per forward, seconds per
+sample. Unconstrained: the prompt carries the schema's field sketch, as in training, and nothing constrains
+the output; `--schema-constrained` passes each schema as the constraint.
+
+`--demos` runs the README's examples (schema, regex, grammars) and prints each answer. `--prompt-fit` counts
+the JSONSchemaBench schemas whose prompt (a short request and the schema's field sketch) plus a canvas of
+`--max-new-tokens` fits the model's context, i.e. that `generate(prompt, schema=s, max_new_tokens=...)` does not
+refuse with PromptTooLongError.
 """
 from __future__ import annotations
 
@@ -13,6 +23,7 @@ import json
 import statistics
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -20,6 +31,20 @@ import jsonschema
 from dllm_constrain.train.data import ExampleGenerator
 
 HELDOUT_SEED = 10007  # training uses seeds 0 (answers) and 1 (tokenizer corpus)
+# examples/person.json, the README's first example
+PERSON = {"type": "object", "properties": {"name": {"type": "string"},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                           "city": {"type": "string"}, "email": {"type": "string", "format": "email"},
+                                           "active": {"type": "boolean"}},
+          "required": ["name", "age", "city"], "additionalProperties": False}
+DEMOS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("Create a record with name Ada Lovelace; age 36; city London.", {"schema": "person"}),
+    ("What is 3 plus 4?", {"regex": r"[0-9]+\."}),
+    ("List users older than 30", {"grammar": "sql"}),
+    ("Write the expression: x times 3 plus 4.", {"grammar": "arithmetic"}),
+    ("A 4-column table.", {"grammar": "csv:4"}),
+    ("Write CSV with columns name, age and rows Ada, 36; Alan, 41.", {"grammar": "csv:2"}),
+)
 
 
 @dataclass
@@ -48,7 +73,8 @@ def score(example: dict[str, Any], text: str) -> tuple[bool, bool, int, int]:
         value = json.loads(text)
     except ValueError:
         return False, False, 0, len(example["stated"])
-    validator = jsonschema.Draft202012Validator(example["schema"], format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    validator = jsonschema.Draft202012Validator(example["schema"],
+                                                format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
     schema_ok = validator.is_valid(value)
     hits = sum(1 for k, v in example["stated"].items() if isinstance(value, dict) and value.get(k) == v)
     return True, schema_ok, hits, len(example["stated"])
@@ -58,22 +84,18 @@ def evaluate(model: str | None = None, n: int = 200, seed: int = HELDOUT_SEED, c
              batch_size: int = 8, **generate_kwargs: Any) -> tuple[HeldoutReport, list[dict[str, Any]]]:
     """Generate for n held-out schema requests and score them."""
     from dllm_constrain.api import LLM
-    from dllm_constrain.engine.state import Request, SamplingParams
 
     llm = LLM(model)
-    gen = ExampleGenerator(seed, plain_text_share=0.0)
-    examples = gen.examples(n)
+    raw = LLM.from_model(llm.model, llm.tokenizer, prompt_format="raw") if not constrained else None
+    examples = ExampleGenerator(seed, plain_text_share=0.0, split="heldout").examples(n)
     records: list[dict[str, Any]] = []
     start = time.perf_counter()
     for i in range(0, n, batch_size):
         chunk = examples[i:i + batch_size]
         if constrained:
             results = [llm.generate([e["request"]], schema=e["schema"], **generate_kwargs)[0] for e in chunk]
-        else:  # the schema is in the prompt, as in training, but nothing constrains the output
-            params = SamplingParams(**generate_kwargs)
-            params.validate()
-            requests = [Request(llm.encode(llm.format(e["request"], e["schema"])), params, None) for e in chunk]
-            results = llm.engine.generate(requests)
+        else:  # the field sketch is in the prompt, as in training, but nothing constrains the output
+            results = raw.generate([llm.format(e["request"], e["schema"]) for e in chunk], **generate_kwargs)
         for e, r in zip(chunk, results):
             ok_json, ok_schema, hits, stated = score(e, r.text)
             records.append({"request": e["request"], "answer": r.text, "reference": e["answer"],
@@ -94,26 +116,63 @@ def evaluate(model: str | None = None, n: int = 200, seed: int = HELDOUT_SEED, c
     return report, records
 
 
+def demos(model: str | None = None) -> list[tuple[str, str, str]]:
+    """(prompt, constraint, answer) for each README demo, generated with the checkpoint's defaults."""
+    from dllm_constrain.api import LLM
+
+    llm = LLM(model)
+    rows = []
+    for prompt, constraint in DEMOS:
+        kwargs = {"schema": PERSON} if constraint.get("schema") == "person" else dict(constraint)
+        [result] = llm.generate([prompt], **kwargs)
+        rows.append((prompt, json.dumps(constraint), result.text))
+    return rows
+
+
+def prompt_fit(folder: str, model: str | None = None, max_new_tokens: int = 256,
+               request: str = "Fill in the record.") -> dict[str, Any]:
+    """How many JSONSchemaBench schemas leave room for the prompt and a canvas of max_new_tokens."""
+    from dllm_constrain.api import LLM
+
+    llm = LLM(model)
+    context = llm.model.max_sequence_length
+    fits, total, longest = 0, 0, 0
+    for path in sorted(Path(folder).glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            tokens = len(llm.encode(llm.format(request, row["schema"])))
+            longest = max(longest, tokens)
+            total += 1
+            fits += tokens + max_new_tokens <= context
+    return {"schemas": total, "fit": fits, "fit_rate": fits / max(1, total), "context": context,
+            "max_new_tokens": max_new_tokens, "longest_prompt_tokens": longest}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m dllm_constrain.train.heldout", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="checkpoint folder (default: the bundled model)")
     parser.add_argument("--n", type=int, default=200)
     parser.add_argument("--seed", type=int, default=HELDOUT_SEED)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--block-length", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--policy", default="quota")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default: the checkpoint's")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--schema-constrained", action="store_true", help="pass each schema as a constraint")
+    parser.add_argument("--demos", action="store_true", help="run the README demos and print the answers")
+    parser.add_argument("--prompt-fit", metavar="DIR", help="JSONSchemaBench folder: count prompts that fit")
     parser.add_argument("--out", default=None, help="write per-request records as JSONL here")
     args = parser.parse_args(argv)
     import torch
 
     torch.set_flush_denormal(True)
-    report, records = evaluate(args.model, args.n, args.seed, args.schema_constrained, args.batch_size,
-                               max_new_tokens=args.max_new_tokens, block_length=args.block_length,
-                               steps=args.steps, policy=args.policy)
+    if args.demos:
+        for prompt, constraint, answer in demos(args.model):
+            print(f"{prompt!r} {constraint} -> {answer!r}")
+        return
+    if args.prompt_fit:
+        print(json.dumps(prompt_fit(args.prompt_fit, args.model, args.max_new_tokens or 256)))
+        return
+    kwargs = {} if args.max_new_tokens is None else {"max_new_tokens": args.max_new_tokens}
+    report, records = evaluate(args.model, args.n, args.seed, args.schema_constrained, args.batch_size, **kwargs)
     if args.out:
         with open(args.out, "w") as fh:
             for r in records:

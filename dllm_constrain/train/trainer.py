@@ -4,6 +4,17 @@ Objective (LLaDA SFT): the prompt is never masked; each answer position (the ans
 padding, which is how the model learns where to stop) is masked independently with probability t, with
 t ~ U(eps, 1) per sample. The loss is the cross-entropy on masked positions, weighted by 1/t and divided by
 the number of answer positions: an upper bound on the answer's negative log-likelihood.
+
+A run lives in `run_dir`: `train_state.pt` (weights, optimizer, schedule, every random state and the step,
+written every `save_every` steps) and `log.jsonl` (one line per step, plus held-out loss lines every
+`eval_every` steps). `--resume` continues from `train_state.pt` exactly where it stopped, so a run can span
+several sittings; `--out` receives the exported checkpoint (config.json, model.safetensors, tokenizer.json,
+generation_config.json, training_log.json, loss_curve.png) at every save. `report.py` redraws the curve and the
+summary from the log alone.
+
+Speed on CPU: rows are bucketed by length (a pool of `pool_batches` batches is drawn, sorted by token count
+and cut into batches, so little compute goes to padding), the LM head runs only on masked rows, and
+`--autocast bf16` runs the matmuls in bfloat16 (oneDNN's AVX-512 BF16 path) with float32 master weights.
 """
 from __future__ import annotations
 
@@ -11,8 +22,10 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -23,12 +36,17 @@ from dllm_constrain.engine.models.llada import LLaDAConfig, LLaDAModel
 from dllm_constrain.train.data import ExampleGenerator
 from dllm_constrain.train.tokenizer import BOS, EOS, MASK, PAD, train_tokenizer
 
+HELDOUT_LOSS_SEED = 20011  # fixed held-out batches for the loss logged during training
+CONTEXT = 2048
+
 
 @dataclass
 class TrainConfig:
     """Everything that decides the trained weights; the same config and seed give the same model."""
 
     out: str = "dllm_constrain/bundled"
+    run_dir: str = "runs/bundled"
+    resume: bool = False
     seed: int = 0
     vocab_size: int = 4096
     tokenizer_corpus: int = 20000
@@ -38,15 +56,20 @@ class TrainConfig:
     mlp_hidden_size: int = 768
     max_canvas: int = 96
     batch_size: int = 32
+    accumulate: int = 1
+    pool_batches: int = 8
     steps: int = 3000
     lr: float = 2e-3
     warmup: int = 100
     weight_decay: float = 0.01
     eps: float = 1e-3
     threads: int = 2
+    autocast: str = "none"  # "none" or "bf16"
     log_every: int = 25
-    max_minutes: float = 0.0  # stop early (and still save) after this many minutes; 0 = no limit
+    max_minutes: float = 0.0  # stop early (and still save) after this many minutes of this sitting; 0 = none
     save_every: int = 250
+    eval_every: int = 250
+    eval_batches: int = 4
 
 
 def build_model(cfg: TrainConfig) -> LLaDAModel:
@@ -55,7 +78,7 @@ def build_model(cfg: TrainConfig) -> LLaDAModel:
         d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_heads,
         mlp_hidden_size=cfg.mlp_hidden_size, vocab_size=cfg.vocab_size, embedding_size=cfg.vocab_size,
         mask_token_id=MASK, eos_token_id=EOS, pad_token_id=PAD, bos_token_id=BOS, rope_theta=10000.0,
-        max_sequence_length=1024,
+        max_sequence_length=CONTEXT,
     )
     torch.manual_seed(cfg.seed)
     model = LLaDAModel(model_cfg)
@@ -66,15 +89,24 @@ def build_model(cfg: TrainConfig) -> LLaDAModel:
     return model
 
 
-def make_batch(examples: list[dict], tok: Tokenizer, cfg: TrainConfig, rng: random.Random,
+def encode_examples(examples: list[dict], tok: Tokenizer, max_canvas: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, answer ids) of each example whose answer fits the canvas with one EOS; others are dropped
+    (a truncated answer would teach the model to stop mid-value)."""
+    pairs = []
+    for e in examples:
+        answer = tok.encode(e["answer"], add_special_tokens=False).ids
+        if len(answer) < max_canvas:
+            pairs.append((tok.encode(e["prompt"]).ids, answer))
+    return pairs
+
+
+def make_batch(pairs: list[tuple[list[int], list[int]]], cfg: TrainConfig, rng: random.Random,
                gen: torch.Generator) -> dict[str, torch.Tensor]:
     """Left-padded [prompt | answer + EOS padding] rows, with the noised input and the masked targets."""
-    prompts = [tok.encode(e["prompt"]).ids for e in examples]
-    answers = [tok.encode(e["answer"], add_special_tokens=False).ids[: cfg.max_canvas - 1] for e in examples]
-    canvas = min(cfg.max_canvas, max(len(a) for a in answers) + rng.randint(1, 24))
-    plen = max(len(p) for p in prompts)
+    canvas = min(cfg.max_canvas, max(len(a) for _, a in pairs) + rng.randint(1, 24))
+    plen = max(len(p) for p, _ in pairs)
     rows, keep, answer_region = [], [], []
-    for p, a in zip(prompts, answers):
+    for p, a in pairs:
         a = a[:canvas] + [EOS] * (canvas - len(a))
         pad = plen - len(p)
         rows.append([PAD] * pad + p + a)
@@ -88,6 +120,19 @@ def make_batch(examples: list[dict], tok: Tokenizer, cfg: TrainConfig, rng: rand
     noisy = ids.masked_fill(masked, MASK)
     return {"ids": ids, "noisy": noisy, "masked": masked, "t": t.expand_as(ids), "kpm": key_padding_mask,
             "canvas": torch.full((len(rows),), canvas)}
+
+
+def bucketed_batches(data: ExampleGenerator, tok: Tokenizer, cfg: TrainConfig,
+                     rng: random.Random) -> list[list[tuple[list[int], list[int]]]]:
+    """`pool_batches` batches cut from one pool sorted by length (then shuffled), so rows of a batch are alike
+    in length and padding costs little."""
+    pool: list[tuple[list[int], list[int]]] = []
+    while len(pool) < cfg.batch_size * cfg.pool_batches:
+        pool += encode_examples(data.examples(cfg.batch_size), tok, cfg.max_canvas)
+    pool = sorted(pool[: cfg.batch_size * cfg.pool_batches], key=lambda pa: (len(pa[0]), len(pa[1])))
+    batches = [pool[i:i + cfg.batch_size] for i in range(0, len(pool), cfg.batch_size)]
+    rng.shuffle(batches)
+    return batches
 
 
 def diffusion_loss(model: LLaDAModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -113,81 +158,175 @@ def save_checkpoint(model: LLaDAModel, tok: Tokenizer, out: Path, generation: di
         (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
 
 
-def train(cfg: TrainConfig) -> dict:
-    """Train, save the checkpoint, the loss log and a loss curve PNG into cfg.out; return a summary."""
-    torch.set_num_threads(cfg.threads)
-    torch.set_flush_denormal(True)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    corpus = ExampleGenerator(cfg.seed + 1).examples(cfg.tokenizer_corpus)
-    tok = train_tokenizer((e["prompt"] + e["answer"] for e in corpus), cfg.vocab_size)
-    model = build_model(cfg)
-    n_params = sum(p.numel() for p in model.parameters())
+@dataclass
+class _Run:
+    """The mutable state of one training run: what `train_state.pt` holds."""
+
+    model: LLaDAModel
+    tok: Tokenizer
+    opt: torch.optim.Optimizer
+    sched: Any
+    data: ExampleGenerator
+    rng: random.Random
+    gen: torch.Generator
+    step: int = 0
+    ema: float | None = None
+    seconds: float = 0.0
+    pending: list = field(default_factory=list)  # batches drawn but not yet used
+
+
+def _optimizer(model: LLaDAModel, cfg: TrainConfig) -> tuple[torch.optim.Optimizer, Any]:
+    """AdamW (no decay on norms) and a linear-warmup cosine schedule over cfg.steps."""
     decay = [p for p in model.parameters() if p.dim() == 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / cfg.steps))))
+    return opt, sched
+
+
+def _new_run(cfg: TrainConfig) -> _Run:
+    corpus = ExampleGenerator(cfg.seed + 1).examples(cfg.tokenizer_corpus)
+    tok = train_tokenizer((e["prompt"] + e["answer"] for e in corpus), cfg.vocab_size)
+    model = build_model(cfg)
+    opt, sched = _optimizer(model, cfg)
+    return _Run(model, tok, opt, sched, ExampleGenerator(cfg.seed), random.Random(cfg.seed),
+                torch.Generator().manual_seed(cfg.seed), pending=[])
+
+
+def _save_state(run: _Run, cfg: TrainConfig, run_dir: Path) -> None:
+    state = {"config": asdict(cfg), "model": run.model.state_dict(), "opt": run.opt.state_dict(),
+             "sched": run.sched.state_dict(), "data_rng": run.data.rng.getstate(), "rng": run.rng.getstate(),
+             "gen": run.gen.get_state(), "torch_rng": torch.get_rng_state(), "step": run.step, "ema": run.ema,
+             "seconds": run.seconds, "pending": run.pending, "tokenizer": run.tok.to_str()}
+    tmp = run_dir / "train_state.pt.tmp"
+    torch.save(state, tmp)
+    tmp.replace(run_dir / "train_state.pt")  # atomic: an interrupted save leaves the previous state
+
+
+def _load_state(cfg: TrainConfig, run_dir: Path) -> _Run:
+    state = torch.load(run_dir / "train_state.pt", weights_only=False)
+    saved = TrainConfig(**state["config"])
+    for f in ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_hidden_size", "seed"):
+        if getattr(saved, f) != getattr(cfg, f):
+            raise ValueError(f"--resume: {f} is {getattr(cfg, f)} but the saved run has {getattr(saved, f)}")
+    tok = Tokenizer.from_str(state["tokenizer"])
+    model = build_model(cfg)
+    model.load_state_dict(state["model"])
+    opt, sched = _optimizer(model, cfg)
+    opt.load_state_dict(state["opt"])
+    sched.load_state_dict(state["sched"])
     data = ExampleGenerator(cfg.seed)
-    rng = random.Random(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    log: list[dict] = []
-    start = time.time()
-    ema = None
-    model.train()
-    for step in range(cfg.steps):
-        batch = make_batch(data.examples(cfg.batch_size), tok, cfg, rng, gen)
-        loss = diffusion_loss(model, batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
-        log.append({"step": step, "loss": loss.item(), "ema": ema, "lr": sched.get_last_lr()[0],
-                    "seconds": time.time() - start})
-        if step % cfg.log_every == 0:
-            print(f"step {step:5d} loss {loss.item():.4f} ema {ema:.4f} {time.time() - start:.0f}s", flush=True)
-        if (step + 1) % cfg.save_every == 0:
-            _save_all(model, tok, out, log, cfg, n_params)
-        if cfg.max_minutes and time.time() - start > cfg.max_minutes * 60:
-            print(f"time limit reached at step {step}", flush=True)
-            break
-    model.eval()
-    return _save_all(model, tok, out, log, cfg, n_params)
+    data.rng.setstate(state["data_rng"])
+    rng = random.Random()
+    rng.setstate(state["rng"])
+    gen = torch.Generator()
+    gen.set_state(state["gen"])
+    torch.set_rng_state(state["torch_rng"])
+    return _Run(model, tok, opt, sched, data, rng, gen, step=state["step"], ema=state["ema"],
+                seconds=state["seconds"], pending=state["pending"])
 
 
-def _save_all(model, tok, out: Path, log: list[dict], cfg: TrainConfig, n_params: int) -> dict:
-    # The canvas the model was trained on is its natural default; blocks of 32 as in LLaDA's recipes.
-    # decoding defaults measured on the bundled model (docs/performance.md): threshold 0.9 commits the same
-    # answers as one-token quota steps with fewer forwards
-    save_checkpoint(model, tok, out, {"max_new_tokens": cfg.max_canvas, "block_length": min(32, cfg.max_canvas),
-                                      "policy": "threshold", "threshold": 0.9})
-    summary = {"train_config": asdict(cfg), "parameters": n_params, "steps_done": len(log),
-               "final_loss_ema": log[-1]["ema"] if log else None,
-               "train_seconds": log[-1]["seconds"] if log else 0.0}
-    (out / "training_log.json").write_text(json.dumps({"summary": summary, "log": log[:: max(1, len(log) // 400)]}))
-    plot_loss(log, out / "loss_curve.png")
+def _truncate_log(log_path: Path, step: int) -> None:
+    """Drop log lines of steps after the saved state (they will be trained again), so a resumed log has each
+    step once."""
+    if not log_path.exists():
+        return
+    kept = [line for line in log_path.read_text().splitlines()
+            if line and (json.loads(line)["step"] < step or ("heldout_loss" in line and json.loads(line)["step"] <= step))]
+    log_path.write_text("".join(line + "\n" for line in kept))
+
+
+def heldout_loss(run: _Run, cfg: TrainConfig) -> float:
+    """Mean diffusion loss on fixed held-out batches (held-out phrasings, a seed training never uses)."""
+    data = ExampleGenerator(HELDOUT_LOSS_SEED, split="heldout")
+    rng = random.Random(HELDOUT_LOSS_SEED)
+    gen = torch.Generator().manual_seed(HELDOUT_LOSS_SEED)
+    run.model.eval()
+    losses = []
+    with torch.no_grad():
+        for _ in range(cfg.eval_batches):
+            pairs = encode_examples(data.examples(cfg.batch_size), run.tok, cfg.max_canvas)
+            losses.append(diffusion_loss(run.model, make_batch(pairs, cfg, rng, gen)).item())
+    run.model.train()
+    return sum(losses) / len(losses)
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Train (or resume), checkpoint into run_dir and export into out; return a summary."""
+    torch.set_num_threads(cfg.threads)
+    torch.set_flush_denormal(True)
+    out, run_dir = Path(cfg.out), Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_path = run_dir / "log.jsonl"
+    if cfg.resume:
+        run = _load_state(cfg, run_dir)
+        _truncate_log(log_path, run.step)
+    else:
+        run = _new_run(cfg)
+        log_path.write_text("")
+    if cfg.autocast not in ("none", "bf16"):
+        raise ValueError(f"autocast must be 'none' or 'bf16', got {cfg.autocast!r}")
+    amp = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if cfg.autocast == "bf16" else nullcontext
+    sitting_start = time.time()
+    base_seconds = run.seconds
+    run.model.train()
+    with log_path.open("a") as log:
+        while run.step < cfg.steps:
+            run.opt.zero_grad(set_to_none=True)
+            total = 0.0
+            for _ in range(cfg.accumulate):
+                if not run.pending:
+                    run.pending = bucketed_batches(run.data, run.tok, cfg, run.rng)
+                with amp():
+                    loss = diffusion_loss(run.model, make_batch(run.pending.pop(), cfg, run.rng, run.gen))
+                (loss / cfg.accumulate).backward()
+                total += loss.item() / cfg.accumulate
+            torch.nn.utils.clip_grad_norm_(run.model.parameters(), 1.0)
+            run.opt.step()
+            run.sched.step()
+            run.ema = total if run.ema is None else 0.95 * run.ema + 0.05 * total
+            run.seconds = base_seconds + time.time() - sitting_start
+            log.write(json.dumps({"step": run.step, "loss": total, "ema": run.ema,
+                                  "lr": run.sched.get_last_lr()[0], "seconds": run.seconds}) + "\n")
+            if run.step % cfg.log_every == 0:
+                log.flush()
+                print(f"step {run.step:5d} loss {total:.4f} ema {run.ema:.4f} {run.seconds:.0f}s", flush=True)
+            run.step += 1
+            if cfg.eval_every and run.step % cfg.eval_every == 0:
+                h = heldout_loss(run, cfg)
+                log.write(json.dumps({"step": run.step, "heldout_loss": h, "seconds": run.seconds}) + "\n")
+                print(f"step {run.step:5d} held-out loss {h:.4f}", flush=True)
+            if run.step % cfg.save_every == 0:
+                log.flush()
+                _save_state(run, cfg, run_dir)
+                export(run, cfg, out, log_path)
+            if cfg.max_minutes and time.time() - sitting_start > cfg.max_minutes * 60:
+                print(f"time limit reached at step {run.step}", flush=True)
+                break
+    _save_state(run, cfg, run_dir)
+    run.model.eval()
+    return export(run, cfg, out, log_path)
+
+
+def export(run: _Run, cfg: TrainConfig, out: Path, log_path: Path) -> dict:
+    """The shippable checkpoint, its training log summary and the loss curve, into `out`."""
+    from dllm_constrain.train.report import read_log, summarize, plot_loss
+
+    # blocks of 32 as in LLaDA's recipes; threshold 0.9 commits the same answers as one-token quota steps
+    # with fewer forwards (docs/performance.md)
+    save_checkpoint(run.model, run.tok, out, {"max_new_tokens": cfg.max_canvas,
+                                              "block_length": min(32, cfg.max_canvas),
+                                              "policy": "threshold", "threshold": 0.9})
+    steps, evals = read_log(log_path)
+    n_params = sum(p.numel() for p in run.model.parameters())
+    summary = summarize(asdict(cfg), n_params, steps, evals)
+    (out / "training_log.json").write_text(json.dumps(
+        {"summary": summary, "log": steps[:: max(1, len(steps) // 400)], "heldout": evals}))
+    plot_loss(steps, evals, out / "loss_curve.png")
     return summary
 
 
-def plot_loss(log: list[dict], path: Path) -> None:
-    """The loss curve (raw and EMA) as a PNG; skipped quietly only when matplotlib is not installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([r["step"] for r in log], [r["loss"] for r in log], alpha=0.3, label="loss")
-    ax.plot([r["step"] for r in log], [r["ema"] for r in log], label="EMA")
-    ax.set_xlabel("step")
-    ax.set_ylabel("masked-diffusion loss")
-    ax.set_yscale("log")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+def config_fields() -> list[str]:
+    return [f.name for f in fields(TrainConfig)]
