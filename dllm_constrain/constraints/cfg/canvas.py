@@ -27,30 +27,28 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from dllm_constrain.kernels.bitmask import bitmask_bytes, row_tokens, set_token, write_row
+
 from ...errors import ConstraintTooLongError
-from ..bounds import INF
-from .grammar import CompiledGrammar, Config
-from .lexer import START
+from .canvas_rows import GrammarRows
+from .canvas_search import WitnessSearch
+from .canvas_sets import ENDED, Analysis, GrammarSets  # noqa: F401  (ENDED, Analysis: re-exported)
+from .configuration import Config
 
-ENDED = -1
-
-
-class _Budget(Exception):
-    pass
+if TYPE_CHECKING:  # annotations only: grammar.py imports this module to build canvas states
+    from .grammar import CompiledGrammar
 
 
-class _Analysis:
-    __slots__ = ("c", "f", "cfg", "e_star", "last_text", "F", "B", "H", "valid")
+class GrammarCanvasState(GrammarSets, GrammarRows):
+    """CanvasConstraint of a compiled Lark grammar for one canvas length (see the module docstring): the exact
+    prefix parse, the witness and the protocol here; the approximate sets in canvas_sets.py, the mask rows in
+    canvas_rows.py, the witness search in canvas_search.py."""
 
-    def __init__(self):
-        self.valid = True
-
-
-class GrammarCanvasState:
     def __init__(self, cg: CompiledGrammar, canvas_len: int, *, set_cap: int = 600, search_budget: int = 3000,
                  refine_groups: int = 32, refine_budget: int = 150, cold_walks: int = 2,
                  verify_with_lark: bool = True):
@@ -133,188 +131,6 @@ class GrammarCanvasState:
                 break
         return True, e_star, last
 
-    # ------------------------------------------------------------------ approximate sets
-    def _step_open(self, F):
-        if F is None:
-            return None
-        r = self._open_memo.get(F)
-        if r is not None or F in self._open_memo:
-            return r
-        ap = self.approx
-        out: set[int] = set()
-        ended = False
-        for a in F:
-            if a == ENDED:
-                ended = True
-                continue
-            if not self._warm(a // ap.P):
-                return None  # not worth a cold vocabulary walk now: TOP (sound); not memoised
-            out |= ap.succ(a)
-            if not ended and ap.accepting(a):
-                ended = True
-            if len(out) > self.set_cap:
-                self._open_memo[F] = None
-                return None
-        if ended:
-            out.add(ENDED)
-        r = frozenset(out)
-        self._open_memo[F] = r
-        return r
-
-    def _step_tok(self, F, t: int):
-        if F is not None:
-            k = (F, t)
-            r = self._tok_memo.get(k)
-            if r is None:
-                r = self._step_tok_uncached(F, t)
-                if len(self._tok_memo) > 8192:
-                    self._tok_memo.clear()
-                self._tok_memo[k] = r
-            return r
-        return self._step_tok_uncached(F, t)
-
-    def _step_tok_uncached(self, F, t: int):
-        ap = self.approx
-        if t == self.eos:
-            if F is None:
-                return frozenset({ENDED})
-            return frozenset({ENDED}) if any(a == ENDED or ap.accepting(a) for a in F) else frozenset()
-        if F is None:
-            return None
-        out = set()
-        for a in F:
-            if a == ENDED:
-                continue
-            b = ap.delta(a, t)
-            if b >= 0:
-                out.add(b)
-        return frozenset(out)
-
-    def can_finish(self, a: int, m: int) -> bool:
-        """Approximate state a can reach the end within m tokens (a sound 'True' for large m)."""
-        ap = self.approx
-        if a == ENDED or ap.accepting(a):
-            return True
-        if m <= 0:
-            return False
-        if m >= 8:
-            return True
-        t = self._fin_true.get(a)
-        if t is not None and t <= m:
-            return True
-        f = self._fin_false.get(a)
-        if f is not None and f >= m:
-            return False
-        frontier = {a}
-        seen = {a}
-        ok = False
-        lx = self.cg.lexer
-        for _k in range(m):
-            nxt = set()
-            for s in frontier:
-                if not lx.has_trans(s // ap.P) and not self._warm(s // ap.P):
-                    return True  # undecided without a cold vocabulary walk: sound answer
-                for u in ap.succ(s):
-                    if u in seen:
-                        continue
-                    if ap.accepting(u):
-                        ok = True
-                        break
-                    seen.add(u)
-                    nxt.add(u)
-                if ok:
-                    break
-            if ok or not nxt or len(seen) > 20000:
-                ok = ok or len(seen) > 20000
-                break
-            frontier = nxt
-        if ok:
-            self._fin_true[a] = min(m, self._fin_true.get(a, INF))
-        else:
-            self._fin_false[a] = max(m, self._fin_false.get(a, -1))
-        return ok
-
-    def _analyze(self, c: tuple, horizon: int = 0) -> _Analysis:
-        an = self._an
-        if an is not None and an.c == c and an.H >= min(self.n, horizon):
-            return an
-        an = _Analysis()
-        an.c = c
-        ok, e_star, last = self._structure(c)
-        an.e_star, an.last_text = e_star, last
-        f, cfg = self._prefix(c)
-        an.f, an.cfg = f, cfg
-        if not ok or cfg is None:
-            an.valid = False
-            an.F = an.B = []
-            an.H = self.n
-            self._an = an
-            return an
-        n = self.n
-        H = min(n, max(last + 1, horizon, f))
-        for i in range(H, n):  # committed EOS after the horizon bound the tail: include it
-            if c[i] is not None:
-                H = max(H, i + 1)
-        F: list = [None] * (H + 1)
-        F[f] = frozenset({self.cg.approx_id(cfg)})
-        for i in range(f, H):
-            F[i + 1] = self._step_open(F[i]) if c[i] is None else self._step_tok(F[i], c[i])
-        B: list = [frozenset()] * (H + 1)
-        rem = n - H
-        if F[H] is None:
-            B[H] = None
-        else:
-            B[H] = frozenset(a for a in F[H] if self.can_finish(a, rem))
-        ap = self.approx
-        for i in range(H - 1, f - 1, -1):
-            nb = B[i + 1]
-            Fi = F[i]
-            if nb is None:
-                B[i] = Fi
-                continue
-            if not nb:
-                for j in range(f, i + 1):
-                    B[j] = frozenset()
-                break
-            if Fi is None:
-                B[i] = None
-                continue
-            ci = c[i]
-            ended_ok = ENDED in nb
-            if ci is None:
-                bk = (Fi, nb)
-                r = self._back_memo.get(bk)
-                if r is None:
-                    r = frozenset(a for a in Fi if (a == ENDED and ended_ok) or (
-                        a != ENDED and ((ended_ok and ap.accepting(a)) or not ap.succ(a).isdisjoint(nb))))
-                    if len(self._back_memo) > 4096:
-                        self._back_memo.clear()
-                    self._back_memo[bk] = r
-                B[i] = r
-            elif ci == self.eos:
-                B[i] = frozenset(a for a in Fi if a == ENDED or ap.accepting(a)) if ended_ok else frozenset()
-            else:
-                B[i] = frozenset(a for a in Fi if a != ENDED and ap.delta(a, ci) in nb)
-        an.F, an.B, an.H = F, B, H
-        self._an = an
-        return an
-
-    def _warm(self, q: int) -> bool:
-        """True if lexer state q's vocabulary walk is cached or may be computed now (a few per call)."""
-        if self.cg.lexer.has_trans(q):
-            return True
-        if self._cold_left > 0:
-            self._cold_left -= 1
-            return True
-        return False
-
-    @staticmethod
-    def _inB(B, i: int, a: int) -> bool:
-        if i >= len(B):
-            return True
-        b = B[i]
-        return b is None or a in b
-
     # ------------------------------------------------------------------ witness search
     def _search(self, c: tuple) -> list[int] | None:
         self.stats["searches"] += 1
@@ -329,7 +145,7 @@ class GrammarCanvasState:
                 return None
             w = [x for x in c[:f]] + [self.eos] * (n - f)
             return w if self._lark_ok(w) else None
-        srch = _Search(self, c, an, self.search_budget)
+        srch = WitnessSearch(self, c, an, self.search_budget)
         rest = srch.run(f, cfg)
         if rest is None:
             self.stats["search_failures"] += 1
@@ -413,28 +229,39 @@ class GrammarCanvasState:
             self._stall = False
             self.stats["witness_forced"] += 1
             return {f: self.witness[f]}
-        row = self._frontier_row(c, an)
-        idx = np.flatnonzero(row)
+        idx = row_tokens(self._frontier_row(c, an), self.vocab_size)
         if idx.size == 1 and int(idx[0]) == self.witness[f]:
             return {f: int(idx[0])}
         return {}
 
+    def fill_token_bitmask(self, canvas: Sequence[int], positions: Sequence[int], out: torch.Tensor) -> None:
+        """The masks as rows 0..len(positions)-1 of the token bitmask `out` (protocol.CanvasConstraint)."""
+        positions = [int(p) for p in positions]
+        o = bitmask_bytes(out[:len(positions)])
+        o[:] = 0
+        self._masks_into(self._norm(canvas), positions, o)
+
     def allowed_tokens(self, canvas: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
-        c = self._norm(canvas)
-        self._cold_left = self.cold_walks
+        """Bool [len(positions), vocab_size]: the rows `fill_token_bitmask` writes, unpacked."""
         positions = [int(p) for p in positions]
         out = torch.zeros((len(positions), self.vocab_size), dtype=torch.bool)
+        self._masks_into(self._norm(canvas), positions, out.numpy())
+        return out
+
+    def _masks_into(self, c: tuple, positions: list[int], o: np.ndarray) -> None:
+        """The masks into the zeroed mask rows `o` (bool [n, V] or bitmask bytes [n, 4 W]): committed positions
+        their own token, the frontier its exact row, positions right of it their approximate row."""
+        self._cold_left = self.cold_walks
         if not positions:
-            return out
+            return
         an = self._analyze(c, max(positions) + 1)
-        o = out.numpy()
         if not an.valid:
-            return out
+            return
         for j, p in enumerate(positions):
             if not 0 <= p < self.n:
                 raise IndexError(f"position {p} outside the canvas of length {self.n}")
             if c[p] is not None:
-                o[j, c[p]] = True
+                set_token(o[j], c[p])
                 continue
             if p < an.f:
                 continue
@@ -444,148 +271,11 @@ class GrammarCanvasState:
                     # token, which the engine then commits as forced (progress at least every other step)
                     self._stall = False
                     self.stats["witness_forced"] += 1
-                    o[j, self.witness[p]] = True
+                    set_token(o[j], self.witness[p])
                     continue
-                o[j] = self._frontier_row(c, an)
+                write_row(o[j], self._frontier_row(c, an))
             else:
-                o[j] = self._approx_row(an, p)
-        return out
-
-    # ------------------------------------------------------------------ rows
-    def _frontier_row(self, c: tuple, an: _Analysis) -> np.ndarray:
-        key = ("f", c[:an.f], an.B[an.f + 1] if an.f + 1 < len(an.B) else None, an.e_star, an.last_text)
-        row = self._rows.get(key)
-        if row is not None:
-            self._rows.move_to_end(key)
-            return row
-        cg = self.cg
-        cfg, f = an.cfg, an.f
-        row = np.zeros(self.vocab_size, dtype=bool)
-        lt = cg.lexer.trans(cfg[1])
-        tail_only = an.last_text < f  # nothing but open positions / EOS after f
-        cap = an.e_star - (f + 1)  # positions left for text after f when tail_only
-        sel = np.zeros(lt.n_groups, dtype=bool)
-        _lt, succ = cg.successors(cfg)
-        passing = []
-        for g, nxt in succ:
-            if not self._inB(an.B, f + 1, cg.approx_id(nxt)):
-                continue
-            if tail_only and not self._fits(nxt, cap):
-                continue
-            passing.append((g, nxt))
-        if not tail_only and len(passing) <= self.refine_groups:
-            # right of f the B sets are approximate: decide each group by a witness search from f+1
-            srch = _Search(self, c, an, self.refine_budget)
-            kept = []
-            total = 4 * self.refine_budget
-            for g, nxt in passing:
-                if total <= 0:  # out of refinement budget: keep the rest (sound)
-                    kept.append((g, nxt))
-                    continue
-                srch.exhaustive = True
-                allot = min(self.refine_budget, total)
-                srch.budget = allot
-                found = srch.run(f + 1, nxt) is not None
-                total -= allot - max(srch.budget, 0) + 1
-                if found or not srch.exhaustive:
-                    kept.append((g, nxt))
-            passing = kept
-        for g, _nxt in passing:
-            sel[g] = True
-        if sel.any():
-            row[lt.tokens[sel[lt.group_of]]] = True
-        # EOS at f: the text ends here
-        if (an.last_text < f) and cg.accepts_end(cfg):
-            row[self.eos] = True
-        self._rows[key] = row
-        if len(self._rows) > 64:
-            self._rows.popitem(last=False)
-        return row
-
-    def _fits(self, cfg: Config, cap: int) -> bool:
-        """A completion of cfg fits in cap more tokens (exact up to the concrete completion's optimality)."""
-        cg = self.cg
-        if cg.accepts_end(cfg):
-            return True
-        if cap <= 0:
-            return False
-        est = cg.completion_estimate(cfg)
-        if est >= INF:
-            return False
-        if cg.vocab.single_bytes:
-            # every byte is a token: the concrete (exactly checked) completion spells in as many tokens as bytes
-            data = cg.complete_bytes(cfg)
-            if data is not None and len(data) <= cap:
-                return True
-        toks = cg.complete_tokens(cfg)
-        if toks is not None and len(toks) <= cap:
-            return True
-        toks, exhaustive, _used = cg.token_completion(cfg, cap, budget=self.refine_budget)
-        return toks is not None or not exhaustive  # inconclusive: keep it (sound)
-
-    def _approx_row(self, an: _Analysis, p: int) -> np.ndarray:
-        F, B = an.F, an.B
-        Fi = F[p] if p < len(F) else None
-        Bi = B[p] if p < len(B) else None
-        Bn = B[p + 1] if p + 1 < len(B) else None
-        if Fi is not None and Bi is not None:
-            S = Fi & Bi
-        elif Fi is not None:
-            S = Fi
-        else:
-            S = Bi
-        key = ("a", S, Bn)
-        row = self._rows.get(key)
-        if row is not None:
-            self._rows.move_to_end(key)
-            return row
-        ap = self.approx
-        if S is None:
-            row = self.cg.text_row.copy()
-            # EOS: allowed unless committed text follows
-            if an.last_text < p:
-                row[self.eos] = True
-        else:
-            packed = None
-            by_q: dict[int, list[int]] = {}
-            eos_ok = False
-            ended_next = Bn is None or ENDED in Bn
-            for a in S:
-                if a == ENDED:
-                    eos_ok = eos_ok or ended_next
-                    continue
-                if ended_next and ap.accepting(a):
-                    eos_ok = True
-                by_q.setdefault(a // ap.P, []).append(a)
-            cold = [q for q in by_q if not self.cg.lexer.has_trans(q)]
-            if cold and not all(self._warm(q) for q in cold):
-                row = self.cg.text_row.copy()  # TOP rather than many cold vocabulary walks (sound; not cached)
-                if an.last_text < p:
-                    row[self.eos] = True
-                return row
-            for q, aa in by_q.items():
-                lt = self.cg.lexer.trans(q)
-                if lt.n_groups == 0:
-                    continue
-                sel = np.zeros(lt.n_groups, dtype=bool)
-                for a in aa:
-                    sel |= ap.trans(a).select(Bn)
-                if sel.any():
-                    bits = self.cg.group_bits(q, lt, sel)
-                    if packed is None:
-                        packed = bits.copy()
-                    else:
-                        np.bitwise_or(packed, bits, out=packed)
-            if packed is None:
-                row = np.zeros(self.vocab_size, dtype=bool)
-            else:
-                row = np.unpackbits(packed, bitorder="little", count=self.vocab_size).view(bool)
-            if eos_ok and an.last_text < p:
-                row[self.eos] = True
-        self._rows[key] = row
-        if len(self._rows) > 64:
-            self._rows.popitem(last=False)
-        return row
+                write_row(o[j], self._approx_row(an, p))
 
     # ------------------------------------------------------------------ extras
     def allowed_sets(self, canvas: Sequence[int]) -> list[set[int] | None]:
@@ -594,106 +284,3 @@ class GrammarCanvasState:
         rows = self.allowed_tokens(list(canvas), list(range(self.n)))
         return [None if c[i] is not None else set(np.flatnonzero(rows[i].numpy()).tolist()) for i in range(self.n)]
 
-
-class _Search:
-    """Depth-first witness search over one canvas: token groups at open positions (exact parser, pruned by the
-    B sets), committed tokens stepped exactly, the tail closed by the concrete completion or a token-level
-    breadth-first search. `exhaustive` stays True unless a budget cut the search short (then a None result
-    proves nothing)."""
-
-    def __init__(self, st: GrammarCanvasState, c: tuple, an: _Analysis, budget: int):
-        self.st = st
-        self.cg = st.cg
-        self.c = c
-        self.an = an
-        self.n = st.n
-        self.eos = st.eos
-        self.budget = budget
-        self.failed: set = set()
-        self.exhaustive = True
-        w = getattr(st, "witness", None)
-        self.prefer = w
-
-    def run(self, i: int, cfg: Config) -> list[int] | None:
-        try:
-            return self.fill(i, cfg)
-        except (_Budget, RecursionError):
-            self.exhaustive = False
-            return None
-
-    def candidates(self, cfg: Config, i: int):
-        """[(key, token, next config)] for open position i: the witness's token group first, then the others by
-        completion estimate; pruned by B[i+1]."""
-        cg = self.cg
-        ranked = cg.ranked_successors(cfg)  # [(estimate, group, token, next config, approx id)], cached
-        B = self.an.B
-        b = B[i + 1] if i + 1 < len(B) else None
-        prefer = self.prefer[i] if self.prefer is not None else None
-        first = []
-        if prefer is not None and prefer != self.eos:
-            lt = cg.lexer.trans(cfg[1])
-            pos = np.flatnonzero(lt.tokens == prefer)
-            if pos.size:
-                pg = int(lt.group_of[pos[0]])
-                for est, g, _tok, nxt, a in ranked:
-                    if g == pg:
-                        if b is None or a in b:
-                            first.append((-1, prefer, nxt))
-                        break
-        if b is None:
-            rest = [(est, tok, nxt) for est, g, tok, nxt, a in ranked]
-        else:
-            rest = [(est, tok, nxt) for est, g, tok, nxt, a in ranked if a in b]
-        if first:
-            rest = [x for x in rest if x[2] != first[0][2]]
-        return first + rest
-
-    def fill(self, i: int, cfg: Config) -> list[int] | None:
-        an, c, n = self.an, self.c, self.n
-        if i > an.last_text:
-            cap = an.e_star - i
-            toks = self.cg.complete_tokens(cfg)
-            if toks is not None and len(toks) <= cap:
-                return toks + [self.eos] * (n - i - len(toks))
-            if cap <= 0:
-                return None
-            key = ("t", i, cfg)
-            if key in self.failed:
-                return None
-            allow = max(0, min(self.budget, 1500))
-            toks, exhaustive, used = self.cg.token_completion(cfg, cap, budget=allow)
-            self.budget -= 1 + used // 8
-            if toks is not None:
-                return toks + [self.eos] * (n - i - len(toks))
-            if not exhaustive:
-                self.exhaustive = False
-            else:
-                self.failed.add(key)
-            return None
-        ci = c[i]
-        if ci is not None:
-            nxt = self.cg.step(cfg, ci)
-            if nxt is None or not GrammarCanvasState._inB(an.B, i + 1, self.cg.approx_id(nxt)):
-                return None
-            rest = self.fill(i + 1, nxt)
-            return None if rest is None else [ci] + rest
-        key = (i, cfg)
-        if key in self.failed:
-            return None
-        nxt_c = c[i + 1] if i + 1 < n else None
-        step = self.cg.step
-        for _k, tok, nxt in self.candidates(cfg, i):
-            if nxt_c is not None and nxt_c != self.eos and i + 1 <= an.last_text:
-                # the next position is committed: refute cheaply before spending budget on this candidate
-                nn = step(nxt, nxt_c)
-                if nn is None or not GrammarCanvasState._inB(an.B, i + 2, self.cg.approx_id(nn)):
-                    continue
-            self.budget -= 1
-            self.st.stats["search_nodes"] += 1
-            if self.budget < 0:
-                raise _Budget
-            rest = self.fill(i + 1, nxt)
-            if rest is not None:
-                return [tok] + rest
-        self.failed.add(key)
-        return None

@@ -1,10 +1,9 @@
 """CompiledGrammar: a Lark grammar compiled against one tokenizer (shared, thread-safe enough to share
 between requests: every table is a memo that only grows).
 
-Exact configurations are tuples (stack node, lexer state, last type): the LALR stack (an interned node, see
-parser.py), the pending lexeme (lexer.py) and the last non-ignored terminal type (for the approximation,
-approx.py). A configuration is *viable* when the stack is a viable prefix and the pending lexeme can still
-end as a terminal the stack accepts.
+It steps exact configurations (configuration.py: LALR stack node, pending lexeme's lexer state, last type).
+A configuration is *viable* when the stack is a viable prefix and the pending lexeme can still end as a
+terminal the stack accepts.
 
 `complete_bytes(cfg)` builds a concrete shortest-ish completion (the pending lexeme finished by the shortest
 bytes, then the LR items' cheapest terminal sequence rendered with each terminal's shortest lexeme, separated
@@ -14,7 +13,6 @@ what makes every witness, hence every final canvas, concrete.
 from __future__ import annotations
 
 import threading
-import weakref
 from collections import OrderedDict, deque
 
 import numpy as np
@@ -23,82 +21,18 @@ from ...errors import InvalidGrammarError
 from ..bounds import INF
 from ..tokenizer_info import TokenizerInfo
 from .approx import Approx
+from .canvas import GrammarCanvasState
+from .configuration import Config
+from .emptiness import proves_empty
 from .frontend import GrammarSpec
 from .lexer import DEAD, START, Lexer
 from .parser import ROOT, LRParser
+from .vocab import vocab_for
 
 # byte preference for generated fillers: readable first
 _BYTE_ORDER = ([*range(ord("a"), ord("z") + 1)] + [*range(ord("0"), ord("9") + 1)] + [*range(ord("A"), ord("Z") + 1)]
                + [0x20] + [b for b in range(0x21, 0x7F) if not chr(b).isalnum()] + [0x0A, 0x09]
                + [b for b in range(256) if b < 0x20 and b not in (0x0A, 0x09)] + [0x7F] + [*range(0x80, 0x100)])
-
-
-class Vocab:
-    """Token lookup by bytes, for turning completion bytes into tokens (min count or an exact count)."""
-
-    def __init__(self, tok: TokenizerInfo):
-        self.by_bytes: dict[bytes, int] = {}
-        prefixes: set[bytes] = set()
-        maxlen = 0
-        for i, b in enumerate(tok.token_bytes):
-            if b and b not in self.by_bytes:
-                self.by_bytes[b] = i
-                maxlen = max(maxlen, len(b))
-                for k in range(1, len(b)):
-                    prefixes.add(b[:k])
-        prefixes.update(self.by_bytes)
-        self.prefixes = prefixes
-        self.maxlen = maxlen
-        self.single_bytes = all(bytes([x]) in self.by_bytes for x in range(256))
-
-    def _edges(self, data: bytes, i: int):
-        pre, byb = self.prefixes, self.by_bytes
-        for L in range(1, min(self.maxlen, len(data) - i) + 1):
-            piece = data[i:i + L]
-            if piece not in pre:
-                break
-            t = byb.get(piece)
-            if t is not None:
-                yield L, t
-
-    def segment_min(self, data: bytes) -> list[int] | None:
-        n = len(data)
-        best = [INF] * (n + 1)
-        back: list[tuple[int, int]] = [(-1, -1)] * (n + 1)
-        best[0] = 0
-        for i in range(n):
-            if best[i] >= INF:
-                continue
-            for L, t in self._edges(data, i):
-                if best[i] + 1 < best[i + L]:
-                    best[i + L] = best[i] + 1
-                    back[i + L] = (i, t)
-        if best[n] >= INF:
-            return None
-        out = []
-        j = n
-        while j > 0:
-            i, t = back[j]
-            out.append(t)
-            j = i
-        out.reverse()
-        return out
-
-
-_VOCABS: "weakref.WeakKeyDictionary[TokenizerInfo, Vocab]" = weakref.WeakKeyDictionary()
-_VLOCK = threading.Lock()
-
-
-def vocab_for(tok: TokenizerInfo) -> Vocab:
-    with _VLOCK:
-        v = _VOCABS.get(tok)
-        if v is None:
-            v = Vocab(tok)
-            _VOCABS[tok] = v
-        return v
-
-
-Config = tuple  # (node, lexer state, last type)
 
 
 class CompiledGrammar:
@@ -140,98 +74,13 @@ class CompiledGrammar:
         if self.parser.nt_cost[spec.nt_names.index(spec.start)] >= INF if spec.start in spec.nt_names else True:
             raise InvalidGrammarError(f"the grammar accepts no text: its start rule {spec.start!r} derives no string"
                                       + (f" (terminals without a lexeme: {missing})" if missing else ""))
-        if self.complete_bytes(self.initial) is None and self._proves_empty():
+        if self.complete_bytes(self.initial) is None and proves_empty(spec, self.lexer):
             raise InvalidGrammarError("the grammar accepts no text: no sequence of its terminals that the start "
                                       f"rule {spec.start!r} derives can be lexed by Lark's lexer (adjacent lexemes "
                                       "would merge, or a terminal's match never ends where the next one starts)")
 
     def __repr__(self) -> str:
         return f"CompiledGrammar({self.name!r}, lexer_states={self.lexer.n_states}, lr_states={self.spec.n_states})"
-
-    def _proves_empty(self, max_nodes: int = 512, max_visits: int = 2_000_000) -> bool:
-        """True when the grammar provably accepts no text (False proves nothing). The lexer's emitted type
-        sequences form a regular language: its states are the lexer states right after a lexeme boundary (plus
-        START and the end of text), an edge per lexeme type (ignored lexemes: epsilon). The context-free
-        grammar (a superset of what the LALR table with its conflict resolution accepts) is intersected with
-        it: which nonterminal derives a type string between which two boundary states, to a fixpoint."""
-        lx, spec = self.lexer, self.spec
-        nodes = [START]
-        index = {START: 0}
-        edges: list[tuple[int, int, int]] = []  # (u, type or -1 for epsilon, v); v = -1 the end of text
-        visits = 0
-        k = 0
-        while k < len(nodes):
-            u = nodes[k]
-            if u == START:
-                edges.append((k, -1, -1))  # the empty text
-            seen = {u}
-            stack = [u]
-            while stack:
-                x = stack.pop()
-                visits += 1
-                if visits > max_visits:
-                    return False
-                if x != START:
-                    et = lx.lexeme_type(x)
-                    if et >= -1:
-                        edges.append((k, et, -1))
-                lx.expand(x)
-                T, E = lx.T[x], lx.E[x]
-                for y, e in set(zip(T.tolist(), E.tolist())):
-                    if y == DEAD:
-                        continue
-                    if e == -1:
-                        if y not in seen:
-                            seen.add(y)
-                            stack.append(y)
-                        continue
-                    v = index.get(y)
-                    if v is None:
-                        if len(nodes) >= max_nodes:
-                            return False
-                        v = index[y] = len(nodes)
-                        nodes.append(y)
-                    edges.append((k, e if e >= 0 else -1, v))
-            k += 1
-        K = len(nodes) + 1
-        fin = K - 1
-
-        def mm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-            return (a.astype(np.float32) @ b.astype(np.float32)) > 0
-
-        eps = np.eye(K, dtype=bool)
-        by_type: dict[int, np.ndarray] = {}
-        for u, t, v in edges:
-            v = fin if v < 0 else v
-            if t == -1:
-                eps[u, v] = True
-            else:
-                by_type.setdefault(t, np.zeros((K, K), dtype=bool))[u, v] = True
-        for _ in range(K):  # reflexive-transitive closure
-            nxt = mm(eps, eps)
-            if (nxt == eps).all():
-                break
-            eps = nxt
-        term = {t: mm(mm(eps, m), eps) for t, m in by_type.items()}
-        zero = np.zeros((K, K), dtype=bool)
-        R = [zero.copy() for _ in spec.nt_names]
-        changed = True
-        while changed:
-            changed = False
-            for lhs, rhs in spec.rules:
-                prod = eps
-                for is_t, x in rhs:
-                    m = term.get(x, zero) if is_t else R[x]
-                    if not m.any():
-                        prod = zero
-                        break
-                    prod = mm(prod, m)
-                new = R[lhs] | prod
-                if (new != R[lhs]).any():
-                    R[lhs] = new
-                    changed = True
-        st = spec.nt_names.index(spec.start)
-        return not bool(R[st][0, fin])
 
     def can_follow(self, q: int) -> bool:
         """Some byte ends the pending lexeme of q and starts another one (else the text must end here)."""
@@ -656,7 +505,5 @@ class CompiledGrammar:
         except Exception:  # noqa: BLE001 - any Lark failure means "does not parse"
             return False
 
-    def new_canvas_state(self, canvas_len: int, **kwargs):
-        from .canvas import GrammarCanvasState
-
+    def new_canvas_state(self, canvas_len: int, **kwargs) -> GrammarCanvasState:
         return GrammarCanvasState(self, int(canvas_len), **kwargs)
