@@ -100,15 +100,12 @@ class TokenAutomaton:
         Level-by-level over the trie; a level is done densely (one numpy gather over the whole level)
         when many nodes are live, else only the children of the live nodes are visited, so the cost is
         proportional to the live part of the trie (tiny for states inside literals, keys, numbers)."""
-        tr = self.trie
-        dfa = self.dfa
         empty = np.zeros(0, dtype=np.int64)
         if s == DEAD:
             return empty, empty
-        dfa.expand(s)
-        buf = self._buf
-        parent, byte, ls = self._parent64, self._byte64, tr.level_start
-        node_token = tr.node_token
+        self.dfa.expand(s)
+        tr = self.trie  # (builds the scratch buffer on first use)
+        buf, ls = self._buf, tr.level_start
         buf[0] = s
         alive_prev = np.zeros(1, dtype=np.int64)  # live nodes of the previous level (sparse mode)
         n_alive = 1
@@ -120,7 +117,6 @@ class TokenAutomaton:
             a, b = ls[lvl], ls[lvl + 1]
             if a >= b or n_alive == 0:
                 break
-            size = b - a
             dense = prev_dense and n_alive * 3 > prev_size
             if not dense:
                 if prev_dense:
@@ -130,59 +126,73 @@ class TokenAutomaton:
                 tot = int(cnt.sum())
                 if tot == 0:
                     break
-                dense = tot * 3 >= size
-            if not dense:
-                nz = cnt > 0
-                cs, cnt = cs[nz], cnt[nz]
-                if cs.size == 1:
-                    idx = np.arange(int(cs[0]), int(cs[0]) + tot, dtype=np.int64)
-                else:
-                    offs = np.repeat(cs.astype(np.int64) - np.concatenate(([0], np.cumsum(cnt)[:-1])), cnt)
-                    idx = offs + np.arange(tot, dtype=np.int64)
-                par_states = buf[parent[idx]]
-                dfa.ensure_rows(par_states)
-                vals = dfa.T.ravel()[par_states * 256 + byte[idx]]
-                live = vals != 0
-                alive_prev = idx[live]
-                v = vals[live]
-                buf[alive_prev] = v
-                n_alive = alive_prev.size
-                prev_dense = False
-                t = node_token[alive_prev]
-                h = t >= 0
-                out_tok.append(t[h])
-                out_tgt.append(v[h])
-            else:
+                dense = tot * 3 >= b - a
+            if dense:
                 if not prev_dense:
-                    # the previous level was written sparsely: clear its dead nodes
-                    pa = ls[lvl - 1]
-                    keep = buf[alive_prev].copy()
-                    buf[pa:a] = 0
-                    buf[alive_prev] = keep
-                par_states = buf[parent[a:b]]
-                dfa.ensure_rows(par_states)
-                vals = dfa.T.ravel()[par_states * 256 + byte[a:b]]
-                buf[a:b] = vals
-                live = vals != 0
-                n_alive = int(np.count_nonzero(live))
-                prev_dense = True
-                t = node_token[a:b]
-                h = live & (t >= 0)
-                out_tok.append(t[h])
-                out_tgt.append(vals[h])
-            prev_size = size
+                    self._clear_dead_nodes(ls[lvl - 1], a, alive_prev)
+                n_alive, toks, tgts = self._step_level_dense(a, b)
+            else:
+                alive_prev, toks, tgts = self._step_level_sparse(cs, cnt, tot)
+                n_alive = alive_prev.size
+            out_tok.append(toks)
+            out_tgt.append(tgts)
+            prev_dense = dense
+            prev_size = b - a
         if not out_tok:
             return empty, empty
-        tok_ids = np.concatenate(out_tok).astype(np.int64)
-        tgts = np.concatenate(out_tgt)
+        return self._with_duplicate_tokens(np.concatenate(out_tok).astype(np.int64), np.concatenate(out_tgt))
+
+    def _child_states(self, nodes: np.ndarray | slice) -> np.ndarray:
+        """DFA state after each trie node's byte from its parent's state (0: DEAD)."""
+        par_states = self._buf[self._parent64[nodes]]
+        self.dfa.ensure_rows(par_states)
+        return self.dfa.T.ravel()[par_states * 256 + self._byte64[nodes]]
+
+    def _step_level_sparse(self, cs: np.ndarray, cnt: np.ndarray, tot: int
+                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Visit only the children (cs[i] .. cs[i] + cnt[i], tot in all) of the previous level's live nodes:
+        (live children, token ids they spell, their target states)."""
+        nz = cnt > 0
+        cs, cnt = cs[nz], cnt[nz]
+        if cs.size == 1:
+            idx = np.arange(int(cs[0]), int(cs[0]) + tot, dtype=np.int64)
+        else:
+            offs = np.repeat(cs.astype(np.int64) - np.concatenate(([0], np.cumsum(cnt)[:-1])), cnt)
+            idx = offs + np.arange(tot, dtype=np.int64)
+        vals = self._child_states(idx)
+        live = vals != 0
+        alive = idx[live]
+        v = vals[live]
+        self._buf[alive] = v
+        t = self.trie.node_token[alive]
+        h = t >= 0
+        return alive, t[h], v[h]
+
+    def _step_level_dense(self, a: int, b: int) -> tuple[int, np.ndarray, np.ndarray]:
+        """Visit every node a .. b-1 of a level in one gather: (live count, token ids, target states)."""
+        vals = self._child_states(slice(a, b))
+        self._buf[a:b] = vals
+        live = vals != 0
+        t = self.trie.node_token[a:b]
+        h = live & (t >= 0)
+        return int(np.count_nonzero(live)), t[h], vals[h]
+
+    def _clear_dead_nodes(self, a: int, b: int, alive: np.ndarray) -> None:
+        """A level a .. b-1 written sparsely holds stale states on its dead nodes: zero them before a dense
+        level reads it."""
+        buf = self._buf
+        keep = buf[alive].copy()
+        buf[a:b] = 0
+        buf[alive] = keep
+
+    def _with_duplicate_tokens(self, tok_ids: np.ndarray, tgts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Add the extra ids of trie nodes that spell several tokens (identical bytes)."""
+        tr = self.trie
         if tr.dup_nodes.size:
-            # nodes spelling several tokens (identical bytes): add the extra ids
-            live_nodes = tr.token_node[tok_ids]
-            m = np.isin(tr.dup_nodes, live_nodes)
+            m = np.isin(tr.dup_nodes, tr.token_node[tok_ids])
             if m.any():
-                dn = tr.dup_nodes[m]
                 tok_ids = np.concatenate((tok_ids, tr.dup_tokens[m].astype(np.int64)))
-                tgts = np.concatenate((tgts, buf[dn]))
+                tgts = np.concatenate((tgts, self._buf[tr.dup_nodes[m]]))
         return tok_ids, tgts
 
     def trans(self, s: int) -> TokTrans:
