@@ -234,32 +234,54 @@ def load_spec(text: str, start: str = "start") -> GrammarSpec:
 
 
 def _build_spec(text: str, start: str, lk: lark.Lark) -> GrammarSpec:
+    _check_supported(lk)
+    terms = list(lk.parser.lexer.terminals)  # Lark's sorted order
+    types = _Interner()
+    for t in terms:
+        types.id(t.name)
+    ignore = frozenset(lk.ignore_tokens)
+    scan, keywords = _scan_terms(lk, terms, types, ignore)
+    lalr = _lalr_table(lk.parser.parser_conf, start, types)
+    return GrammarSpec(text=text, start=start, lark=lk, type_names=types.names, type_id=types.ids, scan=scan,
+                       keywords=keywords, ignore=ignore, n_states=len(lalr.action), start_state=lalr.start_state,
+                       end_state=lalr.end_state, action=lalr.action, goto=lalr.goto, nt_names=lalr.nt_names,
+                       rules=lalr.rules, items=lalr.items, root_rule=lalr.root_rule)
+
+
+class _Interner:
+    """Dense ids for names in first-seen order (terminal types, nonterminals)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.ids: dict[str, int] = {}
+
+    def id(self, name: str) -> int:
+        i = self.ids.get(name)
+        if i is None:
+            i = self.ids[name] = len(self.names)
+            self.names.append(name)
+        return i
+
+
+def _check_supported(lk: lark.Lark) -> None:
+    """Refuse what the exact lexer cannot model: a postlexer, terminals without a pattern (%declare)."""
     if lk.options.postlex is not None:
         raise InvalidGrammarError("grammars with a postlexer are not supported")
-    lexer = lk.parser.lexer
-    terms = list(lexer.terminals)  # Lark's sorted order
-    parser_conf = lk.parser.parser_conf
-    used_terms = {sym.name for r in parser_conf.rules for sym in r.expansion if sym.is_term}
-    lexed = {t.name for t in terms}
-    declared = sorted(used_terms - lexed)
+    used_terms = {sym.name for r in lk.parser.parser_conf.rules for sym in r.expansion if sym.is_term}
+    declared = sorted(used_terms - {t.name for t in lk.parser.lexer.terminals})
     if declared:
         raise InvalidGrammarError(f"terminals {declared} have no pattern (%declare): a postlexer would be needed, "
                                   "which is not supported")
+
+
+def _scan_terms(lk: lark.Lark, terms: list, types: _Interner, ignore: frozenset[str]
+                ) -> tuple[list[ScanTerm], dict[int, tuple[bytes, bool]]]:
+    """Lark's scanner terminals (string terminals that a regex terminal also matches folded into it as
+    keywords, as Lark's basic lexer does) and the keywords: type id -> (value, case-insensitive)."""
+    lexer = lk.parser.lexer
     scan_terms, callbacks = _create_unless(terms, lexer.g_regex_flags, re, False)
-    type_names: list[str] = []
-    type_id: dict[str, int] = {}
-
-    def tid(name: str) -> int:
-        if name not in type_id:
-            type_id[name] = len(type_names)
-            type_names.append(name)
-        return type_id[name]
-
-    for t in terms:
-        tid(t.name)
-    keywords: dict[int, tuple[bytes, bool]] = {}
     by_name = {t.name: t for t in terms}
-    ignore = frozenset(lk.ignore_tokens)
+    keywords: dict[int, tuple[bytes, bool]] = {}
     scan: list[ScanTerm] = []
     for t in scan_terms:
         ast = terminal_ast(t.name, t.pattern)
@@ -275,42 +297,53 @@ def _build_spec(text: str, start: str, lk: lark.Lark) -> GrammarSpec:
                 if icase and not st.pattern.value.isascii():
                     raise InvalidGrammarError(f"terminal {s.name}: the case-insensitive flag 'i' is supported on "
                                               "ASCII strings only")
-                keywords[tid(s.name)] = (st.pattern.value.encode("utf-8"), icase)
-                ids.append(tid(s.name))
+                keywords[types.id(s.name)] = (st.pattern.value.encode("utf-8"), icase)
+                ids.append(types.id(s.name))
             unless = tuple(ids)
-        scan.append(ScanTerm(t.name, tid(t.name), ast, unless, t.name in ignore,
+        scan.append(ScanTerm(t.name, types.id(t.name), ast, unless, t.name in ignore,
                              terminal_matcher(t.name, t.pattern)))
-    # ------------------------------------------------------------ LALR(1) table with items
+    return scan, keywords
+
+
+@dataclass(frozen=True)
+class _LalrTable:
+    """Lark's LALR(1) table with kernel items, over dense ids (see GrammarSpec's fields of the same names)."""
+
+    start_state: int
+    end_state: int
+    action: list[dict[int, int]]
+    goto: list[dict[int, int]]
+    nt_names: list[str]
+    rules: list[tuple[int, tuple[tuple[bool, int], ...]]]
+    items: list[list[tuple[int, int]]]
+    root_rule: int
+
+
+def _lalr_table(parser_conf, start: str, types: _Interner) -> _LalrTable:
+    """Lark's LALR(1) analysis (with its conflict resolution) renumbered: states in Lark's order, rules in
+    first-seen order, terminals by type id (END after the last type)."""
     from lark.parsers.lalr_analysis import LALR_Analyzer, Shift
 
     analyzer = LALR_Analyzer(parser_conf, debug=True, strict=False)
     analyzer.compute_lalr()
     table = analyzer.parse_table
-    states = list(table.states)
-    sidx = {s: i for i, s in enumerate(states)}
-    nt_names: list[str] = []
-    nt_id: dict[str, int] = {}
-
-    def nid(name: str) -> int:
-        if name not in nt_id:
-            nt_id[name] = len(nt_names)
-            nt_names.append(name)
-        return nt_id[name]
-
+    sidx = {s: i for i, s in enumerate(table.states)}
+    nts = _Interner()
     rule_index: dict = {}
     rules: list[tuple[int, tuple[tuple[bool, int], ...]]] = []
 
     def rid(rule) -> int:
         r = rule_index.get(rule)
         if r is None:
-            rhs = tuple((sym.is_term, tid(sym.name) if sym.is_term else nid(sym.name)) for sym in rule.expansion)
+            rhs = tuple((sym.is_term, types.id(sym.name) if sym.is_term else nts.id(sym.name))
+                        for sym in rule.expansion)
             rule_index[rule] = r = len(rules)
-            rules.append((nid(rule.origin.name), rhs))
+            rules.append((nts.id(rule.origin.name), rhs))
         return r
 
     for r in parser_conf.rules:
         rid(r)
-    n = len(states)
+    n = len(sidx)
     action_raw: list[dict[str, int]] = [dict() for _ in range(n)]
     goto: list[dict[int, int]] = [dict() for _ in range(n)]
     items: list[list[tuple[int, int]]] = [[] for _ in range(n)]
@@ -318,25 +351,19 @@ def _build_spec(text: str, start: str, lk: lark.Lark) -> GrammarSpec:
     for s, acts in table.states.items():
         i = sidx[s]
         for sym, (act, arg) in acts.items():
-            if act is Shift:
-                if sym in type_id or sym == END_NAME:
-                    action_raw[i][sym] = sidx[arg]
-                else:
-                    goto[i][nid(sym)] = sidx[arg]
-            else:
+            if act is not Shift:
                 action_raw[i][sym] = -(rid(arg) + 1)
+            elif sym in types.ids or sym == END_NAME:
+                action_raw[i][sym] = sidx[arg]
+            else:
+                goto[i][nts.id(sym)] = sidx[arg]
         for rp in s:
             if rp.index > 0 or rp.rule.origin.name.startswith("$root_"):
                 r = rid(rp.rule)
                 items[i].append((r, rp.index))
                 if rp.rule.origin.name == "$root_" + start:
                     root_rule = r
-    END = len(type_names)
-    action: list[dict[int, int]] = []
-    for i in range(n):
-        action.append({(END if k == END_NAME else type_id[k]): v for k, v in action_raw[i].items()})
-    start_state = sidx[table.start_states[start]]
-    end_state = sidx[table.end_states[start]]
-    return GrammarSpec(text=text, start=start, lark=lk, type_names=type_names, type_id=type_id, scan=scan,
-                       keywords=keywords, ignore=ignore, n_states=n, start_state=start_state, end_state=end_state,
-                       action=action, goto=goto, nt_names=nt_names, rules=rules, items=items, root_rule=root_rule)
+    end = len(types.names)
+    action = [{(end if k == END_NAME else types.ids[k]): v for k, v in row.items()} for row in action_raw]
+    return _LalrTable(start_state=sidx[table.start_states[start]], end_state=sidx[table.end_states[start]],
+                      action=action, goto=goto, nt_names=nts.names, rules=rules, items=items, root_rule=root_rule)
