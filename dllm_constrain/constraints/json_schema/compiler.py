@@ -1,346 +1,33 @@
-"""JSON Schema -> regular language of JSON texts (a regex AST), our own compiler.
-
-Principle: never under-constrain. Every text in the produced language is a JSON document that validates
-against the schema (jsonschema, with format assertion). Where the exact language is not regular or not
-implemented, we either narrow it soundly (documented below and in docs/constraints.md) or refuse with
-UnsupportedSchemaError naming the keyword. Keywords outside the JSON Schema vocabularies (x-*, "nullable",
-typos) are not enforced: each is reported (UnknownKeywordWarning and `ignored_keywords`), or refused
-with UnknownKeywordError under `unknown_keywords="error"`.
-
-Sound narrowings (outputs stay valid; some valid instances are not producible):
-* whitespace: none between tokens by default ("compact"); "flexible" allows up to N whitespace chars;
-* object properties appear in any order, each declared one at most once; additional properties (when
-  allowed) stand anywhere among them in objects with at most `interleave_additional_max` (32) declared
-  properties, after all declared ones in larger objects; `property_order="declared"` narrows to the
-  declared order;
-* no exponent notation for bounded numbers; integers without "-0", and with a zero fraction ("1.0") only
-  where a validator's float reading of it is exact;
-* strings use the canonical JSON escapes only (what json.dumps(ensure_ascii=False) writes);
-* recursion through $ref is unrolled to `max_recursion_depth` levels; free-form values (`true`/`{}`
-  schemas, undeclared properties) are nested at most `any_json_depth` levels;
-* maxLength / maxItems above `max_string_unroll` / `max_items_unroll` are lowered to those caps;
-* `uniqueItems: true`: over a small finite item domain, distinct values in any order (exact); string items
-  with distinct first characters; otherwise arrays of at most one item;
-* `oneOf`: each branch is narrowed to the JSON types where it is provably disjoint from the others, and may
-  forbid a property another branch requires;
-* optional `dependentRequired` names beyond `max_dependency_branches` are never generated;
-* a property matching several `patternProperties` patterns is generated only when its key class is small;
-* patterns are read by Python's `re` and by ECMA-262 alike: strings match under every reading, keys whose
-  classification differs between the readings are not generated;
-* numbers near a strict bound (or any bound beyond 2**53) or near an excluded number, within the rounding
-  margin of a double (numeric.float_margin), are not generated.
-"""
+"""SchemaCompiler: a JSON Schema to the regex AST of its JSON texts (see the package docstring for the
+narrowings), and schema_to_regex_ast, the entry point."""
 from __future__ import annotations
 
-import functools
-import itertools
 import json
 import math
 import re
-import threading
 import warnings
-from dataclasses import dataclass, fields, replace as _replace
+from dataclasses import fields
 from typing import Any
 
-from ..errors import (InvalidOptionError, InvalidRegexError, InvalidSchemaError, UnknownKeywordError,
-                      UnknownKeywordWarning, UnsatisfiableSchemaError, UnsupportedSchemaError)
-from . import dfa_ops
-from . import numeric as N
-from . import regex_ast as A
-from .deadline import Deadline
-from .deriv import DerivDFA
-from .formats import STANDARD_FORMATS, FormatLengthTooLarge, format_node, with_length
-from .object_members import object_members
-from .regex_parser import parse_regex, search_language
-
-# ------------------------------------------------------------------------------------------ options
-WHITESPACE_MODES = ("compact", "flexible")
-
-
-@dataclass(frozen=True)
-class SchemaOptions:
-    whitespace: str = "compact"  # "compact" | "flexible"
-    flexible_whitespace_max: int = 4  # max whitespace chars between tokens in "flexible" mode
-    max_recursion_depth: int = 5  # $ref recursion unrolled this many times
-    any_json_depth: int = 6  # nesting depth of free-form values (schema `true` / `{}`, additional properties)
-    additional_properties: str = "allow"  # when the schema does not say: "allow" (spec) | "forbid"
-    # keywords outside the JSON Schema vocabularies (never enforced): "warn" (UnknownKeywordWarning; listed in
-    # `ignored_keywords` either way) | "ignore" (listed only) | "error" (UnknownKeywordError)
-    unknown_keywords: str = "warn"
-    unique_items: str = "narrow"  # "narrow" | "error"
-    max_string_unroll: int = 1024
-    max_items_unroll: int = 64
-    intersection_limit: int = 20000  # states of an eager intersection automaton
-    additional_names: str = "any"  # names of undeclared properties: "any" | "nonempty" (never "")
-    untyped_types: str = "all"  # a schema without `type`: "all" JSON types (spec) | "inferred" from its keywords
-    # integers spelled with a zero fraction ("1.0"): "auto" = where the schema's draft counts them as integers
-    # (draft 6 and later; draft-03/04 validators reject 1.0 for "integer") | "never"
-    integer_zero_fraction: str = "auto"
-    max_dependency_branches: int = 3  # optional dependentRequired names compiled exactly (2^n object branches)
-    property_order: str = "any"  # declared properties: "any" order (spec) | "declared" order (cheaper canvas masks)
-    # additional properties stand anywhere among the declared ones in objects with at most this many declared
-    # properties, after them in larger objects (each interleaved state is a written subset times a key prefix)
-    interleave_additional_max: int = 32
-    # cases of a distributed conjunction (allOf over anyOf/oneOf/if) compiled before further `else` sides
-    # (values failing an `if`) are dropped
-    max_conjunction_leaves: int = 256
-
-    def __post_init__(self):
-        ws = self.whitespace
-        if ws is None:
-            object.__setattr__(self, "whitespace", "compact")
-        elif ws not in WHITESPACE_MODES:
-            raise InvalidOptionError(f"whitespace must be one of {WHITESPACE_MODES}, got {ws!r}")
-        if self.additional_properties not in ("allow", "forbid"):
-            raise InvalidOptionError("additional_properties must be 'allow' or 'forbid'")
-        if self.unknown_keywords not in ("warn", "ignore", "error"):
-            raise InvalidOptionError("unknown_keywords must be 'warn', 'ignore' or 'error'")
-        if self.additional_names not in ("any", "nonempty"):
-            raise InvalidOptionError("additional_names must be 'any' or 'nonempty'")
-        if self.integer_zero_fraction not in ("auto", "never"):
-            raise InvalidOptionError("integer_zero_fraction must be 'auto' or 'never'")
-        if self.untyped_types not in ("all", "inferred"):
-            raise InvalidOptionError("untyped_types must be 'all' or 'inferred'")
-        if self.unique_items not in ("narrow", "error"):
-            raise InvalidOptionError("unique_items must be 'narrow' or 'error'")
-        if self.property_order not in ("any", "declared"):
-            raise InvalidOptionError("property_order must be 'any' or 'declared'")
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if isinstance(f.default, int) and not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
-                raise InvalidOptionError(f"{f.name} must be an integer >= 0, got {v!r}")
-
-    def key(self) -> tuple:
-        return tuple(getattr(self, f.name) for f in fields(self))
-
-    @classmethod
-    def from_options(cls, **options: Any) -> "SchemaOptions":
-        """SchemaOptions from keyword options, refusing unknown names with InvalidOptionError."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise InvalidOptionError(f"unknown JSON Schema option(s) {', '.join(map(repr, unknown))}; "
-                                     f"known: {', '.join(sorted(known))}")
-        return cls(**options)
+from ...errors import (InvalidRegexError, InvalidSchemaError, UnknownKeywordError, UnknownKeywordWarning,
+                       UnsatisfiableSchemaError, UnsupportedSchemaError)
+from .. import dfa_ops
+from .. import numeric as N
+from .. import regex_ast as A
+from ..deadline import Deadline
+from ..formats import STANDARD_FORMATS, FormatLengthTooLarge, format_node, with_length
+from ..object_members import object_members
+from ..regex_parser import parse_regex, search_language
+from .json_text import (ANY_STRING_BODY, FLOAT_EXACT, ZERO_FRACTION, has_other_spellings, json_encode_string_body,
+                        json_literal, strings_except, value_spellings)
+from .keywords import (ALL_TYPES, ANNOTATIONS, APPLICATORS, ARRAY_KW, KNOWN_UNSUPPORTED, NEGATED_BOUND, NUMBER_KW,
+                       OBJECT_KW, SCHEMA_LISTS, SCHEMA_MAPS, SCHEMA_VALUES, STRING_KW, SUPPORTED, independent_keyword_groups)
+from .options import SchemaOptions, without_narrowings
+from .patterns import all_readings_pattern, pattern_matches
+from .values import canon, intersect_types, is_number, json_eq, kind_of, kinds_of_types, type_of, types_of_kinds
 
 
-# ------------------------------------------------------------------------------------------ inputs
-def normalize_schema_input(x: Any) -> dict:
-    """A JSON Schema as a dict, from a dict, a bool, a JSON string/bytes, a Pydantic model class (or any
-    type pydantic.TypeAdapter understands), or an outlines JsonSchema-like object (`.schema`)."""
-    if isinstance(x, bool):
-        return {} if x else {"not": {}}
-    if isinstance(x, dict):
-        return x
-    if isinstance(x, (bytes, bytearray)):
-        x = x.decode("utf-8")
-    if isinstance(x, str):
-        try:
-            v = json.loads(x)
-        except json.JSONDecodeError as e:
-            raise InvalidSchemaError(f"schema is not valid JSON: {e}") from None
-        if isinstance(v, bool):
-            return normalize_schema_input(v)
-        if not isinstance(v, dict):
-            raise InvalidSchemaError(f"a JSON Schema must be an object or a boolean, got {type(v).__name__}")
-        return v
-    to_schema = getattr(x, "model_json_schema", None)
-    if callable(to_schema):
-        return to_schema()
-    # outlines output types: outlines.types.JsonSchema(schema=...) and friends
-    sch = getattr(x, "schema", None)
-    if isinstance(sch, (str, dict)) and type(x).__module__.split(".")[0] in ("outlines", "outlines_core"):
-        return normalize_schema_input(sch)
-    if isinstance(x, type) or hasattr(x, "__origin__"):
-        try:
-            from pydantic import TypeAdapter  # optional
-
-            return TypeAdapter(x).json_schema()
-        except ImportError:
-            pass
-        except Exception as e:
-            raise InvalidSchemaError(f"cannot derive a JSON Schema from {x!r}: {e}") from None
-    raise InvalidSchemaError(
-        f"schema must be a dict, a JSON string, a Pydantic model class or an outlines type, got {type(x).__name__}")
-
-
-# ------------------------------------------------------------------------------------------ keywords
-ANNOTATIONS = frozenset({
-    "title", "description", "examples", "default", "$schema", "$id", "id", "$comment", "deprecated", "readOnly",
-    "writeOnly", "contentMediaType", "contentEncoding", "contentSchema", "$anchor", "$dynamicAnchor",
-    "$vocabulary", "definitions", "$defs", "$recursiveAnchor",
-    "example",  # OpenAPI's singular example (an annotation there too)
-})
-OBJECT_KW = frozenset({"properties", "required", "additionalProperties", "patternProperties", "minProperties",
-                       "maxProperties", "propertyNames", "dependentRequired", "dependencies", "dependentSchemas",
-                       "unevaluatedProperties"})
-ARRAY_KW = frozenset({"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems", "contains",
-                      "minContains", "maxContains", "unevaluatedItems"})
-STRING_KW = frozenset({"minLength", "maxLength", "pattern", "format"})
-NUMBER_KW = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
-APPLICATORS = frozenset({"allOf", "anyOf", "oneOf", "not", "if", "then", "else", "$ref"})
-# keywords whose meaning depends on each other (a schema is the conjunction of these groups and of every
-# other keyword alone)
-_DEPENDENT_KEYWORDS = (frozenset({"properties", "patternProperties", "additionalProperties", "unevaluatedProperties"}),
-                       frozenset({"prefixItems", "items", "additionalItems", "unevaluatedItems"}),
-                       frozenset({"contains", "minContains", "maxContains"}),
-                       frozenset({"if", "then", "else"}))
-
-
-def _independent_keyword_groups(kws: set[str]) -> list[frozenset[str]]:
-    groups = []
-    rest = set(kws)
-    for g in _DEPENDENT_KEYWORDS:
-        if rest & g:
-            groups.append(frozenset(rest & g))
-            rest -= g
-    return groups + [frozenset({k}) for k in sorted(rest)]
-SUPPORTED = OBJECT_KW | ARRAY_KW | STRING_KW | NUMBER_KW | APPLICATORS | {"type", "enum", "const"}
-# where subschemas stand (for listing unknown keywords)
-_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "dependentSchemas", "dependencies"})
-_SCHEMA_LISTS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems", "items"})
-_SCHEMA_VALUES = frozenset({"additionalProperties", "unevaluatedProperties", "propertyNames", "items",
-                            "additionalItems", "unevaluatedItems", "contains", "not", "if", "then", "else"})
-# spec keywords we refuse (always, or in the forms we cannot honour)
-KNOWN_UNSUPPORTED = frozenset({"$dynamicRef", "$recursiveRef", "extends", "disallow", "divisibleBy"})
-ALL_TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
-
-_SPECIAL_STRING_CHARS = tuple(range(0x20)) + (0x22, 0x5C)
-
-
-def _escape_of(cp: int) -> bytes:
-    return json.dumps(chr(cp), ensure_ascii=False)[1:-1].encode()
-
-
-_ESC = {c: _escape_of(c) for c in _SPECIAL_STRING_CHARS}
-_SPECIAL_RANGES = A.norm_ranges((c, c) for c in _SPECIAL_STRING_CHARS)
-
-
-def json_encode_string_body(node: A.Node, memo: dict | None = None) -> A.Node:
-    """Map a language of (decoded) strings to the language of their canonical JSON string bodies."""
-    if memo is None:
-        memo = {}
-    key = id(node)
-    hit = memo.get(key)
-    if hit is not None:
-        return hit[1]
-    t = type(node)
-    if t is A.Chars or t is A.Bytes:
-        res = _encode_set(node.ranges, t is A.Chars)
-    elif t is A.Lit:
-        data = node.data
-        if any(b < 0x20 or b in (0x22, 0x5C) for b in data):
-            data = b"".join(_ESC[b] if (b < 0x20 or b in (0x22, 0x5C)) else bytes([b]) for b in data)
-        res = A.Lit(data)
-    elif t is A.Seq:
-        res = A.seq(*[json_encode_string_body(x, memo) for x in node.items])
-    elif t is A.Alt:
-        res = A.alt(*[json_encode_string_body(x, memo) for x in node.items])
-    elif t is A.Rep:
-        res = A.rep(json_encode_string_body(node.item, memo), node.lo, node.hi)
-    elif t is A.Graph:
-        res = A.Graph(node.n, node.start, node.finals,
-                      tuple((u, None if lab is None else json_encode_string_body(lab, memo), v)
-                            for u, lab, v in node.edges))
-    else:
-        raise TypeError(node)
-    memo[key] = (node, res)
-    return res
-
-
-_ESC_LITS = {c: A.Lit(_ESC[c]) for c in _SPECIAL_STRING_CHARS}
-_ESC_ALL = A.alt(*_ESC_LITS.values())
-
-
-@functools.lru_cache(maxsize=8192)
-def _encode_set(rs: A.Ranges, is_chars: bool) -> A.Node:
-    raw = A.ranges_difference(rs, _SPECIAL_RANGES) if is_chars else _byte_diff(rs)
-    parts = [A.Chars(raw) if is_chars else A.Bytes(raw)] if raw else []
-    inside = [c for c in _SPECIAL_STRING_CHARS if A.ranges_contains(rs, c)]
-    if len(inside) == len(_SPECIAL_STRING_CHARS):
-        parts.append(_ESC_ALL)
-    else:
-        parts.extend(_ESC_LITS[c] for c in inside)
-    return A.alt(*parts)
-
-
-def _byte_diff(rs: A.Ranges) -> A.Ranges:
-    out = []
-    for lo, hi in rs:
-        for a, b in ((lo, hi),):
-            cur = a
-            for c in sorted(_SPECIAL_STRING_CHARS):
-                if c < cur or c > b:
-                    continue
-                if cur <= c - 1:
-                    out.append((cur, c - 1))
-                cur = c + 1
-            if cur <= b:
-                out.append((cur, b))
-    return tuple(out)
-
-
-ANY_STRING_BODY = json_encode_string_body(A.star(A.chars(A.ANY_CHAR)))
-
-
-def json_literal(v: Any) -> A.Node:
-    return A.lit(json.dumps(v, ensure_ascii=False, separators=(",", ":"), allow_nan=False))
-
-
-# ------------------------------------------------------------------------------------------ helpers
-def _canon(v) -> str:
-    """A key equal for JSON-equal values (1 == 1.0; True != 1)."""
-    if isinstance(v, bool) or v is None:
-        return json.dumps(v)
-    if isinstance(v, (int, float)):
-        if isinstance(v, float) and v.is_integer():
-            v = int(v)
-        return "n" + repr(v)
-    if isinstance(v, str):
-        return "s" + v
-    if isinstance(v, list):
-        return "[" + ",".join(_canon(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ",".join(json.dumps(k) + ":" + _canon(v[k]) for k in sorted(v)) + "}"
-    return repr(v)
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _json_eq(a, b) -> bool:
-    """JSON equality (1 == 1.0, but True != 1)."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    if _is_number(a) and _is_number(b):
-        return a == b
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_json_eq(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_json_eq(a[k], b[k]) for k in a)
-    return type(a) is type(b) and a == b
-
-
-def _type_of(v) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, int):
-        return "integer"
-    if isinstance(v, float):
-        return "integer" if v.is_integer() else "number"
-    if isinstance(v, str):
-        return "string"
-    if isinstance(v, list):
-        return "array"
-    if isinstance(v, dict):
-        return "object"
-    raise InvalidSchemaError(f"not a JSON value: {v!r}")
-
-
-def _join_uri(base: str, ref: str) -> str:
+def join_uri(base: str, ref: str) -> str:
     """`ref` resolved against `base` (fragments appended to any scheme, e.g. urn:)."""
     if ref.startswith("#"):
         return base.partition("#")[0] + ref
@@ -351,15 +38,15 @@ def _join_uri(base: str, ref: str) -> str:
     return urljoin(base, ref)
 
 
-def _escape_pointer(tok: str) -> str:
+def escape_pointer(tok: str) -> str:
     return str(tok).replace("~", "~0").replace("/", "~1")
 
 
-def _unescape_pointer(tok: str) -> str:
+def unescape_pointer(tok: str) -> str:
     return tok.replace("~1", "/").replace("~0", "~")
 
 
-# ------------------------------------------------------------------------------------------ compiler
+
 class SchemaCompiler:
     def __init__(self, root: Any, opts: SchemaOptions, deadline: Deadline | None):
         if not isinstance(root, (dict, bool)):
@@ -394,7 +81,7 @@ class SchemaCompiler:
                                            default=jsonschema.Draft202012Validator)
             # values the compiler keeps (enum members, declared names against propertyNames) must match
             # their patterns for Python's `re` and ECMA-262 alike
-            cls = validators.extend(cls, {"pattern": _all_readings_pattern})
+            cls = validators.extend(cls, {"pattern": all_readings_pattern})
             try:
                 self._validator = cls(self.root, format_checker=cls.FORMAT_CHECKER)
             except Exception as e:  # pragma: no cover
@@ -428,7 +115,7 @@ class SchemaCompiler:
     def _lookup(self, ref: str, base: str, resources: dict[str, Any], root_base: str,
                 path: str) -> tuple[Any, str] | None:
         """(target, absolute URI) of `ref` against `base`, or None when the document has no such target."""
-        uri = _join_uri(base, ref)
+        uri = join_uri(base, ref)
         doc_uri, _, frag = uri.partition("#")
         doc = self.root if doc_uri == root_base else resources.get(doc_uri)
         if doc is None:
@@ -438,7 +125,7 @@ class SchemaCompiler:
 
             target = doc
             for tok in frag.split("/")[1:] if frag else []:
-                tok = unquote(_unescape_pointer(tok))
+                tok = unquote(unescape_pointer(tok))
                 if isinstance(target, dict) and tok in target:
                     target = target[tok]
                 elif isinstance(target, list) and tok.isdigit() and int(tok) < len(target):
@@ -477,7 +164,7 @@ class SchemaCompiler:
                     if i.startswith("#"):  # draft-4/6/7 location-independent identifier
                         index.setdefault(base + i, x)
                     else:
-                        base = _join_uri(base, i).partition("#")[0]
+                        base = join_uri(base, i).partition("#")[0]
                         index.setdefault(base, x)
                     break
                 a = x.get("$anchor")
@@ -499,7 +186,7 @@ class SchemaCompiler:
             out = set()
             r = x.get("$ref")
             if isinstance(r, str):
-                out.add(_join_uri(self._base_of(x) or self._resources()[1], r))
+                out.add(join_uri(self._base_of(x) or self._resources()[1], r))
             for k, v in x.items():
                 if isinstance(v, (dict, list)) and k not in ("enum", "const", "examples", "default"):
                     out |= self._direct_refs(v)
@@ -610,16 +297,16 @@ class SchemaCompiler:
                 continue
             seen.add(id(x))
             for k, v in x.items():
-                sub = f"{path}/{_escape_pointer(k)}"
+                sub = f"{path}/{escape_pointer(k)}"
                 if k not in ANNOTATIONS and k not in SUPPORTED and k not in KNOWN_UNSUPPORTED \
                         and not (k == "discriminator" and self._implied_discriminator(x, path)):
                     out.append((path, k))
                     continue
-                if k in _SCHEMA_MAPS and isinstance(v, dict):
-                    stack.extend((w, f"{sub}/{_escape_pointer(n)}") for n, w in v.items())
-                elif k in _SCHEMA_LISTS and isinstance(v, list):
+                if k in SCHEMA_MAPS and isinstance(v, dict):
+                    stack.extend((w, f"{sub}/{escape_pointer(n)}") for n, w in v.items())
+                elif k in SCHEMA_LISTS and isinstance(v, list):
                     stack.extend((w, f"{sub}/{i}") for i, w in enumerate(v))
-                elif k in _SCHEMA_VALUES:
+                elif k in SCHEMA_VALUES:
                     stack.append((v, sub))
                 elif k == "$ref" and isinstance(v, str):
                     try:
@@ -878,7 +565,7 @@ class SchemaCompiler:
         for x in flat:
             if "type" in x:
                 t = self._type_set(x["type"], path)
-                types = t if types is None else _intersect_types(types, t)
+                types = t if types is None else intersect_types(types, t)
                 if not types:
                     return True
             req = x.get("required")
@@ -899,7 +586,7 @@ class SchemaCompiler:
                 else:
                     continue
                 cur = values.get(p)
-                values[p] = vals if cur is None else [v for v in cur if any(_json_eq(v, w) for w in vals)]
+                values[p] = vals if cur is None else [v for v in cur if any(json_eq(v, w) for w in vals)]
         # required/properties bind objects only: other types satisfy them vacuously
         return types == {"object"} and any(not values[p] for p in required if p in values)
 
@@ -938,13 +625,13 @@ class SchemaCompiler:
                 if k == "type":
                     t1 = self._type_set(cur, path)
                     t2 = self._type_set(v, path)
-                    out[k] = sorted(_intersect_types(t1, t2))
+                    out[k] = sorted(intersect_types(t1, t2))
                     if not out[k]:
                         return None
                 elif k == "enum":
-                    out[k] = [x for x in cur if any(_json_eq(x, y) for y in v)]
+                    out[k] = [x for x in cur if any(json_eq(x, y) for y in v)]
                 elif k == "const":
-                    if not _json_eq(cur, v):
+                    if not json_eq(cur, v):
                         return None
                 elif k in ("minimum", "minLength", "minItems", "minProperties"):
                     out[k] = max(cur, v)
@@ -1040,9 +727,9 @@ class SchemaCompiler:
                 extra = []
                 matched = False  # (under every reading)
                 for p in pats:
-                    if _pattern_matches(p, pk, path, "any"):
+                    if pattern_matches(p, pk, path, "any"):
                         extra.append(c["patternProperties"][p])
-                        matched = matched or _pattern_matches(p, pk, path, "all")
+                        matched = matched or pattern_matches(p, pk, path, "all")
                 if not matched and addl is not True:
                     extra.append(addl)
                 if extra:
@@ -1102,11 +789,11 @@ class SchemaCompiler:
                     kinds &= self._kinds_failing(infos[i], infos[j], forbid)
                     if not kinds:
                         dropped.append((i, j))
-            types = _types_of_kinds(kinds)
+            types = types_of_kinds(kinds)
             if not types:
                 continue  # a branch whose outputs might satisfy another branch is not generated
             extra: list = []
-            if _kinds_of_types(types) != infos[i]["kinds"]:
+            if kinds_of_types(types) != infos[i]["kinds"]:
                 extra.append({"type": types})
             if forbid and "object" in types:
                 extra.append({"properties": {p: False for p in forbid}})
@@ -1156,14 +843,14 @@ class SchemaCompiler:
             return None
         if m is None:
             return empty
-        kinds = _kinds_of_types(self._type_set(m["type"], path) if "type" in m else ALL_TYPES)
+        kinds = kinds_of_types(self._type_set(m["type"], path) if "type" in m else ALL_TYPES)
         values = None
         if "const" in m:
             values = [m["const"]]
         elif "enum" in m:
             values = list(m["enum"])
         if values is not None:
-            kinds &= {_kind_of(v) for v in values}
+            kinds &= {kind_of(v) for v in values}
         return {"kinds": kinds, "schema": m, "values": values, "branch": b}
 
     def _kinds_failing(self, a: dict | None, b: dict | None, forbid: list[str]) -> set[str]:
@@ -1202,7 +889,7 @@ class SchemaCompiler:
         b_addl = sb.get("additionalProperties", True)
         b_pats = sb.get("patternProperties") or {}
         for p in req_a:
-            if p not in props_b and b_addl is False and not any(_pattern_matches(q, p, "#", "any") for q in b_pats):
+            if p not in props_b and b_addl is False and not any(pattern_matches(q, p, "#", "any") for q in b_pats):
                 return True
             if p in props_b and p in props_a:
                 pa = self._branch_info([], props_a[p], "#")
@@ -1276,8 +963,8 @@ class SchemaCompiler:
             if t not in types:
                 continue
             self.check_deadline()
-            ex = [v for v in excluded if _type_of(v) == t or (t == "number" and _type_of(v) == "integer")
-                  or (t == "integer" and _type_of(v) == "integer")]
+            ex = [v for v in excluded if type_of(v) == t or (t == "number" and type_of(v) == "integer")
+                  or (t == "integer" and type_of(v) == "integer")]
             if t == "null":
                 node = A.NOTHING if ex else A.lit("null")
             elif t == "boolean":
@@ -1338,12 +1025,12 @@ class SchemaCompiler:
                 if "number" in t:
                     rem.discard("integer")
                 return {"type": sorted(rem)} if rem else False
-            if len(kws) == 1 and next(iter(kws)) in _NEGATED_BOUND:
+            if len(kws) == 1 and next(iter(kws)) in NEGATED_BOUND:
                 k = next(iter(kws))
                 v = n[k]
-                if not _is_number(v):
+                if not is_number(v):
                     raise InvalidSchemaError(f"{k} at {path} must be a number")
-                t, k2, shift = _NEGATED_BOUND[k]
+                t, k2, shift = NEGATED_BOUND[k]
                 if shift and v + shift < 0:
                     return False  # not {minLength: 0}: nothing
                 return {"type": t, k2: v + shift}
@@ -1377,7 +1064,7 @@ class SchemaCompiler:
                 # some declared property is present and fails its schema
                 return {"type": "object", "anyOf": [{"required": [p], "properties": {p: {"not": sub}}}
                                                     for p, sub in n["properties"].items()]}
-            groups = _independent_keyword_groups(kws)
+            groups = independent_keyword_groups(kws)
             if len(groups) > 1 and not (kws & APPLICATORS):
                 # a schema is the conjunction of its independent keyword groups: not (A and B) = not A or not B
                 return {"anyOf": [{"not": {k: n[k] for k in g}} for g in groups]}
@@ -1393,17 +1080,17 @@ class SchemaCompiler:
             if kws <= {"type", "enum", "const"}:
                 if "type" in c:
                     ts = self._type_set(c["type"], "#")
-                    tv = _type_of(v)
+                    tv = type_of(v)
                     if not (tv in ts or (tv == "integer" and "number" in ts)):
                         return False
-                if "const" in c and not _json_eq(v, c["const"]):
+                if "const" in c and not json_eq(v, c["const"]):
                     return False
                 if "enum" in c:
                     cache = self._enum_sets.get(id(c))
                     if cache is None or cache[0] is not c:
-                        cache = (c, {_canon(x) for x in c["enum"]} if isinstance(c["enum"], list) else set())
+                        cache = (c, {canon(x) for x in c["enum"]} if isinstance(c["enum"], list) else set())
                         self._enum_sets[id(c)] = cache
-                    if _canon(v) not in cache[1]:
+                    if canon(v) not in cache[1]:
                         return False
                 return True
         return self.is_valid(v, c)
@@ -1411,16 +1098,16 @@ class SchemaCompiler:
     def _compile_enum(self, s: dict, path: str) -> A.Node:
         vals = [s["const"]] if "const" in s else s["enum"]
         if "enum" in s and "const" in s:
-            vals = [v for v in s["enum"] if _json_eq(v, s["const"])]
+            vals = [v for v in s["enum"] if json_eq(v, s["const"])]
         if not isinstance(vals, list):
             raise InvalidSchemaError(f"enum at {path} must be an array")
         conj = s.get("__conj__", [])
         excl = s.get("__exclude__", [])
         keep = []
         seen: set[str] = set()
-        excl_keys = {_canon(e) for e in excl}
+        excl_keys = {canon(e) for e in excl}
         for v in vals:
-            kv = _canon(v)
+            kv = canon(v)
             if kv in seen or kv in excl_keys:
                 continue
             seen.add(kv)
@@ -1436,8 +1123,8 @@ class SchemaCompiler:
                 lit = json.dumps(v, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
             except ValueError:
                 continue
-            if _has_other_spellings(v):
-                spelled.append(A.alt(A.lit(lit), _value_spellings(v)))
+            if has_other_spellings(v):
+                spelled.append(A.alt(A.lit(lit), value_spellings(v)))
             else:
                 lits.append(lit)
         return A.alt(A.alt_literals(lits), *spelled) if lits else A.alt(*spelled)
@@ -1447,7 +1134,7 @@ class SchemaCompiler:
         lo = hi = None
         lo_strict = hi_strict = False
         for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
-            if k in s and not _is_number(s[k]):
+            if k in s and not is_number(s[k]):
                 raise InvalidSchemaError(f"{k} at {path} must be a number")
         if "minimum" in s:
             lo = N.to_decimal(s["minimum"])
@@ -1489,9 +1176,9 @@ class SchemaCompiler:
             return digits
         b = self._int_bounds(s, path)
         lo, hi = b if b is not None else (None, None)
-        small = [x is not None and abs(x) <= _FLOAT_EXACT for x in (lo, hi)]
+        small = [x is not None and abs(x) <= FLOAT_EXACT for x in (lo, hi)]
         if all(small) or ("multipleOf" not in s and all(ok or x is None for ok, x in zip(small, (lo, hi)))):
-            return A.seq(digits, _ZERO_FRACTION)
+            return A.seq(digits, ZERO_FRACTION)
         return digits
 
     def _ref_siblings(self, s: dict) -> dict:
@@ -1520,7 +1207,7 @@ class SchemaCompiler:
         node = N.int_range(lo, hi) if (lo is not None or hi is not None) else N.JSON_INT
         if "multipleOf" in s:
             m = s["multipleOf"]
-            if not _is_number(m) or m <= 0:
+            if not is_number(m) or m <= 0:
                 raise InvalidSchemaError(f"multipleOf at {path} must be a positive number")
             if isinstance(m, float) and m.is_integer():
                 m = int(m)
@@ -1556,7 +1243,7 @@ class SchemaCompiler:
     def _float_multiples(self, s: dict, m, path: str, n_max: int = 1000) -> A.Node:
         """multipleOf a non-integer k: the multiples n*k, |n| <= n_max, that pass jsonschema's own float
         test (instance / k is an integer in float arithmetic) and the bounds -- a finite, sound set."""
-        if not _is_number(m) or m <= 0:
+        if not is_number(m) or m <= 0:
             raise InvalidSchemaError(f"multipleOf at {path} must be a positive number")
         lo, ls, hi, hs = self._bounds(s, path)
         k = N.to_decimal(m)
@@ -1771,7 +1458,7 @@ class SchemaCompiler:
         lo = s.get("minContains", 1)
         hi = s.get("maxContains")
         for k, v in (("minContains", lo), ("maxContains", hi)):
-            if v is not None and (isinstance(v, bool) or not _is_number(v) or v < 0 or int(v) != v):
+            if v is not None and (isinstance(v, bool) or not is_number(v) or v < 0 or int(v) != v):
                 raise InvalidSchemaError(f"{k} at {path} must be a non-negative integer")
         lo, hi = int(lo), None if hi is None else int(hi)
         if lo == 0 and hi is None:
@@ -1834,7 +1521,7 @@ class SchemaCompiler:
                     out = []
                     seen = []
                     for v in keep:
-                        if any(_json_eq(v, w) for w in seen):
+                        if any(json_eq(v, w) for w in seen):
                             continue
                         seen.append(v)
                         out.append(json_literal(v))
@@ -1932,11 +1619,11 @@ class SchemaCompiler:
                 conj.append(sub)
             # a name matched by a pattern under some reading (Python `re`, ECMA-262) carries its schema;
             # one that some reading leaves unmatched also carries additionalProperties
-            matched = [p for p in pats if _pattern_matches(p, name, path, "any")]
+            matched = [p for p in pats if pattern_matches(p, name, path, "any")]
             for p in matched:
                 conj.append(pats[p])
             is_req = name in req_set
-            if sub is None and not any(_pattern_matches(p, name, path, "all") for p in matched):
+            if sub is None and not any(pattern_matches(p, name, path, "all") for p in matched):
                 conj.append(undeclared_value if is_req else addl)
             if name in forbidden and not is_req:
                 continue
@@ -2093,193 +1780,6 @@ def pname_lang_is_trivial(pnames) -> bool:
     return pnames is None or pnames is True or pnames == {}
 
 
-def strings_except(names: list[str]) -> A.Node:
-    """Char-level language of all strings except the given ones (a complemented trie)."""
-    return _strings_except(tuple(names))
-
-
-@functools.lru_cache(maxsize=4096)
-def _strings_except(names: tuple[str, ...]) -> A.Node:
-    root: dict = {}
-    END = object()
-    for n in names:
-        node = root
-        for ch in n:
-            node = node.setdefault(ch, {})
-        node[END] = True
-    anychar = A.chars(A.ANY_CHAR)
-    nodes: list[dict] = []
-    edges: list = []
-    FREE = 0
-    nodes.append({})  # placeholder for FREE
-    edges.append((FREE, anychar, FREE))
-    finals = [FREE]
-
-    def visit(node: dict) -> int:
-        i = len(nodes)
-        nodes.append(node)
-        kids = [k for k in node if k is not END]
-        if END not in node:
-            finals.append(i)
-        others = A.ranges_difference(A.ANY_CHAR, A.ranges_of_chars("".join(kids)))
-        if others:
-            edges.append((i, A.Chars(others), FREE))
-        for ch in kids:
-            j = visit(node[ch])
-            edges.append((i, A.lit(ch), j))
-        return i
-
-    start = visit(root)
-    return A.Graph(len(nodes), start, tuple(finals), tuple(edges))
-
-
-# `not {k: v}` for a single bound k: the values of k's type beyond the bound (type, keyword, shift of v)
-_NEGATED_BOUND = {
-    "minimum": ("number", "exclusiveMaximum", 0), "maximum": ("number", "exclusiveMinimum", 0),
-    "exclusiveMinimum": ("number", "maximum", 0), "exclusiveMaximum": ("number", "minimum", 0),
-    "minLength": ("string", "maxLength", -1), "maxLength": ("string", "minLength", 1),
-    "minItems": ("array", "maxItems", -1), "maxItems": ("array", "minItems", 1),
-    "minProperties": ("object", "maxProperties", -1), "maxProperties": ("object", "minProperties", 1),
-}
-
-
-def _has_other_spellings(v) -> bool:
-    """True when v has compact JSON texts other than json.dumps's: a number, or an object of several keys."""
-    if _is_number(v):
-        return True
-    if isinstance(v, list):
-        return any(_has_other_spellings(x) for x in v)
-    if isinstance(v, dict):
-        return len(v) > 1 or any(_has_other_spellings(x) for x in v.values())
-    return False
-
-
-_MAX_PERMUTED_KEYS = 4  # objects of enum/const values: members in every order up to this many keys
-
-
-def _value_spellings(v) -> A.Node:
-    """Compact JSON texts of values equal to v: numbers in any decimal spelling without exponent (integers
-    beyond 2**53 only as written: a validator would read "n.0" as an inexact float), object members in any
-    order (up to _MAX_PERMUTED_KEYS keys; larger objects in their given order)."""
-    if _is_number(v):
-        if isinstance(v, int) and abs(v) > _FLOAT_EXACT:
-            return json_literal(v)
-        if isinstance(v, float) and abs(v) >= _FLOAT_EXACT and math.isfinite(v):
-            # an integral double: its exact digits (its shortest repr's digits are another integer, which
-            # Python compares exactly) or json.dumps's exponent form (the caller adds)
-            return A.lit(str(int(v)))
-        return _number_spellings(v)
-    if isinstance(v, list):
-        items = [_value_spellings(x) for x in v]
-        body = [items[0]] + [A.seq(A.lit(","), x) for x in items[1:]] if items else []
-        return A.seq(A.lit("["), *body, A.lit("]"))
-    if isinstance(v, dict):
-        members = [A.seq(A.lit(json.dumps(k, ensure_ascii=False) + ":"), _value_spellings(x)) for k, x in v.items()]
-        orders = itertools.permutations(members) if len(members) <= _MAX_PERMUTED_KEYS else [members]
-        bodies = [A.seq(order[0], *[A.seq(A.lit(","), m) for m in order[1:]]) for order in orders if order]
-        return A.seq(A.lit("{"), A.alt(*bodies), A.lit("}")) if bodies else A.lit("{}")
-    return json_literal(v)
-
-
-_FLOAT_EXACT = 2 ** 53  # every integer up to this magnitude is a double
-_ZERO_FRACTION = A.opt(A.seq(A.lit("."), A.plus(A.lit("0"))))
-
-
-def _number_spellings(v) -> A.Node:
-    """Every decimal spelling (no exponent) of the number v: canonical digits plus trailing zeros."""
-    d = N.to_decimal(v)
-    neg = d < 0
-    ip, frac = N._split(abs(d))
-    zeros = A.star(A.lit("0"))
-    body = A.seq(A.lit(str(ip)), A.opt(A.seq(A.lit("."), A.plus(A.lit("0"))))) if not frac else \
-        A.seq(A.lit(str(ip)), A.lit("." + frac), zeros)
-    if d == 0:
-        return A.seq(A.opt(A.lit("-")), body)
-    return A.seq(A.lit("-"), body) if neg else body
-
-
-def _kinds_of_types(types) -> set[str]:
-    """JSON types as disjoint kinds of values: "number" is "integer" plus "fraction" (non-integers)."""
-    out = set(types)
-    if "number" in out:
-        out.discard("number")
-        out |= {"integer", "fraction"}
-    return out
-
-
-def _kind_of(v) -> str:
-    t = _type_of(v)
-    return "fraction" if t == "number" else t
-
-
-def _types_of_kinds(kinds: set[str]) -> list[str]:
-    """A `type` list for a set of kinds; non-integers without integers are not expressible (dropped)."""
-    out = sorted(k for k in kinds if k not in ("integer", "fraction"))
-    if "integer" in kinds:
-        out.append("number" if "fraction" in kinds else "integer")
-    return sorted(out)
-
-
-def _intersect_types(a: set[str], b: set[str]) -> set[str]:
-    out = a & b
-    if "integer" in a and "number" in b:
-        out.add("integer")
-    if "number" in a and "integer" in b:
-        out.add("integer")
-    return out
-
-
-_PATTERN_CACHE: dict = {}
-_READING_DFAS: dict = {}
-_READING_LOCK = threading.Lock()
-
-
-def _pattern_search(p: str, name: str, path: str) -> bool:
-    """re.search (Python's reading of a pattern)."""
-    r = _PATTERN_CACHE.get(p)
-    if r is None:
-        try:
-            r = re.compile(p)
-        except re.error as e:
-            raise InvalidSchemaError(f"invalid regex {p!r} at {path}: {e}") from None
-        _PATTERN_CACHE[p] = r
-    return r.search(name) is not None
-
-
-def _pattern_matches(p: str, name: str, path: str, reading: str) -> bool:
-    """Whether `name` matches pattern p under every reading ("all") or under some reading ("any") of
-    the readings validators use: Python's `re` (Unicode \\d \\w \\s, `$` before a final newline) and
-    ECMA-262 (ASCII \\d \\w, `.` excluding \\r and U+2028/9). Patterns our parser refuses (lookaround,
-    ...) are read by Python's `re` alone."""
-    py = _pattern_search(p, name, path)
-    if py != (reading == "all"):
-        return py  # all: Python says no; any: Python says yes
-    key = (p, reading)
-    with _READING_LOCK:
-        d = _READING_DFAS.get(key)
-        if d is None:
-            try:
-                d = DerivDFA(search_language(parse_regex(p, reading)))
-            except InvalidRegexError:
-                d = False
-            if len(_READING_DFAS) > 4096:
-                _READING_DFAS.clear()
-            _READING_DFAS[key] = d
-        if d is False:
-            return py
-        return d.matches(name.encode("utf-8", "surrogatepass"))
-
-
-def _all_readings_pattern(validator, pattern, instance, schema):
-    """jsonschema's `pattern` keyword, matched under every reading (see _pattern_matches)."""
-    if not validator.is_type(instance, "string") or not isinstance(pattern, str):
-        return
-    if not _pattern_matches(pattern, instance, "#", "all"):
-        from jsonschema.exceptions import ValidationError
-
-        yield ValidationError(f"{instance!r} does not match {pattern!r} under every regex reading")
-
-
 def schema_to_regex_ast(schema: Any, opts: SchemaOptions | None = None, deadline: Deadline | None = None,
                         ignored: list | None = None) -> A.Node:
     """Compile a JSON Schema to the regex AST of its (narrowed) JSON texts. Keywords outside the JSON Schema
@@ -2306,7 +1806,7 @@ def schema_to_regex_ast(schema: Any, opts: SchemaOptions | None = None, deadline
         raise UnsupportedSchemaError("$ref", "#", "schema nesting too deep") from None
     if A.is_nothing(node):
         why = "; ".join(dict.fromkeys(sc.unsat)) or "no JSON value satisfies the schema"
-        spec = _without_narrowings(opts)
+        spec = without_narrowings(opts)
         if spec != opts:
             # never call a schema unsatisfiable because of a narrowing: say which it is
             try:
@@ -2322,15 +1822,3 @@ def schema_to_regex_ast(schema: Any, opts: SchemaOptions | None = None, deadline
         raise UnsatisfiableSchemaError(why)
     return node
 
-
-# the options that narrow the specification's semantics (STRICT_SCHEMA_OPTIONS sets them), and their defaults
-_NARROWING_OPTIONS = ("additional_properties", "untyped_types", "additional_names", "property_order",
-                      "integer_zero_fraction", "any_json_depth")
-
-
-def _without_narrowings(opts: SchemaOptions) -> SchemaOptions:
-    defaults = SchemaOptions()
-    kw = {name: getattr(defaults, name) for name in _NARROWING_OPTIONS}
-    if opts.any_json_depth > defaults.any_json_depth:
-        kw["any_json_depth"] = opts.any_json_depth
-    return _replace(opts, **kw)

@@ -1,0 +1,53 @@
+"""The JSON Schema vocabulary as the compiler reads it: which keywords exist, which are annotations, which
+ones apply to which JSON type, which are refused, and where subschemas stand."""
+from __future__ import annotations
+
+ANNOTATIONS = frozenset({
+    "title", "description", "examples", "default", "$schema", "$id", "id", "$comment", "deprecated", "readOnly",
+    "writeOnly", "contentMediaType", "contentEncoding", "contentSchema", "$anchor", "$dynamicAnchor",
+    "$vocabulary", "definitions", "$defs", "$recursiveAnchor",
+    "example",  # OpenAPI's singular example (an annotation there too)
+})
+OBJECT_KW = frozenset({"properties", "required", "additionalProperties", "patternProperties", "minProperties",
+                       "maxProperties", "propertyNames", "dependentRequired", "dependencies", "dependentSchemas",
+                       "unevaluatedProperties"})
+ARRAY_KW = frozenset({"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems", "contains",
+                      "minContains", "maxContains", "unevaluatedItems"})
+STRING_KW = frozenset({"minLength", "maxLength", "pattern", "format"})
+NUMBER_KW = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
+APPLICATORS = frozenset({"allOf", "anyOf", "oneOf", "not", "if", "then", "else", "$ref"})
+# keywords whose meaning depends on each other (a schema is the conjunction of these groups and of every
+# other keyword alone)
+DEPENDENT_KEYWORDS = (frozenset({"properties", "patternProperties", "additionalProperties", "unevaluatedProperties"}),
+                       frozenset({"prefixItems", "items", "additionalItems", "unevaluatedItems"}),
+                       frozenset({"contains", "minContains", "maxContains"}),
+                       frozenset({"if", "then", "else"}))
+
+
+def independent_keyword_groups(kws: set[str]) -> list[frozenset[str]]:
+    groups = []
+    rest = set(kws)
+    for g in DEPENDENT_KEYWORDS:
+        if rest & g:
+            groups.append(frozenset(rest & g))
+            rest -= g
+    return groups + [frozenset({k}) for k in sorted(rest)]
+SUPPORTED = OBJECT_KW | ARRAY_KW | STRING_KW | NUMBER_KW | APPLICATORS | {"type", "enum", "const"}
+# where subschemas stand (for listing unknown keywords)
+SCHEMA_MAPS = frozenset({"properties", "patternProperties", "dependentSchemas", "dependencies"})
+SCHEMA_LISTS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems", "items"})
+SCHEMA_VALUES = frozenset({"additionalProperties", "unevaluatedProperties", "propertyNames", "items",
+                            "additionalItems", "unevaluatedItems", "contains", "not", "if", "then", "else"})
+# spec keywords we refuse (always, or in the forms we cannot honour)
+KNOWN_UNSUPPORTED = frozenset({"$dynamicRef", "$recursiveRef", "extends", "disallow", "divisibleBy"})
+ALL_TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
+
+
+# `not {k: v}` for a single bound k: the values of k's type beyond the bound (type, keyword, shift of v)
+NEGATED_BOUND = {
+    "minimum": ("number", "exclusiveMaximum", 0), "maximum": ("number", "exclusiveMinimum", 0),
+    "exclusiveMinimum": ("number", "maximum", 0), "exclusiveMaximum": ("number", "minimum", 0),
+    "minLength": ("string", "maxLength", -1), "maxLength": ("string", "minLength", 1),
+    "minItems": ("array", "maxItems", -1), "maxItems": ("array", "minItems", 1),
+    "minProperties": ("object", "maxProperties", -1), "maxProperties": ("object", "minProperties", 1),
+}

@@ -1,0 +1,90 @@
+"""JSON values as a validator compares them: equality (1 == 1.0, True != 1), canonical keys, JSON types
+and the disjoint kinds of values the oneOf checks reason about."""
+from __future__ import annotations
+
+import json
+
+from ...errors import InvalidSchemaError
+
+
+def canon(v) -> str:
+    """A key equal for JSON-equal values (1 == 1.0; True != 1)."""
+    if isinstance(v, bool) or v is None:
+        return json.dumps(v)
+    if isinstance(v, (int, float)):
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        return "n" + repr(v)
+    if isinstance(v, str):
+        return "s" + v
+    if isinstance(v, list):
+        return "[" + ",".join(canon(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ",".join(json.dumps(k) + ":" + canon(v[k]) for k in sorted(v)) + "}"
+    return repr(v)
+
+
+def is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def json_eq(a, b) -> bool:
+    """JSON equality (1 == 1.0, but True != 1)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if is_number(a) and is_number(b):
+        return a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(json_eq(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(json_eq(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def type_of(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int):
+        return "integer"
+    if isinstance(v, float):
+        return "integer" if v.is_integer() else "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "array"
+    if isinstance(v, dict):
+        return "object"
+    raise InvalidSchemaError(f"not a JSON value: {v!r}")
+
+
+def kinds_of_types(types) -> set[str]:
+    """JSON types as disjoint kinds of values: "number" is "integer" plus "fraction" (non-integers)."""
+    out = set(types)
+    if "number" in out:
+        out.discard("number")
+        out |= {"integer", "fraction"}
+    return out
+
+
+def kind_of(v) -> str:
+    t = type_of(v)
+    return "fraction" if t == "number" else t
+
+
+def types_of_kinds(kinds: set[str]) -> list[str]:
+    """A `type` list for a set of kinds; non-integers without integers are not expressible (dropped)."""
+    out = sorted(k for k in kinds if k not in ("integer", "fraction"))
+    if "integer" in kinds:
+        out.append("number" if "fraction" in kinds else "integer")
+    return sorted(out)
+
+
+def intersect_types(a: set[str], b: set[str]) -> set[str]:
+    out = a & b
+    if "integer" in a and "number" in b:
+        out.add("integer")
+    if "number" in a and "integer" in b:
+        out.add("integer")
+    return out
