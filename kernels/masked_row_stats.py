@@ -27,24 +27,28 @@ all (`masked_row_stats_from_hidden`: logits tiles are computed in registers from
 weight [V, D]). The vocabulary can be split across programs (`num_splits`); the per-split states are merged by
 the exact same rescaling (`_combine_partials`).
 
-Masks use xgrammar's packed layout: int32 [rows, ceil(V / 32)], bit j of word w allows token 32 w + j
-(`pack_bool_mask` / `unpack_bitmask` convert). Boolean [rows, V] masks are accepted and packed on the fly.
+Masks use xgrammar's packed layout: int32 [rows, ceil(V / 32)], bit j of word w allows token 32 w + j, the one
+mask format of the project (`dllm_constrain.kernels.bitmask`: `allocate_token_bitmask`, `pack_bool_mask` /
+`unpack_bitmask`, re-exported here). Boolean [rows, V] masks are still accepted (packed on the fly for Triton).
 """
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from dllm_constrain.kernels._backend import interpreting, load_kernels, record, resolve_backend
+from dllm_constrain.kernels.bitmask import (  # noqa: F401  (pack/unpack re-exported: their historical home)
+    allocate_token_bitmask,
+    pack_bool_mask,
+    packed_width,
+    unpack_bitmask,
+    unpack_bitmask_into,
+)
 
 _KERNEL_MODULE = "dllm_constrain.kernels._triton_masked_row_stats"
-if sys.byteorder != "little":  # the bitmask helpers view int32 words as their bytes
-    raise ImportError("dllm_constrain.kernels.masked_row_stats assumes a little-endian host")
 NEG_INF = float("-inf")
 
 
@@ -112,47 +116,6 @@ class RowStatsWorkspace:
 # ----------------------------------------------------------------------------------------------- masks and noise
 
 
-def packed_width(vocab: int) -> int:
-    """Words per row of a packed bitmask: ceil(vocab / 32)."""
-    return (vocab + 31) // 32
-
-
-def pack_bool_mask(allowed: torch.Tensor) -> torch.Tensor:
-    """bool [..., V] (True = allowed) -> int32 [..., ceil(V/32)] with bit j of word w = allowed[..., 32 w + j].
-
-    Bits past V are 0. Word values are the two's-complement int32 of sum_j 2^j allowed[32 w + j] (bit 31 sets the
-    sign), exactly xgrammar's token bitmask. Built byte by byte (byte k of word w = tokens 32 w + 8 k + 0..7 on a
-    little-endian device), so the temporaries cost one byte per token.
-    """
-    if allowed.dtype != torch.bool:
-        raise TypeError(f"pack_bool_mask expects a bool tensor, got {allowed.dtype}")
-    vocab = allowed.shape[-1]
-    words = packed_width(vocab)
-    pad = words * 32 - vocab
-    bits = F.pad(allowed, (0, pad)) if pad else allowed.contiguous()
-    bits = bits.view(torch.uint8).reshape(*allowed.shape[:-1], words * 4, 8)
-    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=allowed.device)
-    as_bytes = (bits * weights).sum(-1, dtype=torch.uint8)  # distinct powers of two: no overflow
-    return as_bytes.view(torch.int32)
-
-
-def unpack_bitmask(packed: torch.Tensor, vocab: int) -> torch.Tensor:
-    """int32 [..., W] packed bitmask -> bool [..., vocab] (True = allowed); the inverse of `pack_bool_mask`.
-
-    Works on the bytes of the words (little-endian: byte k of word w holds tokens 32 w + 8 k + 0..7), so the only
-    temporary is one byte per token.
-    """
-    if packed.dtype != torch.int32:
-        raise TypeError(f"packed bitmask must be int32, got {packed.dtype}")
-    if packed.shape[-1] * 32 < vocab:
-        raise ValueError(f"packed bitmask covers {packed.shape[-1] * 32} tokens, vocab is {vocab}")
-    lead = packed.shape[:-1]
-    as_bytes = packed.contiguous().view(torch.uint8)  # [..., 4 W], little-endian
-    shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
-    bits = (as_bytes[..., :, None] >> shifts).bitwise_and_(1)  # [..., 4 W, 8] uint8
-    return bits.reshape(*lead, -1)[..., :vocab].bool()
-
-
 def _as_packed(allowed: torch.Tensor | None, rows: int, vocab: int, device: torch.device) -> torch.Tensor | None:
     """Accept None, bool [rows, vocab] or int32 [rows, >= ceil(vocab/32)]; return the packed int32 mask."""
     if allowed is None:
@@ -188,12 +151,7 @@ def _disallowed_view(allowed: torch.Tensor, vocab: int, scratch: torch.Tensor) -
     if allowed.dtype == torch.bool:
         out = scratch[: rows * vocab].view(torch.bool).view(rows, vocab)
         return torch.bitwise_not(allowed, out=out)
-    words = allowed.shape[1]
-    as_bytes = torch.bitwise_not(allowed).view(torch.uint8)  # [rows, 4 W], little-endian
-    shifts = torch.arange(8, dtype=torch.uint8, device=allowed.device)
-    bits = scratch[: rows * words * 32].view(rows, words * 4, 8)
-    torch.bitwise_right_shift(as_bytes[..., None], shifts, out=bits).bitwise_and_(1)
-    return bits.view(torch.bool).view(rows, words * 32)[:, :vocab]
+    return unpack_bitmask_into(allowed, scratch, invert=True)[:, :vocab]
 
 
 def noise_dtype(device: torch.device | str) -> torch.dtype:
