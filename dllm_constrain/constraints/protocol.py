@@ -5,6 +5,12 @@ answer region only (length = max_new_tokens), as a list of token ids where `mask
 Validity means: the tokens up to the first EOS decode to a string the constraint accepts, and every
 position after the first EOS is EOS (the EOS-padded tail). A canvas is *completable* when some assignment
 of its open positions makes it valid.
+
+Masks travel in one format from the constraint to the kernels: xgrammar's packed token bitmask, int32
+[rows, ceil(vocab / 32)] with bit t % 32 of word t // 32 allowing token t (`dllm_constrain.kernels.bitmask`).
+The engine allocates it, the constraint fills it in place (`fill_token_bitmask`), and the same tensor is ANDed
+with the engine's own restrictions and handed to the masked row-statistics kernels without conversion.
+`allowed_tokens` answers the same question as bool rows, for tests, tools and per-row samplers (the vLLM plugin).
 """
 from __future__ import annotations
 
@@ -13,14 +19,22 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from dllm_constrain.kernels.bitmask import bitmask_bytes, pack_bool_mask
+
 
 @runtime_checkable
 class CanvasConstraint(Protocol):
     """Per-request constraint state (created by a compiled constraint for one canvas length)."""
 
+    def fill_token_bitmask(self, canvas: Sequence[int], positions: Sequence[int], out: torch.Tensor) -> None:
+        """Write the mask of positions[j] into row j of `out` (a CPU int32 bitmask [>= len(positions), W], rows
+        contiguous): token t allowed iff committing it alone keeps the canvas completable (exact for regular
+        constraints; sound over-approximation elsewhere). Every word of rows 0..len(positions)-1 is written; tokens
+        at or past the constraint's vocabulary are 0, tokens past 32 W are dropped. Other rows are left alone."""
+        ...
+
     def allowed_tokens(self, canvas: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
-        """Bool [len(positions), vocab_size]: token t is allowed at positions[j] iff committing it alone
-        keeps the canvas completable (exact for regular constraints; sound over-approximation elsewhere)."""
+        """Bool [len(positions), vocab_size]: the masks of `fill_token_bitmask` as bool rows (True = allowed)."""
         ...
 
     def select_commits(
@@ -38,3 +52,21 @@ class CanvasConstraint(Protocol):
     def forced_tokens(self, canvas: Sequence[int]) -> dict[int, int]:
         """Open positions whose allowed set has exactly one token: position -> token."""
         ...
+
+
+def fill_token_bitmask(constraint: object, canvas: Sequence[int], positions: Sequence[int],
+                       out: torch.Tensor) -> None:
+    """`constraint.fill_token_bitmask(canvas, positions, out)`; a constraint written before the bitmask (one that
+    answers `allowed_tokens` only, such as a user's own CanvasConstraint) has its bool rows packed into `out`, so
+    callers have one way to ask for masks whatever the constraint implements."""
+    fill = getattr(constraint, "fill_token_bitmask", None)
+    if callable(fill):
+        fill(canvas, positions, out)
+        return
+    n = len(positions)
+    rows = torch.as_tensor(constraint.allowed_tokens(canvas, positions), dtype=torch.bool)  # type: ignore[attr-defined]
+    dst = bitmask_bytes(out[:n])
+    packed = bitmask_bytes(pack_bool_mask(rows))
+    k = min(dst.shape[1], packed.shape[1])
+    dst[:, :k] = packed[:, :k]
+    dst[:, k:] = 0

@@ -1,0 +1,187 @@
+"""The exact mask at the left frontier of a regular constraint's canvas, when the expansion budget cut a set.
+
+Under the per-call expansion budget the backward sets B[i] are subsets of the exact ones (sound, possibly missing
+tokens). At the left frontier f (every position before f committed, so F[f] is exact) the engine must always have
+a position to commit and must never lose a token of a valid completion, so there B[f] and B[f+1] are decided
+exactly: a state w after the frontier's token belongs to B[f+1] iff some completion of c[f+1:] starts from it, a
+depth-first search over (state, position) with exact token transitions that stops at the first witness.
+
+  * States of the budgeted backward sets are certified (they are subsets of the exact ones).
+  * A committed next token prunes the successors that cannot read it.
+  * Right of the last committed position the answer is `SetAlgebra.can_finish` of the positions left.
+  * Answers are memoised by position across calls while c[i:] is unchanged (`FrontierMemo`).
+
+A state without a completion is refuted only by exhausting what it reaches before the committed tokens stop it:
+at worst the exact forward sets, at best (the frequent case) one path per state.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from .deadline import check_active
+from .deriv import DEAD
+from .set_algebra import ENDED, ENDED_BIT, SetAlgebra
+
+
+def last_committed(c: tuple) -> int:
+    """Index of the last committed (not None) position of canvas c, or -1."""
+    for i in range(len(c) - 1, -1, -1):
+        if c[i] is not None:
+            return i
+    return -1
+
+
+class FrontierMemo:
+    """Per-position memo of "state v before position i completes the canvas", kept from the previous call for the
+    positions right of the last one that changed (the answer depends on c[i:] only)."""
+
+    def __init__(self) -> None:
+        self.canvas: tuple | None = None
+        self.memo: dict[int, dict[int, bool]] = {}
+
+    def for_canvas(self, c: tuple) -> dict[int, dict[int, bool]]:
+        """The memo valid for canvas c (entries at or left of the last changed position dropped)."""
+        prev, memo = self.canvas, self.memo
+        if prev is None or len(prev) != len(c):
+            memo = {}
+        else:
+            d = next((i for i in range(len(c) - 1, -1, -1) if prev[i] != c[i]), -1)
+            if d >= 0:
+                memo = {i: m for i, m in memo.items() if i > d}
+        self.canvas = c
+        self.memo = memo
+        return memo
+
+
+class FrontierSearch:
+    """One exact frontier decision on canvas c (see the module docstring); `sets(F_f, f)` is the answer.
+
+    B, H: the call's (budgeted) backward sets and their horizon; memo: `FrontierMemo.for_canvas(c)`."""
+
+    def __init__(self, alg: SetAlgebra, n: int, c: tuple, B: list[int], H: int,
+                 memo: dict[int, dict[int, bool]]) -> None:
+        self.alg = alg
+        self.ta = alg.ta
+        self.dfa = alg.dfa  # its arrays are reallocated as it grows: read dfa.accepting / dfa.dist at each use
+        self.n, self.eos = n, alg.eos
+        self.c, self.B, self.H = c, B, H
+        self.J = last_committed(c)
+        eos_tail = [True] * (n + 2)  # eos_tail[i]: every committed position >= i holds EOS
+        for i in range(n - 1, -1, -1):
+            eos_tail[i] = eos_tail[i + 1] and (c[i] is None or c[i] == self.eos)
+        self.eos_tail = eos_tail
+        self.memo = memo
+        self.visits = 0
+
+    def quick(self, v: int, i: int) -> bool | None:
+        """Whether state v before position i completes the canvas, when known without searching (else None)."""
+        if v == ENDED:
+            return self.eos_tail[i]
+        accepting = self.dfa.accepting
+        if i >= self.n:
+            return bool(accepting[v])
+        if i <= self.H and (self.B[i] >> v) & 1:
+            return True
+        m = self.memo.get(i)
+        if m is not None:
+            r = m.get(v)
+            if r is not None:
+                return r
+        if i > self.J:
+            r = self.alg.can_finish(v, self.n - i)
+            self.memo.setdefault(i, {})[v] = r
+            return r
+        ci = self.c[i]
+        if ci is None:
+            if accepting[v] and self.eos_tail[i + 1]:
+                return True
+        elif ci == self.eos:
+            return bool(accepting[v]) and self.eos_tail[i + 1]
+        return None
+
+    def children(self, v: int, i: int) -> list[int]:
+        """The states position i can take v to, in search order (a certified one alone when there is one)."""
+        c, ta, B = self.c, self.ta, self.B
+        ci = c[i]
+        if ci is not None:
+            w = ta.delta(v, ci)
+            return [] if w == DEAD else [w]
+        sb = ta.trans(v).succ_bits
+        if i + 1 <= self.H and sb & B[i + 1]:
+            return [(sb & B[i + 1]).bit_length() - 1]  # certified
+        m = self.memo.get(i + 1)
+        ws = self.alg.members(sb)
+        if m:
+            hit = next((w for w in ws if m.get(w) is True), None)
+            if hit is not None:
+                return [hit]
+        nxt = c[i + 1] if i + 1 < self.n else None
+        dfa = self.dfa
+        if nxt is not None:
+            if nxt == self.eos:
+                ws = [w for w in ws if dfa.accepting[w]]
+            else:
+                ws = [w for w in ws if ta.delta(w, nxt) != DEAD]
+        # states whose transitions are known first (no trie walk to look further), then nearest to acceptance
+        known = ta.succ_bits
+        return sorted(ws, key=lambda w: (w not in known, int(dfa.dist[w])))
+
+    def good(self, v0: int, i0: int) -> bool:
+        """Whether state v0 before position i0 completes the canvas: depth first, stopping at the first witness."""
+        r = self.quick(v0, i0)
+        if r is not None:
+            return r
+        memo = self.memo
+        stack: list[tuple[int, int, Iterator[int]]] = [(v0, i0, iter(self.children(v0, i0)))]
+        while stack:
+            v, i, it = stack[-1]
+            res = None
+            for w in it:
+                r = self.quick(w, i + 1)
+                if r is True:
+                    res = True
+                    break
+                if r is None:
+                    self.visits += 1
+                    if not self.visits & 63:
+                        check_active(w, "deciding the left frontier's mask exactly")
+                    stack.append((w, i + 1, iter(self.children(w, i + 1))))
+                    break
+            else:
+                res = False
+            if res is None:
+                continue  # descended
+            if res:
+                for u, k, _ in stack:
+                    memo.setdefault(k, {})[u] = True
+                return True
+            memo.setdefault(i, {})[v] = False
+            stack.pop()
+        return False
+
+    def sets(self, F_f: int, f: int) -> tuple[int, int]:
+        """Exact (B[f], B[f+1]) from the exact forward set F_f = F[f] at the left frontier f."""
+        alg, ta, B, eos_tail = self.alg, self.ta, self.B, self.eos_tail
+        bi = bn = 0
+        for q in alg.members(F_f):
+            if q == ENDED:
+                if eos_tail[f]:
+                    bi |= ENDED_BIT
+                    bn |= ENDED_BIT
+                continue
+            sb = ta.trans(q).succ_bits
+            ok = False
+            if self.dfa.accepting[q] and eos_tail[f + 1]:
+                bn |= ENDED_BIT
+                ok = True
+            cert = sb & B[f + 1] if f + 1 <= self.H else 0
+            if cert:
+                bn |= cert
+                ok = True
+            for w in alg.members(sb & ~cert):
+                if not (bn >> w) & 1 and self.good(w, f + 1):
+                    bn |= 1 << w
+                    ok = True
+            if ok:
+                bi |= 1 << q
+        return bi, bn

@@ -1,0 +1,472 @@
+"""Set-level steps of the canvas automaton for one compiled regular constraint, memoised and shared by its canvases.
+
+The canvas analysis (canvas.py) moves *sets* of token-automaton states across positions. A set is a Python int
+used as a bitset: bit q = DFA state q, and bit 0 (DEAD never belongs to a set) stands for ENDED ("an EOS has been
+emitted"). `SetAlgebra` does every set-level operation on them, each a few big-int operations, memoised per
+compiled constraint so that a canvas changing by a few commits per step recomputes little:
+
+  step_open / step_tok      forward over an open position / a committed token;
+  back_open / back_tok      the backward restriction (members whose step meets the next backward set);
+  finishers / finish3       which states can reach acceptance within m more positions (token-level, budgeted);
+  row / count               the mask row between two sets (packed token bitmask bytes) / its size capped at 2.
+
+`Budget` bounds the new token transitions one call may compute (and the time spent on them); a set computed
+through part of its members counts as a cut of the call (see canvas.py's docstring, "Expansion budget").
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+
+import numpy as np
+
+from .bounds import INF
+from .deadline import check_active
+from .deriv import DEAD, START
+from .token_automaton import TokenAutomaton, bits_of
+
+ENDED = 0  # bit 0 of a state set
+ENDED_BIT = 1
+START_BIT = 1 << START
+
+
+class Budget:
+    """How many new token-transition computations one call may still do, and until when."""
+
+    __slots__ = ("left", "t_end", "undecided", "finish_left", "cuts")
+
+    def __init__(self, n: int | None = None, seconds: float | None = None, finish: int | None = None):
+        self.left = UNLIMITED if n is None else n
+        self.t_end = None if seconds is None else time.perf_counter() + seconds
+        self.undecided: set[tuple[int, int]] = set()  # (state, m) found undecided in this call
+        # the can-finish search has its own allowance (it decides which tokens are allowed at all)
+        self.finish_left = UNLIMITED if n is None else (8 * n if finish is None else finish)
+        # set-level results this call computed through part of their members only (budget cuts): while 0, every
+        # set of the call is exact. Per call, not on the shared SetAlgebra, which other requests (and threads) use.
+        self.cuts = 0
+
+    def take(self) -> bool:
+        if self.left <= 0 or (self.t_end is not None and time.perf_counter() > self.t_end):
+            return False
+        self.left -= 1
+        return True
+
+    def take_finish(self) -> bool:
+        if self.finish_left <= 0 or (self.t_end is not None and time.perf_counter() > self.t_end):
+            return False
+        self.finish_left -= 1
+        return True
+
+
+UNLIMITED = 1 << 62
+
+
+def checked_chunks(members: list[int], size: int = 256):
+    """`members` in slices of `size`, this thread's call deadline checked before each: set loops check once per
+    slice instead of testing a counter at every member (which cost more than the loop bodies it guarded)."""
+    if len(members) <= size:
+        check_active()
+        yield members
+        return
+    for k in range(0, len(members), size):
+        check_active()
+        yield members[k:k + size]
+
+
+class SetAlgebra:
+    """Memoised set-level steps for one compiled constraint (shared by all its canvases)."""
+
+    def __init__(self, ta: TokenAutomaton):
+        self.ta = ta
+        self.dfa = ta.dfa
+        self.eos = ta.eos_id
+        self._bits: dict[int, list[int]] = {}
+        self._open: dict[int, int] = {}
+        self._tok: dict[tuple[int, int], int] = {}
+        self._back_open: dict[tuple[int, int], int] = {}
+        self._back_tok: dict[tuple[int, int, int], int] = {}
+        # can-finish memo per state: (largest m known False, smallest m known True)
+        self._fin_false: dict[int, int] = {}
+        self._fin_true: dict[int, int] = {}
+        self._fin_sets: dict[tuple[int, int], int] = {}
+        self._succ_sorted: dict[int, list[int]] = {}
+        self._greedy: dict[int, int] = {}
+        self._greedy_step: dict[int, tuple[int, int]] = {}
+        self.rows: OrderedDict = OrderedDict()  # mask-row cache: (Bi, Bn) -> packed row (kernels.bitmask bytes)
+        self.max_rows = 64
+
+    # ------------------------------------------------------------------ basics
+    def members(self, F: int) -> list[int]:
+        r = self._bits.get(F)
+        if r is None:
+            r = bits_of(F)
+            if len(self._bits) > 200_000:
+                self._bits.clear()
+            self._bits[F] = r
+        return r
+
+    def accepting(self, q: int) -> bool:
+        return q == ENDED or bool(self.dfa.accepting[q])
+
+    def acc_bits(self) -> int:
+        return self.ta.acc_bits | ENDED_BIT
+
+    def any_accepting(self, F: int) -> bool:
+        if F & ENDED_BIT:
+            return True
+        acc = self.dfa.accepting
+        return any(acc[q] for q in self.members(F))
+
+    def succ_bits(self, q: int) -> int:
+        return self.ta.trans(q).succ_bits
+
+    # ------------------------------------------------------------------ forward
+    def known(self, q: int) -> bool:
+        return q in self.ta.succ_bits
+
+    def _expand(self, q: int, budget: Budget | None) -> int | None:
+        """succ bits of q, computing them if the budget allows (None = unknown)."""
+        sb = self.ta.succ_bits.get(q)
+        if sb is not None:
+            return sb
+        if budget is None or budget.take():
+            return self.ta.trans(q).succ_bits
+        return None
+
+    def step_open(self, F: int, budget: Budget | None = None) -> int:
+        r = self._open.get(F)
+        if r is not None:
+            return r
+        r = 0
+        acc = self.dfa.accepting
+        ended = bool(F & ENDED_BIT)
+        partial = False
+        unknown: list[int] = []
+        sget = self.ta.succ_bits.get
+        for chunk in checked_chunks(self.members(F)):
+            for q in chunk:
+                if q == ENDED:
+                    continue
+                if not ended and acc[q]:
+                    ended = True
+                sb = sget(q)
+                if sb is None:
+                    sb = self._expand(q, budget)
+                    if sb is None:
+                        partial = True
+                        unknown.append(q)
+                        continue
+                r |= sb
+        if partial:  # only a budget leaves members unknown
+            budget.cuts += 1
+        if partial and not r and not ended:
+            # keep a spine: follow the member closest to acceptance even past the budget
+            dist = self.dfa.dist
+            q = min(unknown, key=lambda x: int(dist[x]))
+            r |= self.ta.trans(q).succ_bits
+        if ended:
+            r |= ENDED_BIT
+        if not partial:
+            self._open[F] = r
+        return r
+
+    def step_tok(self, F: int, t: int) -> int:
+        key = (F, t)
+        r = self._tok.get(key)
+        if r is not None:
+            return r
+        if t == self.eos:
+            r = ENDED_BIT if self.any_accepting(F) else 0
+        else:
+            d = self.ta.delta
+            r = 0
+            for q in self.members(F):
+                if q != ENDED:
+                    u = d(q, t)
+                    if u != DEAD:
+                        r |= 1 << u
+        self._tok[key] = r
+        return r
+
+    def step(self, F: int, c: int | None, budget: Budget | None = None) -> int:
+        return self.step_open(F, budget) if c is None else self.step_tok(F, c)
+
+    # ------------------------------------------------------------------ backward
+    def back_open(self, F: int, X: int, budget: Budget | None = None) -> int:
+        """{q in F : an open position takes q into X} (through known transitions; a member whose transitions are
+        unknown counts as a cut of `budget`'s call)."""
+        key = (F, X)
+        r = self._back_open.get(key)
+        if r is not None:
+            return r
+        sget = self.ta.succ_bits.get
+        acc = self.dfa.accepting
+        ended_ok = bool(X & ENDED_BIT)
+        r = 0
+        partial = False
+        for chunk in checked_chunks(self.members(F)):
+            for q in chunk:
+                if q == ENDED:
+                    if ended_ok:
+                        r |= ENDED_BIT
+                    continue
+                if ended_ok and acc[q]:
+                    r |= 1 << q
+                    continue
+                sb = sget(q)
+                if sb is None:
+                    partial = True
+                elif sb & X:
+                    r |= 1 << q
+        if not partial:
+            self._back_open[key] = r
+        elif budget is not None:
+            budget.cuts += 1
+        return r
+
+    def back_tok(self, F: int, t: int, X: int) -> int:
+        """{q in F : committed token t takes q into X}."""
+        key = (F, t, X)
+        r = self._back_tok.get(key)
+        if r is not None:
+            return r
+        r = 0
+        if t == self.eos:
+            if X & ENDED_BIT:
+                acc = self.dfa.accepting
+                for q in self.members(F):
+                    if q == ENDED or acc[q]:
+                        r |= 1 << q
+        else:
+            d = self.ta.delta
+            for q in self.members(F):
+                if q != ENDED:
+                    u = d(q, t)
+                    if u != DEAD and (X >> u) & 1:
+                        r |= 1 << q
+        self._back_tok[key] = r
+        return r
+
+    # ------------------------------------------------------------------ lengths
+    def can_finish(self, q: int, m: int, budget: Budget | None = None) -> bool:
+        """q can reach a valid end within m further (open) positions (False when undecided within the
+        budget: sound)."""
+        return self.finish3(q, m, budget) is True
+
+    def finish3(self, q: int, m: int, budget: Budget | None = None) -> bool | None:
+        """Tri-state can-finish: True / False (proven) / None (undecided within the budget).
+
+        d(q) <= m  with  d(q) = 0 for accepting q, else 1 + min over token successors u of d(u); decided
+        depth-first (successors closest to acceptance first) with per-state thresholds memoised: the
+        smallest m known to suffice and the largest m known not to."""
+        if q == ENDED or self.dfa.accepting[q]:
+            return True
+        if m <= 0:
+            return False
+        if self.ta.single_byte_complete and int(self.dfa.dist[q]) <= m:
+            return True  # spell the shortest byte path with single-byte tokens
+        t = self._fin_true.get(q)
+        if t is not None and t <= m:
+            return True
+        f = self._fin_false.get(q)
+        if f is not None and f >= m:
+            return False
+        if self.greedy_tokens_to_accept(q) <= m:
+            self._fin_true[q] = min(m, self._fin_true.get(q, INF))
+            return True
+        if budget is not None and (q, m) in budget.undecided:
+            return None
+        check_active(q, "deciding whether it can finish")
+        L = max(1, self.ta.max_token_len)
+        if -(-int(self.dfa.dist[q]) // L) > m:  # not even with the longest tokens
+            self._fin_false[q] = max(m, self._fin_false.get(q, -1))
+            return False
+        succ = self._succ_by_dist(q, budget)
+        if succ is None:
+            budget.undecided.add((q, m))
+            return None
+        undecided = False
+        for u in succ:
+            r = self.finish3(u, m - 1, budget)
+            if r is True:
+                self._fin_true[q] = min(m, self._fin_true.get(q, INF))
+                return True
+            if r is None:
+                undecided = True
+        if undecided:
+            budget.undecided.add((q, m))
+            return None
+        self._fin_false[q] = max(m, self._fin_false.get(q, -1))
+        return False
+
+    def greedy_tokens_to_accept(self, q: int) -> int:
+        """An upper bound on the tokens q needs: the shortest byte continuation (lowest byte first at each
+        step), tokenized by longest match. Needs DFA rows only, no token transitions.
+
+        The continuation is a function of the state (path(q) = b + path(next)), so after the longest token
+        t that prefixes path(q) the rest is path(state after t): greedy(q) = 1 + greedy(that state), memoised
+        per state (each state looks at most max_token_len bytes ahead instead of tokenizing its whole path)."""
+        memo = self._greedy
+        r = memo.get(q)
+        if r is not None:
+            return r
+        dfa = self.dfa
+        L = max(1, self.ta.max_token_len)
+        chain: list[int] = []
+        s = q
+        while True:
+            r = memo.get(s)
+            if r is not None:
+                break
+            if not len(chain) & 63:
+                check_active(s, "tokenizing its shortest continuation")
+            if dfa.accepting[s]:
+                r = memo[s] = 0
+                break
+            head = bytearray()
+            states = [s]
+            u = s
+            while len(head) < L and not dfa.accepting[u]:
+                b, u = self._greedy_next(u)
+                if b < 0:
+                    break
+                head.append(b)
+                states.append(u)
+            k = self.ta.longest_token_prefix(bytes(head))
+            if k == 0:  # a dead end on the path, or a byte no token spells
+                r = memo[s] = INF
+                break
+            chain.append(s)
+            s = states[k]
+            if len(chain) > 100_000:
+                r = INF
+                break
+        for x in reversed(chain):
+            r = INF if r >= INF else r + 1
+            memo[x] = r
+        return memo[q]
+
+    def _greedy_next(self, s: int) -> tuple[int, int]:
+        """(lowest byte taking s one byte closer to acceptance, the state it leads to), or (-1, DEAD)."""
+        st = self._greedy_step.get(s)
+        if st is None:
+            dfa = self.dfa
+            dfa.expand(s)
+            row = dfa.T[s]
+            d = int(dfa.dist[s])
+            st = (-1, DEAD)
+            for b in np.flatnonzero(row).tolist():
+                if int(dfa.dist[row[b]]) == d - 1:
+                    st = (b, int(row[b]))
+                    break
+            self._greedy_step[s] = st
+        return st
+
+    def _succ_by_dist(self, q: int, budget: Budget | None) -> list[int] | None:
+        r = self._succ_sorted.get(q)
+        if r is None:
+            sb = self.ta.succ_bits.get(q)
+            if sb is None:
+                if budget is not None and not budget.take_finish():
+                    return None
+                sb = self.ta.trans(q).succ_bits
+            dist = self.dfa.dist
+            r = sorted(bits_of(sb), key=lambda u: int(dist[u]))
+            self._succ_sorted[q] = r
+        return r
+
+    def finishers(self, F: int, m: int, budget: Budget | None = None) -> int:
+        key = (F, m)
+        r = self._fin_sets.get(key)
+        if r is not None:
+            return r
+        r = 0
+        dist = self.dfa.dist
+        acc = self.dfa.accepting
+        easy = self.ta.single_byte_complete
+        complete = True
+        for q in self.members(F):
+            if q == ENDED or acc[q] or (easy and int(dist[q]) <= m):
+                r |= 1 << q
+            else:
+                f3 = self.finish3(q, m, budget)
+                if f3 is True:
+                    r |= 1 << q
+                elif f3 is None:  # undecided within the budget (a proven False keeps the set complete)
+                    complete = False
+        if complete:
+            self._fin_sets[key] = r
+        else:  # only a budget leaves a member undecided
+            budget.cuts += 1
+        return r
+
+    # ------------------------------------------------------------------ rows
+    def row(self, Bi: int, Bn: int, vocab_size: int) -> np.ndarray:
+        """The mask row between Bi and Bn as packed token-bitmask bytes (uint8 [ceil(vocab_size / 8)], token t =
+        bit t % 8 of byte t // 8): token t is in it iff some q in Bi reaches Bn by t (EOS: Bn holds ENDED and some
+        q accepts). Packed once when computed, so a cached row is copied into a bitmask as 1/8 of the bytes."""
+        key = (Bi, Bn)
+        row = self.rows.get(key)
+        if row is not None:
+            self.rows.move_to_end(key)
+            return row
+        row = np.zeros(vocab_size, dtype=bool)
+        full: list[int] = []
+        partial: list[tuple[int, int]] = []  # (state, targets in Bn as a bitset)
+        eos_ok = False
+        acc = self.dfa.accepting
+        ended_in_next = bool(Bn & ENDED_BIT)
+        notBn = ~Bn
+        sget = self.ta.succ_bits.get
+        partial_row = False
+        for q in self.members(Bi):
+            if q == ENDED:
+                eos_ok = eos_ok or ended_in_next
+                continue
+            if ended_in_next and acc[q]:
+                eos_ok = True
+            sb = sget(q)
+            if sb is None:
+                partial_row = True  # in B only through EOS so far
+                continue
+            if not sb & notBn:
+                full.append(q)
+            else:
+                inter = sb & Bn
+                if inter:
+                    partial.append((q, inter))
+        self.ta.mask_row(full, partial, eos_ok, row, self.members)
+        row = np.packbits(row, bitorder="little")
+        if partial_row:
+            return row
+        self.rows[key] = row
+        if len(self.rows) > self.max_rows:
+            self.rows.popitem(last=False)
+        return row
+
+    def count(self, Bi: int, Bn: int) -> tuple[int, int | None, bool]:
+        """(allowed text tokens capped at 2, the token if exactly one, EOS allowed)."""
+        full: list[int] = []
+        partial: list[tuple[int, int]] = []
+        eos_ok = False
+        acc = self.dfa.accepting
+        ended_in_next = bool(Bn & ENDED_BIT)
+        for q in self.members(Bi):
+            if q == ENDED:
+                eos_ok = eos_ok or ended_in_next
+                continue
+            if ended_in_next and acc[q]:
+                eos_ok = True
+            sb = self.ta.succ_bits.get(q)
+            if sb is None:
+                continue
+            if not sb & ~Bn:
+                full.append(q)
+            else:
+                inter = sb & Bn
+                if inter:
+                    partial.append((q, inter))
+        cnt, tok = self.ta.count_allowed(full, partial, self.members)
+        return cnt, tok, eos_ok
+
+
