@@ -59,6 +59,7 @@ from typing import Any
 
 import torch
 
+from dllm_constrain.constraints.protocol import fill_token_bitmask
 from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.logits import LogitsPath
 from dllm_constrain.engine.model_runner import ForwardStats, ModelRunner
@@ -81,6 +82,14 @@ from dllm_constrain.errors import (
     GenerationTimeoutError,
     InvalidRequestError,
     PromptTooLongError,
+)
+from dllm_constrain.kernels.bitmask import (
+    allocate_token_bitmask,
+    bitmask_bytes,
+    clear_token,
+    pack_bool_mask,
+    row_tokens,
+    single_token_rows,
 )
 
 __all__ = ["LLMEngine", "GenerationResult", "RequestOutput", "StreamUpdate", "StepEvent", "CanvasSnapshot",
@@ -129,6 +138,7 @@ class LLMEngine:
         self.special = model.special
         self.vocab_size = int(model.vocab_size)
         self.base_allowed = self._base_allowed()
+        self.base_bitmask = pack_bool_mask(self.base_allowed)  # the same, as one token-bitmask row [W]
         # called with (states, hidden, offsets) after every KV cache Reuse forward (agreement measurements)
         self.reuse_hook: Callable[[list[RequestState], torch.Tensor, list[int]], None] | None = None
         self._setup_call(self.config)
@@ -437,17 +447,18 @@ class LLMEngine:
             raise GenerationTimeoutError(f"request {s.index} did not finish within its timeout of {timeout} s")
 
     def _allowed(self, s: RequestState, view: list[int], positions: list[int]) -> torch.Tensor:
-        """Bool [len(positions), vocab]: the base mask, the constraint's mask, minus banned pairs."""
-        allowed = self.base_allowed.expand(len(positions), -1).clone()
-        if s.constraint is not None:
-            mask = torch.as_tensor(s.constraint.allowed_tokens(view, positions), dtype=torch.bool)
-            v = min(mask.shape[-1], self.vocab_size)
-            allowed[:, :v] &= mask[:, :v]
-            allowed[:, v:] = False
+        """Token bitmask int32 [len(positions), ceil(vocab / 32)] (kernels.bitmask): the constraint fills it in
+        place, the base mask and the banned pairs narrow it, and the logits path hands it to the kernels as is."""
+        if s.constraint is None:
+            allowed = self.base_bitmask.expand(len(positions), -1).clone()
+        else:
+            allowed = allocate_token_bitmask(len(positions), self.vocab_size)
+            fill_token_bitmask(s.constraint, view, positions, allowed)
+            allowed &= self.base_bitmask
         for j, pos in enumerate(positions):
             for bpos, btok in s.banned:
                 if bpos == pos and 0 <= btok < self.vocab_size:
-                    allowed[j, btok] = False
+                    clear_token(allowed, j, btok)
         return allowed
 
     def _denoise(self, s: RequestState, policy: CommitPolicy, hidden: torch.Tensor, offset: int,
@@ -508,19 +519,19 @@ class LLMEngine:
 
     def _commit_forced(self, s: RequestState) -> None:
         """Commit every open position of the active block whose allowed set has exactly one token: no model
-        confidence needed. The masks come from `allowed_tokens` on the current canvas, before the forward;
+        confidence needed. The masks come from `fill_token_bitmask` on the current canvas, before the forward;
         committing a forced token leaves the set of valid completions (hence every other mask) unchanged,
         so the remaining rows are kept for the step's commit decision. A block closed this way moves on to
         the next one without a forward (counted in `forwards_saved`)."""
         while not s.done:
             positions = s.open_in_block()
             allowed = self._allowed(s, s.canvas_view(self.special.mask_id), positions)
-            single = allowed.sum(-1) == 1
+            single = single_token_rows(allowed)
             if not bool(single.any()):
                 s.allowed_cache = (positions, allowed)
                 return
             rows = single.nonzero().flatten().tolist()
-            tokens = [int(allowed[r].nonzero()[0, 0]) for r in rows]
+            tokens = [int(row_tokens(bitmask_bytes(allowed)[r])[0]) for r in rows]
             steps_left = s.budget[s.block] - s.block_step
             block_before = s.block
             s.commit([positions[r] for r in rows], tokens)

@@ -122,7 +122,8 @@ class LogitsPath:
     @torch.no_grad()
     def row_stats(self, hidden: torch.Tensor, allowed: torch.Tensor, temperature: float,
                   generator: torch.Generator | None) -> RowStats:
-        """Statistics of the rows `hidden` [n, D] under the bool masks `allowed` [n, V] (True = allowed)."""
+        """Statistics of the rows `hidden` [n, D] under the masks `allowed`: the engine's token bitmask int32
+        [n, ceil(V / 32)] (kernels.bitmask), passed to the kernels as is; bool [n, V] masks are accepted too."""
         n = int(hidden.shape[0])
         if n == 0:
             return RowStats.cat([])
@@ -131,7 +132,7 @@ class LogitsPath:
             self.chunks += 1
             return _to_engine_stats(reduce_logits(logits, allowed.to(logits.device), temperature, generator))
         device = hidden.device
-        vocab = int(allowed.shape[-1])
+        vocab = int(allowed.shape[-1]) if allowed.dtype == torch.bool else int(self.model.vocab_size)
         sampling = temperature > 0
         step = self.rows_per_chunk(vocab, sampling, device)
         parts = []

@@ -41,8 +41,9 @@ def reduce_logits(
 ) -> RowStats:
     """Chosen token, its probability, entropy and top1-top2 margin for each row of a [rows, vocab] chunk.
 
-    `allowed_mask` (bool [rows, vocab], True = allowed; or xgrammar-packed int32) is applied first (-inf
-    elsewhere), so every statistic is of the constrained distribution. A row with no allowed token gets token -1,
+    `allowed_mask` (the engine's token bitmask, int32 [rows, ceil(vocab / 32)] in xgrammar's layout, see
+    `kernels.bitmask`; a bool [rows, vocab] mask is accepted too) is applied first (-inf elsewhere), so every
+    statistic is of the constrained distribution. A row with no allowed token gets token -1,
     prob 0, entropy +inf, margin 0; the engine never commits such a row. Computed by
     `kernels.masked_row_stats.masked_row_stats` (backend "auto": torch on CPU, Triton on CUDA).
     """

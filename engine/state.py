@@ -116,7 +116,7 @@ class RequestState:
     renoised: int = 0  # positions re-noised by the entropy-bound policy
     backtracks: int = 0  # steps undone because the canvas became uncompletable
     banned: set[tuple[int, int]] = field(default_factory=set)  # (position, token) pairs known to dead-end
-    # allowed-token masks of the active block's open positions for the current canvas (positions, bool [n, V]);
+    # allowed-token masks of the active block's open positions for the current canvas (positions, bitmask [n, W]);
     # computed before the forward (to find forced tokens) and reused after it
     allowed_cache: tuple[list[int], torch.Tensor] | None = None
     model_state: dict[str, Any] = field(default_factory=dict)  # family-specific (e.g. self-conditioning)
