@@ -15,11 +15,9 @@ slows all of them alike; figures are medians over --runs repetitions):
 Tokens = answer tokens up to and including the first EOS (a canvas without EOS counts in full), per second of wall
 time of the whole batch loop. NFE = forwards per request (the reference loop: one per step, every step).
 
-The LLaDA-reference loop (`llada_reference_generate`) follows GSAI-ML/LLaDA's generate.py: the whole sequence is
-recomputed at every step (model(x) -> logits [B, L, V]), semi-autoregressive blocks, low_confidence remasking with
-the get_num_transfer_tokens quota, Gumbel noise as add_gumbel_noise. Batches are left-padded with an attention mask
-(as the repository's batched version); the position ids count real tokens only (our models' convention), so a row
-computes what it computes alone, as in our engine.
+The LLaDA-reference loop (`llada_reference_generate` in _llada_reference.py) follows GSAI-ML/LLaDA's generate.py:
+the whole sequence recomputed at every step, left-padded batches whose rows compute what they compute alone. The
+roofline section's step costs are in _roofline.py.
 
     python benchmarks/bench_throughput.py                         # bundled, mid, gemma with the defaults below
     python benchmarks/bench_throughput.py --sections bundled,mid,gemma --n 24 --runs 3   # docs/performance.md
@@ -35,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
@@ -43,72 +40,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
-import torch.nn.functional as F
+from _llada_reference import llada_reference_generate
+from _roofline import roofline_table
 
 from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.llm_engine import LLMEngine
-from dllm_constrain.engine.models.base import default_position_ids
 from dllm_constrain.engine.policies import make_policy
 from dllm_constrain.engine.state import Request, SamplingParams
-
-
-# ----------------------------------------------------------------------------------------- the LLaDA-reference loop
-def add_gumbel_noise(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """LLaDA's add_gumbel_noise: exp(logits) / (-log U)^T in float64 (argmax = a sample of softmax(logits / T))."""
-    if temperature == 0:
-        return logits
-    logits = logits.to(torch.float64)
-    noise = torch.rand_like(logits, dtype=torch.float64)
-    gumbel_noise = (-torch.log(noise)) ** temperature
-    return logits.exp() / gumbel_noise
-
-
-def get_num_transfer_tokens(mask_index: torch.Tensor, steps: int) -> torch.Tensor:
-    """LLaDA's get_num_transfer_tokens: masked count // steps per step, the remainder on the first steps."""
-    mask_num = mask_index.sum(dim=1, keepdim=True)
-    base = mask_num // steps
-    remainder = mask_num % steps
-    num_transfer_tokens = torch.zeros(mask_num.size(0), steps, dtype=torch.int64) + base
-    for i in range(mask_num.size(0)):
-        num_transfer_tokens[i, : remainder[i]] += 1
-    return num_transfer_tokens
-
-
-@torch.no_grad()
-def llada_reference_generate(model: Any, prompt: torch.Tensor, attention_mask: torch.Tensor, steps: int,
-                             gen_length: int, block_length: int, temperature: float = 0.0,
-                             mask_id: int = 126336) -> torch.Tensor:
-    """LLaDA's generate.py (remasking='low_confidence', cfg_scale=0) over a left-padded prompt batch [B, P]."""
-    x = torch.full((prompt.shape[0], prompt.shape[1] + gen_length), mask_id, dtype=torch.long)
-    x[:, : prompt.shape[1]] = prompt.clone()
-    attention_mask = torch.cat([attention_mask, torch.ones((prompt.shape[0], gen_length), dtype=torch.bool)], dim=-1)
-    position_ids = default_position_ids(attention_mask)
-    assert gen_length % block_length == 0
-    num_blocks = gen_length // block_length
-    assert steps % num_blocks == 0
-    steps = steps // num_blocks
-    for num_block in range(num_blocks):
-        lo = prompt.shape[1] + num_block * block_length
-        block_mask_index = x[:, lo: lo + block_length] == mask_id
-        num_transfer_tokens = get_num_transfer_tokens(block_mask_index, steps)
-        for i in range(steps):
-            mask_index = x == mask_id
-            logits = model(x, position_ids, attention_mask)  # [B, L, V]: the whole canvas, every step
-            logits_with_noise = add_gumbel_noise(logits, temperature=temperature)
-            x0 = torch.argmax(logits_with_noise, dim=-1)
-            p = F.softmax(logits, dim=-1)
-            x0_p = torch.squeeze(torch.gather(p, dim=-1, index=torch.unsqueeze(x0, -1)), -1)
-            x0_p[:, lo + block_length:] = -np.inf
-            x0 = torch.where(mask_index, x0, x)
-            confidence = torch.where(mask_index, x0_p, torch.tensor(-np.inf, dtype=x0_p.dtype))
-            transfer_index = torch.zeros_like(x0, dtype=torch.bool)
-            for j in range(confidence.shape[0]):
-                _, select_index = torch.topk(confidence[j], k=int(num_transfer_tokens[j, i]))
-                transfer_index[j, select_index] = True
-            x[transfer_index] = x0[transfer_index]
-    return x
 
 
 def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -481,91 +420,6 @@ def section_agreement(args, log) -> dict[str, Any]:
         lines.append(f"| {r['policy']} | {r['setting']} | {r['reuse_commit_agreement']:.1%} | {r['refresh_share']:.1%} "
                      f"| {r['token_agreement']:.1%} | {r['exact_answers']:.1%} | {vs_dense} |")
     return {"table": "\n".join(lines), "rows": out_rows}
-
-
-# ------------------------------------------------------------------------------------------------------ roofline
-@dataclass(frozen=True)
-class ModelDims:
-    d_model: int = 4096  # LLaDA-8B
-    n_layers: int = 32
-    n_heads: int = 32
-    n_kv_heads: int = 32
-    mlp: int = 12288
-    vocab: int = 126464
-
-    @property
-    def layer_params(self) -> int:
-        hd = self.d_model // self.n_heads
-        attn = 2 * self.d_model * self.d_model + 2 * self.d_model * self.n_kv_heads * hd
-        return attn + 3 * self.d_model * self.mlp
-
-    @property
-    def kv_bytes_per_token(self) -> int:  # K and V of every layer, bf16
-        return 2 * self.n_layers * self.n_kv_heads * (self.d_model // self.n_heads) * 2
-
-
-def step_cost(dims: ModelDims, batch: int, prompt: int, canvas: int, block: int, kind: str,
-              keep_ratio: float = 1.0, rows: int | None = None) -> tuple[float, float]:
-    """(FLOPs, HBM bytes) of one denoising step of `batch` requests, bf16 weights and activations.
-
-    kind: "full" (the reference loop: whole sequence, logits for every position), "refresh" (whole sequence, K/V
-    written to the cache, logits for the committable rows only), "reuse" (the block against the cached K/V).
-    rows: committable rows per request projected through the LM head (default: the whole block).
-    Counted: the matmul FLOPs (2 per multiply-add) of the projections, attention (QK^T and PV) and LM head; bytes:
-    the weights read once per step, the KV cache read/written, the logits written (full) and the hidden states in
-    and out of each layer (small). Norms, RoPE, softmax and the embedding gather are left out (< 2%).
-    """
-    n = prompt + canvas
-    rows = block if rows is None else rows
-    d, L, hd = dims.d_model, dims.n_layers, dims.d_model // dims.n_heads
-    wbytes = 2 * dims.layer_params * L
-    head_bytes = 2 * dims.vocab * d
-    if kind in ("full", "refresh"):
-        tokens, keys = n, n
-    elif kind == "reuse":
-        tokens, keys = block, block + keep_ratio * (n - block)
-    else:
-        raise ValueError(kind)
-    flops = 2 * dims.layer_params * L * tokens * batch  # projections and MLP
-    flops += 4 * L * dims.n_heads * hd * tokens * keys * batch  # QK^T and PV
-    logit_rows = n if kind == "full" else rows
-    flops += 2 * d * dims.vocab * logit_rows * batch
-    nbytes = wbytes + head_bytes
-    kv = dims.kv_bytes_per_token
-    if kind == "refresh":
-        nbytes += kv * n * batch  # written
-    elif kind == "reuse":
-        nbytes += kv * keys * batch + kv * block * batch  # read (kept keys + fresh block) and the block written
-    else:
-        nbytes += kv * n * batch  # activations K/V pass through HBM once even without a cache
-    nbytes += 2 * 2 * d * L * tokens * batch  # layer inputs/outputs
-    if kind == "full":
-        nbytes += 2 * dims.vocab * n * batch  # bf16 logits of every position written (and read by softmax)
-    return float(flops), float(nbytes)
-
-
-def roofline_table(peak_flops: float = 989e12, bandwidth: float = 3.35e12) -> str:
-    """Roofline time per step (max(FLOPs / peak, bytes / bandwidth)) for LLaDA-8B on an H100 SXM (bf16)."""
-    dims = ModelDims()
-    lines = [f"LLaDA-8B: {dims.layer_params * dims.n_layers / 1e9:.2f}B layer parameters "
-             f"({2 * dims.layer_params * dims.n_layers / 1e9:.1f} GB bf16), LM head {dims.vocab} x {dims.d_model} "
-             f"({2 * dims.vocab * dims.d_model / 1e9:.2f} GB), KV cache {dims.kv_bytes_per_token / 1024:.0f} KiB per "
-             f"token; H100 SXM {peak_flops / 1e12:.0f} TFLOP/s bf16 dense, {bandwidth / 1e12:.2f} TB/s: ridge "
-             f"{peak_flops / bandwidth:.0f} FLOP/byte", "",
-             "| batch | prompt+canvas | block | step | TFLOP | GB moved | FLOP/byte | bound | roofline ms | "
-             "vs full |", "|---:|---:|---:|---|---:|---:|---:|---|---:|---:|"]
-    for batch, prompt, canvas, block in [(1, 256, 256, 32), (1, 1024, 1024, 32), (16, 256, 256, 32),
-                                         (16, 1024, 1024, 32), (64, 256, 256, 32)]:
-        base = None
-        for kind, keep in [("full", 1.0), ("refresh", 1.0), ("reuse", 1.0), ("reuse", 0.25)]:
-            f, b = step_cost(dims, batch, prompt, canvas, block, kind, keep)
-            t = max(f / peak_flops, b / bandwidth)
-            base = base or t
-            bound = "compute" if f / peak_flops >= b / bandwidth else "memory"
-            name = kind if keep == 1.0 else f"reuse, keep {keep}"
-            lines.append(f"| {batch} | {prompt}+{canvas} | {block} | {name} | {f / 1e12:.2f} | {b / 1e9:.1f} | "
-                         f"{f / b:.0f} | {bound} | {t * 1e3:.2f} | {base / t:.1f}x |")
-    return "\n".join(lines)
 
 
 def section_roofline(args, log) -> dict[str, Any]:
