@@ -1,0 +1,151 @@
+"""The token bitmask as the one mask format: its helpers (kernels.bitmask), the constraints' in-place fill against
+their bool rows, the protocol's packing of an allowed_tokens-only constraint, and the engine's mask."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo
+from dllm_constrain.constraints.cfg import GrammarCompiler
+from dllm_constrain.constraints.protocol import fill_token_bitmask
+from dllm_constrain.kernels import masked_row_stats as mrs
+from dllm_constrain.kernels.bitmask import (
+    allocate_token_bitmask,
+    bitmask_bytes,
+    clear_token,
+    pack_bool_mask,
+    packed_width,
+    row_allows,
+    row_tokens,
+    set_token,
+    single_token_rows,
+    unpack_bitmask,
+    unpack_bitmask_into,
+    write_row,
+)
+
+from engine_fakes import DigitsConstraint
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 200), st.integers(0, 2**31 - 1))
+def test_pack_and_unpack_are_inverse_and_match_the_word_arithmetic(rows, vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    allowed = torch.rand(rows, vocab, generator=g) < 0.4
+    packed = pack_bool_mask(allowed)
+    assert packed.dtype == torch.int32 and packed.shape == (rows, packed_width(vocab))
+    assert torch.equal(unpack_bitmask(packed, vocab), allowed)
+    for r in range(rows):  # xgrammar's words: bit j of word w = token 32 w + j, two's complement
+        for w in range(packed.shape[1]):
+            value = sum(1 << j for j in range(32) if 32 * w + j < vocab and bool(allowed[r, 32 * w + j]))
+            assert int(packed[r, w]) == (value - (1 << 32) if value >= 1 << 31 else value)
+    buf = torch.empty(rows * packed.shape[1] * 32, dtype=torch.uint8)
+    assert torch.equal(unpack_bitmask_into(packed, buf, invert=True)[:, :vocab], ~allowed)
+    assert torch.equal(unpack_bitmask_into(packed, buf)[:, :vocab], allowed)
+
+
+def test_the_old_import_path_still_names_the_helpers():
+    assert mrs.pack_bool_mask is pack_bool_mask and mrs.unpack_bitmask is unpack_bitmask
+    assert mrs.packed_width is packed_width
+
+
+def test_allocate_allows_everything_and_rows_are_written_whole():
+    out = allocate_token_bitmask(2, 40)
+    assert out.dtype == torch.int32 and out.shape == (2, 2) and bool((out == -1).all())
+    o = bitmask_bytes(out)
+    write_row(o[0], np.array([True, False, True] + [False] * 37))  # a bool row is packed
+    write_row(o[1], np.packbits(np.eye(40, dtype=bool)[39], bitorder="little"))  # a packed row is copied
+    assert unpack_bitmask(out, 40)[0].nonzero().flatten().tolist() == [0, 2]
+    assert unpack_bitmask(out, 64)[1].nonzero().flatten().tolist() == [39]
+    write_row(o[1], None)
+    assert not bool(out[1].any())
+
+
+def test_row_helpers_read_both_forms_of_a_row():
+    bools = np.zeros(70, dtype=bool)
+    packed = np.zeros(12, dtype=np.uint8)
+    for row in (bools, packed):
+        for t in (0, 31, 69):
+            set_token(row, t)
+        set_token(row, 500)  # past the row: ignored
+        assert row_tokens(row, 70).tolist() == [0, 31, 69]
+        assert row_allows(row, 31) and not row_allows(row, 30) and not row_allows(row, 500)
+    dst = np.ones(70, dtype=bool)
+    write_row(dst, packed)
+    assert np.array_equal(dst, bools)
+
+
+def test_single_token_rows_and_clear_token():
+    allowed = torch.zeros(5, 70, dtype=torch.bool)
+    allowed[0, 31] = True  # bit 31: the sign bit of its word
+    allowed[1, [3, 4]] = True  # two tokens in one word
+    allowed[2, [3, 40]] = True  # two words
+    allowed[4, 69] = True
+    packed = pack_bool_mask(allowed)
+    assert single_token_rows(packed).tolist() == [True, False, False, False, True]
+    clear_token(packed, 1, 4)
+    clear_token(packed, 4, 69)
+    clear_token(packed, 4, 5000)  # past the row: ignored
+    assert single_token_rows(packed).tolist() == [True, True, False, False, False]
+
+
+def _regex_state(n: int):
+    info = TokenizerInfo([b"a", b"b", b"ab", b"ba", b"{", b"}", None, None], eos_id=6, mask_id=7)
+    cc = ConstraintCompiler(info).compile_regex(r"\{(ab|ba)*a?\}")
+    return cc.new_canvas_state(n, expand_budget=None, timeout_s=None), info
+
+
+@pytest.mark.parametrize("width_delta", [0, 40, -1])
+def test_the_regex_canvas_fills_the_rows_its_allowed_tokens_returns(width_delta):
+    state, info = _regex_state(8)
+    vocab = state.vocab_size
+    rng = random.Random(0)
+    canvas = [info.mask_id] * 8
+    for _ in range(6):
+        positions = [p for p in range(8) if canvas[p] == info.mask_id] + [p for p in range(8)
+                                                                          if canvas[p] != info.mask_id][:1]
+        bools = state.allowed_tokens(canvas, positions)
+        width = max(1, vocab + width_delta)
+        out = allocate_token_bitmask(len(positions) + 1, width)
+        state.fill_token_bitmask(canvas, positions, out)
+        got = unpack_bitmask(out[: len(positions)], packed_width(width) * 32)
+        k = min(width, vocab)
+        assert torch.equal(got[:, :k], bools[:, :k]) and not bool(got[:, k:].any())
+        assert bool((out[len(positions)] == -1).all())  # rows past the positions are left alone
+        open_rows = [j for j, p in enumerate(positions) if canvas[p] == info.mask_id and bools[j].any()]
+        j = rng.choice(open_rows)
+        tok = rng.choice(bools[j].nonzero().flatten().tolist())
+        kept = state.select_commits(canvas, [(positions[j], tok, 1.0)])
+        for p, t in kept:
+            canvas[p] = t
+
+
+def test_the_grammar_canvas_fills_the_rows_its_allowed_tokens_returns():
+    strings = ["1", "2", "+", "12", "1+", "+2"]
+    info = TokenizerInfo([None, None] + [s.encode() for s in strings], eos_id=0, mask_id=1)
+    cg = GrammarCompiler(info).compile('start: NUM ("+" NUM)*\nNUM: /[0-9]+/\n')
+    state = cg.new_canvas_state(7)
+    rng = random.Random(1)
+    for _ in range(12):
+        canvas = [t if rng.random() < 0.5 else info.mask_id for t in state.witness]
+        positions = list(range(7))
+        out = allocate_token_bitmask(7, info.vocab_size)
+        state.fill_token_bitmask(canvas, positions, out)
+        bools = state.allowed_tokens(canvas, positions)
+        assert torch.equal(unpack_bitmask(out, info.vocab_size), bools)
+
+
+def test_a_constraint_with_allowed_tokens_only_has_its_rows_packed():
+    digits = DigitsConstraint(digits=[5, 6, 7], vocab_size=40, eos_id=1, mask_id=3)
+    canvas = [3, 5, 3, 3]
+    out = allocate_token_bitmask(3, 40)
+    fill_token_bitmask(digits, canvas, [0, 2, 3], out)
+    assert torch.equal(unpack_bitmask(out, 40), digits.allowed_tokens(canvas, [0, 2, 3]))
+    narrow = allocate_token_bitmask(3, 6)  # a narrower mask keeps the tokens it can hold
+    fill_token_bitmask(digits, canvas, [0, 2, 3], narrow)
+    assert torch.equal(unpack_bitmask(narrow, 32), digits.allowed_tokens(canvas, [0, 2, 3])[:, :32])
