@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from dllm_constrain.constraints import CanvasConstraint, ConstraintCompiler
 from dllm_constrain.errors import ConstraintTooLongError, InvalidRegexError
 
-from test_constraint_support import (brute_force_allowed, brute_force_completable, canvas_text, regex_accepts,
+from constraint_support import (brute_force_allowed, brute_force_completable, canvas_text, regex_accepts,
                                      small_regexes, tiny_info, tiny_vocabularies)
 
 

@@ -17,7 +17,7 @@ from dllm_constrain.constraints.deriv import DerivDFA
 from dllm_constrain.constraints.json_schema import SchemaOptions, schema_to_regex_ast
 from dllm_constrain.errors import (CompilationTimeoutError, InvalidOptionError, InvalidSchemaError,
                                    UnknownKeywordWarning, UnsatisfiableSchemaError, UnsupportedSchemaError)
-from test_constraint_support import random_members
+from constraint_support import random_members
 
 
 def lang(schema, **opts) -> DerivDFA:
@@ -733,7 +733,7 @@ def test_random_schemas_random_canvas_decoding_always_ends_valid(schema, seed, n
 
     from dllm_constrain.errors import ConstraintTooLongError
 
-    from test_constraint_support import canvas_text, json_test_vocabulary
+    from constraint_support import canvas_text, json_test_vocabulary
 
     toks = json_test_vocabulary()
     info = TokenizerInfo(toks + [None, None], eos_id=len(toks), mask_id=len(toks) + 1)

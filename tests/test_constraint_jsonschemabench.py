@@ -29,7 +29,7 @@ from dllm_constrain.errors import ConstraintError
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from test_constraint_support import greedy_tokenize, json_test_vocabulary  # noqa: E402
+from constraint_support import greedy_tokenize, json_test_vocabulary  # noqa: E402
 
 FIXTURE = HERE / "fixtures" / "jsonschemabench_sample.jsonl"
 SHARED = HERE.parent.parent / "shared" / "data"

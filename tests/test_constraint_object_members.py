@@ -24,7 +24,7 @@ from dllm_constrain.errors import (CompilationTimeoutError, ConstraintTooLongErr
                                    UnsupportedSchemaError)
 
 from test_constraint_json_schema import compact, random_texts, validator
-from test_constraint_support import brute_force_allowed, tiny_info
+from constraint_support import brute_force_allowed, tiny_info
 
 
 def lang(schema, **opts) -> DerivDFA:

@@ -16,7 +16,7 @@ from dllm_constrain.constraints.regex_parser import parse_regex, search_language
 from dllm_constrain.constraints.utf8 import utf8_sequences
 from dllm_constrain.errors import InvalidRegexError
 
-from test_constraint_support import small_regexes
+from constraint_support import small_regexes
 
 ALPHABET = ["a", "b", "c", "é", "0", "7", "\n", " ", "-", ".", "Z", "\u0800", "\U0001F600"]
 

@@ -19,7 +19,7 @@ from dllm_constrain.constraints.deriv import DerivDFA
 from dllm_constrain.constraints.json_schema import SchemaOptions, schema_to_regex_ast
 from dllm_constrain.errors import (InvalidOptionError, UnknownKeywordError, UnknownKeywordWarning,
                                    UnsupportedSchemaError)
-from test_constraint_support import random_members
+from constraint_support import random_members
 
 
 def lang(schema, **opts) -> DerivDFA:

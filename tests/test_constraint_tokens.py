@@ -13,7 +13,7 @@ from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo
 from dllm_constrain.constraints import _cwalk
 from dllm_constrain.constraints.regex_parser import parse_regex
 
-from test_constraint_support import small_regexes
+from constraint_support import small_regexes
 
 
 def byte_level_tokenizer(extra: list[str]) -> Tokenizer:

@@ -1,5 +1,8 @@
-"""Helpers shared by the constraint tests (no tests here): tiny vocabularies, brute-force oracles, a random
-regex grammar for hypothesis, and a greedy tokenizer for byte strings."""
+"""Helpers shared by the constraint tests: tiny vocabularies, random members of a DFA's language, a random
+regex grammar for hypothesis, brute-force oracles of canvas masks, and a greedy tokenizer for byte strings.
+
+A plain module (not test_*.py) beside the tests, as checkpoints.py and engine_fakes.py: pytest puts this folder
+on sys.path, so `from constraint_support import ...` works from any test file."""
 from __future__ import annotations
 
 import itertools
