@@ -8,8 +8,9 @@ only the head and shares `rest` by pointer, so visiting a state costs time propo
 the regex at the current position, not to the whole schema. Alternations are normalised (flattened,
 deduplicated, sorted: ACI), which keeps the set of derivatives finite.
 
-The interface matches `dfa.LazyDFA` (T, expanded, accepting, dist, expand, ensure_rows, walk, matches):
-state 0 is DEAD (every term with an empty language maps there), state 1 the start.
+The interface matches `dfa.LazyDFA` (T, expanded, accepting, dist, expand, ensure_rows; step, walk and
+matches shared through byte_dfa.LazyByteDFA): state 0 is DEAD (every term with an empty language maps there),
+state 1 the start.
 `dist[s]` is the length in bytes of the shortest accepted continuation (minimal word length of the term).
 """
 from __future__ import annotations
@@ -19,16 +20,14 @@ import numpy as np
 from ..errors import CompilationTimeoutError
 from . import regex_ast as A
 from .bounds import INF
+from .byte_dfa import DEAD, START, LazyByteDFA
 from .deadline import Deadline, check_active
 from .deriv_terms import T_EMPTY, T_NOTHING, MembersTerms, Terms
 
 __all__ = ["DEAD", "START", "DerivDFA", "MembersTerms", "T_EMPTY", "T_NOTHING", "Terms"]
 
-DEAD = 0
-START = 1
 
-
-class DerivDFA:
+class DerivDFA(LazyByteDFA):
     """Lazy DFA whose states are derivative terms (see module docstring)."""
 
     def __init__(self, node: A.Node | None = None, deadline: Deadline | None = None, max_states: int = 500_000,
@@ -143,23 +142,3 @@ class DerivDFA:
             return
         for s in np.unique(ids[~exp[ids]]).tolist():
             self.expand(s)
-
-    def step(self, s: int, b: int) -> int:
-        if not self.expanded[s]:
-            self.expand(s)
-        return int(self.T[s, b])
-
-    def walk(self, s: int, data: bytes) -> int:
-        T = self.T
-        for b in data:
-            if s == DEAD:
-                return DEAD
-            if not self.expanded[s]:
-                self.expand(s)
-                T = self.T
-            s = int(T[s, b])
-        return s
-
-    def matches(self, data: bytes) -> bool:
-        s = self.walk(START, data)
-        return bool(self.accepting[s]) if s != DEAD else False

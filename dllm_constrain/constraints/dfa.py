@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .deadline import Deadline
 from .bounds import INF
+from .byte_dfa import DEAD, START, LazyByteDFA
+from .deadline import Deadline
 from .nfa import NFA
 
-DEAD = 0
-START = 1
+__all__ = ["DEAD", "START", "LazyDFA"]
 
 
-class LazyDFA:
+class LazyDFA(LazyByteDFA):
     def __init__(self, nfa: NFA, deadline: Deadline | None = None, max_states: int = 1_000_000):
         self.nfa = nfa
         self.deadline = deadline  # only used during compilation; cleared after
@@ -179,21 +179,3 @@ class LazyDFA:
         for s in np.unique(ids).tolist():
             if s >= self.expanded.shape[0] or not self.expanded[s]:
                 self.expand(s)
-
-    def step(self, s: int, b: int) -> int:
-        if not self.expanded[s]:
-            self.expand(s)
-        return int(self.T[s, b])
-
-    def walk(self, s: int, data: bytes) -> int:
-        for b in data:
-            if s == DEAD:
-                return DEAD
-            if not self.expanded[s]:
-                self.expand(s)
-            s = int(self.T[s, b])
-        return s
-
-    def matches(self, data: bytes) -> bool:
-        s = self.walk(START, data)
-        return bool(self.accepting[s]) if s != DEAD else False

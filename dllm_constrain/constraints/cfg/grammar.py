@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict, deque
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -33,6 +34,17 @@ from .vocab import vocab_for
 _BYTE_ORDER = ([*range(ord("a"), ord("z") + 1)] + [*range(ord("0"), ord("9") + 1)] + [*range(ord("A"), ord("Z") + 1)]
                + [0x20] + [b for b in range(0x21, 0x7F) if not chr(b).isalnum()] + [0x0A, 0x09]
                + [b for b in range(256) if b < 0x20 and b not in (0x0A, 0x09)] + [0x7F] + [*range(0x80, 0x100)])
+
+
+def _continuations(lx: Lexer, q: int) -> Iterator[tuple[int, int]]:
+    """(byte, next state) for each byte that extends the pending lexeme of q without ending it, readable bytes
+    first (the order of generated fillers)."""
+    lx.expand(q)
+    T, E = lx.T[q], lx.E[q]
+    for b in _BYTE_ORDER:
+        y = int(T[b])
+        if y != DEAD and E[b] == -1:
+            yield b, y
 
 
 class CompiledGrammar:
@@ -126,11 +138,8 @@ class CompiledGrammar:
                         seen[y] = path + data
                         dq.append(y)
                 continue
-            lx.expand(x)
-            T, E = lx.T[x], lx.E[x]
-            for b in _BYTE_ORDER:
-                y = int(T[b])
-                if y != DEAD and E[b] == -1 and y not in seen:
+            for b, y in _continuations(lx, x):
+                if y not in seen:
                     seen[y] = path + bytes([b])
                     dq.append(y)
         return out, sep
@@ -150,11 +159,8 @@ class CompiledGrammar:
             et = lx.lexeme_type(x)
             if et >= -1 and et not in out and x != START:
                 out[et] = (path, x)
-            lx.expand(x)
-            T, E = lx.T[x], lx.E[x]
-            for b in _BYTE_ORDER:
-                y = int(T[b])
-                if y != DEAD and E[b] == -1 and y not in seen:
+            for b, y in _continuations(lx, x):
+                if y not in seen:
                     seen[y] = path + bytes([b])
                     dq.append(y)
         r = sorted(((t, p, s) for t, (p, s) in out.items()), key=lambda x: len(x[1]))
