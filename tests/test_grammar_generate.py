@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import lark
 import pytest
+from lark_reference import lark_accepts
 
 import dllm_constrain as dc
 from dllm_constrain.errors import ConstraintTooLongError, DllmConstrainError, InvalidGrammarError, InvalidRequestError
@@ -19,11 +20,7 @@ def llm():
 
 
 def parses(grammar: str, text: str) -> bool:
-    try:
-        lark.Lark(load_grammar(grammar), parser="lalr", lexer="basic").parse(text)
-        return True
-    except lark.exceptions.LarkError:
-        return False
+    return lark_accepts(lark.Lark(load_grammar(grammar), parser="lalr", lexer="basic"), text)
 
 
 @pytest.mark.parametrize("name", list_grammars())

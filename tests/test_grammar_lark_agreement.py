@@ -14,6 +14,7 @@ import lark
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lark_reference import lark_accepts
 
 from dllm_constrain.constraints import TokenizerInfo
 from dllm_constrain.constraints.cfg import GrammarCompiler
@@ -30,14 +31,6 @@ def byte_info() -> TokenizerInfo:
 
 def ids(text: str) -> list[int]:
     return [b + 2 for b in text.encode("utf-8")]
-
-
-def lark_accepts(lk: lark.Lark, text: str) -> bool:
-    try:
-        lk.parse(text)
-        return True
-    except lark.exceptions.LarkError:
-        return False
 
 
 # ------------------------------------------------------------------------- first-match terminals

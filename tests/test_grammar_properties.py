@@ -17,6 +17,7 @@ import lark
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lark_reference import lark_accepts
 
 from dllm_constrain.constraints import TokenizerInfo
 from dllm_constrain.constraints.cfg import GrammarCompiler
@@ -75,12 +76,7 @@ def decode(info: TokenizerInfo, canvas: list[int]) -> str:
 def lark_ok(lk: lark.Lark, text: str, cache: dict) -> bool:
     r = cache.get(text)
     if r is None:
-        try:
-            lk.parse(text)
-            r = True
-        except lark.exceptions.LarkError:
-            r = False
-        cache[text] = r
+        r = cache[text] = lark_accepts(lk, text)
     return r
 
 
