@@ -48,24 +48,29 @@ def _branch(schema: dict[str, Any]) -> Any:
     return None
 
 
-def _sketch(schema: Any, root: Any, depth: int) -> str:
-    """'{k1, k2?}' for objects, '[...]' for arrays, '' for anything else."""
+def _sketch(schema: Any, root: Any, depth: int, room: list[int]) -> str:
+    """'{k1, k2?}' for objects, '[...]' for arrays, '' for anything else. `room` is the characters left of the
+    budget: once it runs out nothing more is expanded, so a wide, deep or self-referencing schema costs time
+    in proportion to the budget, not to its size."""
     schema = _resolve(schema, root)
-    if not isinstance(schema, dict) or depth > _MAX_DEPTH:
+    if not isinstance(schema, dict) or depth > _MAX_DEPTH or room[0] <= 0:
         return ""
     props = schema.get("properties")
     if isinstance(props, dict) and props:
         required = schema.get("required") if isinstance(schema.get("required"), list) else []
         items = []
         for name, sub in props.items():
-            items.append(f"{name}{'' if name in required else '?'}{_sketch(sub, root, depth + 1)}")
+            if room[0] <= 0:
+                break
+            room[0] -= len(str(name)) + 3
+            items.append(f"{name}{'' if name in required else '?'}{_sketch(sub, root, depth + 1, room)}")
         return "{" + ", ".join(items) + "}"
     items_schema = schema.get("items")
     if isinstance(items_schema, (dict, bool)) or "prefixItems" in schema:
-        inner = _sketch(items_schema, root, depth + 1) if isinstance(items_schema, dict) else ""
+        inner = _sketch(items_schema, root, depth + 1, room) if isinstance(items_schema, dict) else ""
         return f"[{inner}]"
     branch = _branch(schema)
-    return _sketch(branch, root, depth) if branch is not None else ""
+    return _sketch(branch, root, depth + 1, room) if branch is not None else ""
 
 
 def schema_sketch(schema: Any, budget: int = SKETCH_BUDGET) -> str:
@@ -74,7 +79,7 @@ def schema_sketch(schema: Any, budget: int = SKETCH_BUDGET) -> str:
     type ('string', 'array[...]', ...) or 'any'. Never raises for a well-formed JSON value."""
     if isinstance(schema, str):
         schema = json.loads(schema)
-    text = _sketch(schema, schema, 0)
+    text = _sketch(schema, schema, 0, [budget])
     if text.startswith("{"):
         text = text[1:-1]
     elif not text:

@@ -57,3 +57,10 @@ def test_sketch_never_raises_and_stays_within_budget(value):
     sketch = schema_sketch(value if isinstance(value, (dict, bool)) else {"anyOf": [value]})
     assert isinstance(sketch, str) and len(sketch) <= SKETCH_BUDGET
     json.dumps(sketch)
+
+
+def test_self_referencing_and_very_wide_schemas_are_sketched_quickly():
+    wide = {"type": "object", "properties": {f"k{i}": {"$ref": "#"} for i in range(200)}}
+    cyclic = {"anyOf": [{"$ref": "#"}, {"properties": {"a": {"$ref": "#"}}}]}
+    assert len(schema_sketch(wide)) <= SKETCH_BUDGET
+    assert schema_sketch(cyclic).startswith("a")
