@@ -29,6 +29,18 @@ Sound narrowings (outputs stay valid; some valid instances are not producible):
   classification differs between the readings are not generated;
 * numbers near a strict bound (or any bound beyond 2**53) or near an excluded number, within the rounding
   margin of a double (numeric.float_margin), are not generated.
+
+Layout (a schema flows top to bottom; no module below `compiler` imports it, each receives the compiler as
+a `context.LoweringContext`):
+* options, inputs: SchemaOptions; the forms a schema may be given in;
+* keywords, unknown: the vocabulary (types, annotations, refused keywords); keywords outside it;
+* refs, validation: $ref / $id / $anchor resolution and recursion counts; instance checks by jsonschema;
+* ir, algebra, oneof: the typed intermediate form (Conjunction, Negation, Exclusion), the merge of a
+  conjunction, `not` as a positive schema, oneOf branches made disjoint;
+* applicators: $ref, dependentSchemas, allOf/anyOf/oneOf/not/if distributed into conjunctions;
+* lower_scalars, lower_strings, lower_arrays, lower_objects: a Conjunction's language per JSON type
+  (json_text and patterns serve them);
+* compiler: SchemaCompiler (memo, per-type dispatch) and schema_to_regex_ast.
 """
 from .compiler import SchemaCompiler, schema_to_regex_ast
 from .inputs import normalize_schema_input

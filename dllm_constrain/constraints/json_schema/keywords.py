@@ -2,6 +2,10 @@
 ones apply to which JSON type, which are refused, and where subschemas stand."""
 from __future__ import annotations
 
+from typing import Any
+
+from ...errors import InvalidSchemaError, UnsupportedSchemaError
+
 ANNOTATIONS = frozenset({
     "title", "description", "examples", "default", "$schema", "$id", "id", "$comment", "deprecated", "readOnly",
     "writeOnly", "contentMediaType", "contentEncoding", "contentSchema", "$anchor", "$dynamicAnchor",
@@ -51,3 +55,28 @@ NEGATED_BOUND = {
     "minItems": ("array", "maxItems", -1), "maxItems": ("array", "minItems", 1),
     "minProperties": ("object", "maxProperties", -1), "maxProperties": ("object", "minProperties", 1),
 }
+
+
+def type_set(t: Any, path: str) -> set[str]:
+    """The JSON types a `type` value names ("any", draft 3, names all)."""
+    if isinstance(t, str):
+        t = [t]
+    if not isinstance(t, list) or not t:
+        raise InvalidSchemaError(f"'type' at {path} must be a string or a non-empty array")
+    out = set()
+    for x in t:
+        if x == "any":
+            out.update(ALL_TYPES)
+            continue
+        if x not in ALL_TYPES:
+            raise InvalidSchemaError(f"unknown type {x!r} at {path}")
+        out.add(x)
+    return out
+
+
+def refuse_unsupported(s: dict, path: str) -> None:
+    """UnsupportedSchemaError for a specification keyword we never honour. (Keywords outside the
+    vocabularies are reported or refused before compiling: see unknown_keywords.)"""
+    for k in s:
+        if k in KNOWN_UNSUPPORTED:
+            raise UnsupportedSchemaError(k, path)
