@@ -17,6 +17,7 @@ from typing import Any
 
 from dllm_constrain.api import LLM, GenerationResult, _resolve_llm
 from dllm_constrain.engine.outputs import StreamUpdate
+from dllm_constrain.engine.state import SamplingParams
 from dllm_constrain.engine_loop import CallHandle
 from dllm_constrain.errors import InvalidRequestError
 
@@ -62,10 +63,11 @@ class AsyncLLM:
                                       "(gather several generate() calls for many)")
         return prompt
 
-    async def generate(self, prompt: str, **options: Any) -> GenerationResult:
-        """The GenerationResult for one prompt (options as for `LLM.generate`, `progress` included: it is called
-        on the engine loop thread). Raises the same typed errors."""
-        handle = self.llm.submit(self._single(prompt), **options)
+    async def generate(self, prompt: str, sampling_params: SamplingParams | None = None,
+                       **options: Any) -> GenerationResult:
+        """The GenerationResult for one prompt (sampling_params and options as for `LLM.generate`, routed the
+        same way; `progress` is called on the engine loop thread). Raises the same typed errors."""
+        handle = self.llm.submit(self._single(prompt), sampling_params, **options)
         try:
             [result] = await _await_handle(handle, asyncio.get_running_loop())
         except asyncio.CancelledError:
@@ -73,7 +75,8 @@ class AsyncLLM:
             raise
         return result
 
-    async def stream(self, prompt: str, **options: Any) -> AsyncIterator[str]:
+    async def stream(self, prompt: str, sampling_params: SamplingParams | None = None,
+                     **options: Any) -> AsyncIterator[str]:
         """Text deltas of the answer's committed left prefix as it grows (only complete UTF-8 characters, never
         revised); their concatenation is the final `GenerationResult.text`. Raises the request's error."""
         from dllm_constrain.serve.streaming import CommittedText
@@ -87,7 +90,7 @@ class AsyncLLM:
             except RuntimeError:
                 pass
 
-        handle = self.llm.submit(self._single(prompt), on_stream=on_stream, **options)
+        handle = self.llm.submit(self._single(prompt), sampling_params, on_stream=on_stream, **options)
         done = _await_handle(handle, loop)
         done.add_done_callback(lambda _: updates.put_nowait(_DONE))
         text = CommittedText()

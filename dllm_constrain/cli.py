@@ -12,12 +12,15 @@ import json
 import os
 import shutil
 import sys
+import typing
 from collections.abc import Sequence
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, TextIO
 
+from dllm_constrain.engine.config import KV_CACHE_MODES, REFRESH_MODES, EngineConfig
 from dllm_constrain.engine.llm_engine import StepEvent
-from dllm_constrain.engine.state import POLICY_NAMES
+from dllm_constrain.engine.state import POLICY_NAMES, SamplingParams
 from dllm_constrain.errors import DllmConstrainError, InvalidSchemaError
 
 OPEN = "░"
@@ -53,25 +56,65 @@ def load_schema_arg(value: str) -> Any:
         raise InvalidSchemaError(f"--schema: {what}: {_json_error(exc)}") from None
 
 
+# Flags named after the fields they set (--max-new-tokens -> SamplingParams.max_new_tokens): the help text says
+# what the field is; type and default come from the dataclass, and an unset flag leaves the field's default.
+CHECKPOINT_DEFAULT = "the checkpoint's generation_config.json, else {}"
+SAMPLING_FLAGS: dict[str, str] = {
+    "max_new_tokens": "canvas length",
+    "steps": "denoising steps (none: one per token)",
+    "block_length": "semi-autoregressive block length",
+    "policy": "commit policy",
+    "threshold": "confidence threshold for --policy threshold",
+    "entropy_bound": "gamma for --policy entropy_bound",
+    "temperature": "sampling temperature (0 = greedy)",
+    "seed": "random seed (none: a fresh one)",
+    "timeout": "seconds after which the request ends with an error (none: no limit)",
+    "constraint_timeout": "seconds each constraint call may take",
+}
+ENGINE_FLAGS: dict[str, str] = {
+    "kv_cache": "KV reuse across steps",
+    "refresh": "when the KV cache is refreshed inside a block",
+    "keep_ratio": "< 1: Reuse steps attend to this share of the most salient cached keys per head",
+    "logits_budget_bytes": "transient logits workspace (none: from free device memory)",
+}
+CHOICES: dict[str, Sequence[str]] = {"policy": POLICY_NAMES, "kv_cache": KV_CACHE_MODES, "refresh": REFRESH_MODES}
+CHECKPOINT_FIELDS = ("max_new_tokens", "steps", "block_length", "policy", "threshold")
+
+
+def _flag_type(cls: type, name: str) -> Any:
+    """The argparse type of a dataclass field: its annotation without None (int, float or str)."""
+    hint = typing.get_type_hints(cls)[name]
+    kinds = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
+    return kinds[0]
+
+
+def _add_field_flags(p: argparse.ArgumentParser, cls: type, helps: dict[str, str], engine: bool) -> None:
+    for f in fields(cls):
+        if f.name not in helps:
+            continue
+        default = "none" if f.default is None or f.default is MISSING else f.default
+        said = ("the engine's" if engine else CHECKPOINT_DEFAULT.format(default) if f.name in CHECKPOINT_FIELDS
+                else default)
+        p.add_argument("--" + f.name.replace("_", "-"), type=_flag_type(cls, f.name), default=None,
+                       choices=CHOICES.get(f.name), help=f"{helps[f.name]} (default: {said})")
+
+
+def field_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The SamplingParams and EngineConfig fields the flags set (unset flags are left out)."""
+    names = [*SAMPLING_FLAGS, *ENGINE_FLAGS]
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dllm_constrain",
                                 description="Generate (structured) text with a diffusion language model.")
     p.add_argument("prompt", help="the request text")
     p.add_argument("--schema", help="JSON Schema: a file path or inline JSON")
     p.add_argument("--regex", help="a regular expression the answer must match")
+    p.add_argument("--grammar", help="a Lark grammar: a shipped name, a .lark path or grammar text")
     p.add_argument("--model", help="checkpoint folder (default: the bundled model)")
-    p.add_argument("--max-new-tokens", type=int, default=None,
-                   help="canvas length (default: the checkpoint's generation_config.json, else 128)")
-    p.add_argument("--steps", type=int, default=None, help="denoising steps (default: one per token)")
-    p.add_argument("--block-length", type=int, default=None,
-                   help="semi-autoregressive block length (default: the checkpoint's, else 32)")
-    p.add_argument("--policy", choices=POLICY_NAMES, default=None,
-                   help="commit policy (default: the checkpoint's generation_config.json, else quota)")
-    p.add_argument("--threshold", type=float, default=None,
-                   help="confidence threshold for --policy threshold (default: the checkpoint's, else 0.9)")
-    p.add_argument("--entropy-bound", type=float, default=0.1, help="gamma for --policy entropy_bound")
-    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
-    p.add_argument("--seed", type=int, default=None, help="random seed")
+    _add_field_flags(p, SamplingParams, SAMPLING_FLAGS, engine=False)
+    _add_field_flags(p, EngineConfig, ENGINE_FLAGS, engine=True)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--device", default=None,
                    help="where the model runs: cpu, cuda or cuda:N (default: cuda when available, else cpu)")
@@ -149,12 +192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if show:
             display = CanvasDisplay(llm.engine.decode, sys.stderr)
             display.eos_id = llm.model.special.eos_id
-        (result,) = llm.generate(
-            [args.prompt], schema=schema, regex=args.regex, max_new_tokens=args.max_new_tokens,
-            steps=args.steps, block_length=args.block_length, temperature=args.temperature, seed=args.seed,
-            policy=args.policy, threshold=args.threshold, entropy_bound=args.entropy_bound, progress=display,
-        )
-    except (DllmConstrainError, NotImplementedError) as exc:
+        (result,) = llm.generate([args.prompt], schema=schema, regex=args.regex, grammar=args.grammar,
+                                 progress=display, **field_options(args))
+    except DllmConstrainError as exc:
         if display is not None:
             display.close()
         print("error: " + " ".join(str(exc).split("\n")), file=sys.stderr)

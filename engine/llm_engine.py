@@ -31,7 +31,7 @@ Threading: the engine is single-threaded; a server drives `step()` from one thre
 `abort` calls through a queue (the loop state lives in `_Loop`, no global state).
 
 Block-diffusion models (DiffusionGemma: `encode_prompt`, `init_canvas`, `denoise_step`, `advance`,
-`extend_prompt`, `noise`) run the same per-request logic in lockstep blocks (`_generate_blocks`): the prompt
+`extend_prompt`, `noise`) run the same per-request logic in lockstep blocks (`engine.block_diffusion`): the prompt
 is encoded once into a KV cache; each block of `block_length` positions is denoised by the canvas decoder
 alone, open positions holding fresh uniform noise drawn from each request's own generator every step (the
 re-noising of the entropy-bound sampler; under a constraint, the previous step's samples of the masked
@@ -60,6 +60,7 @@ from typing import Any
 import torch
 
 from dllm_constrain.constraints.protocol import fill_token_bitmask
+from dllm_constrain.engine.block_diffusion import generate_blocks, is_block_diffusion
 from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.logits import LogitsPath
 from dllm_constrain.engine.model_runner import ForwardStats, ModelRunner
@@ -200,7 +201,7 @@ class LLMEngine:
             canvas=torch.full((n,), self.special.mask_id, dtype=torch.long),
             committed=torch.zeros(n, dtype=torch.bool),
             generator=generator,
-            constraint=request.constraint,
+            constraint=request.constraint_state(),  # made for this canvas (max_new_tokens)
         )
         hook = getattr(self.model, "init_request_state", None)
         if callable(hook):
@@ -346,7 +347,7 @@ class LLMEngine:
             for s in states:
                 s.start_time = t0
             self._setup_call(call_config)
-            self._generate_blocks(states, [make_policy(s.params) for s in states], progress)
+            generate_blocks(self, states, [make_policy(s.params) for s in states], progress)
             return [self._result(s, self.runner) for s in states]
         loop = self._new_loop(call_config, self.scheduler_config)
         states = []
@@ -382,59 +383,6 @@ class LLMEngine:
         self._denoise(s, policy, hidden, offset, logits_path)
         s.block_step += 1
         self._settle(s)
-
-    def _generate_blocks(self, states: list[RequestState], policies: list[CommitPolicy],
-                         progress: ProgressCallback | None) -> None:
-        """Lockstep block diffusion for models with a prompt cache and a canvas decoder (DiffusionGemma)."""
-        model = self.model
-        first = states[0].params
-        for s in states:
-            if (s.params.max_new_tokens, s.params.block_length) != (first.max_new_tokens, first.block_length):
-                raise InvalidRequestError("a block-diffusion batch needs one max_new_tokens and block_length "
-                                          "for all its requests")
-        width = max(len(s.prompt_ids) for s in states)
-        ids = torch.full((len(states), width), self.special.pad_id, dtype=torch.long)
-        kpm = torch.zeros((len(states), width), dtype=torch.bool)
-        for b, s in enumerate(states):
-            ids[b, width - len(s.prompt_ids):] = torch.tensor(s.prompt_ids, dtype=torch.long)
-            kpm[b, width - len(s.prompt_ids):] = True
-        prompt = model.encode_prompt(ids, kpm)
-        for block in range(first.num_blocks):
-            start, end = first.block_bounds(block)
-            canvas = model.init_canvas(prompt, end - start)
-            sc_logits = None
-            while True:
-                for s in states:
-                    if not s.done and s.block == block:
-                        self._prepare_step(s)
-                active = [b for b, s in enumerate(states) if not s.done and s.block == block]
-                if not active:
-                    break
-                rows = [self._noised_block(s, start, end) for s in states]
-                tokens = torch.stack(rows).to(canvas.canvas.device)
-                model.advance(canvas, tokens, torch.ones_like(tokens, dtype=torch.bool),
-                              self_conditioning_logits=sc_logits)
-                out = model.denoise_step(canvas)
-                for b in active:
-                    self._after_forward(states[b], policies[b], out.hidden[b], -start, self.logits_path)
-                temperature = first.temperature
-                sc_logits = (out.logits / temperature if temperature > 0 else out.logits).to(out.hidden.dtype)
-                if progress is not None:
-                    progress(self._event(states))
-            if all(s.done for s in states):
-                return
-            model.extend_prompt(prompt, torch.stack([s.canvas[start:end] for s in states]).to(ids.device))
-
-    def _noised_block(self, s: RequestState, start: int, end: int) -> torch.Tensor:
-        """The decoder input for one request's block: committed ids, fresh noise from its generator elsewhere.
-
-        Under a constraint, open positions sampled at the previous step take that sample of the masked
-        (constrained) distribution instead of uniform noise."""
-        noise = self.model.noise((end - start,), s.generator, s.generator.device).cpu()  # the canvas is on the CPU
-        for pos, tok in s.model_state.get("masked_samples", {}).items():
-            if start <= pos < end:
-                noise[pos - start] = tok
-        return torch.where(s.committed[start:end], s.canvas[start:end], noise)
 
     # ------------------------------------------------------------------ pieces of a step
     def _check_step_bound(self, s: RequestState) -> None:
@@ -495,7 +443,7 @@ class LLMEngine:
         self._renoise(s, renoise + sorted(rejected))
         if s.constraint is not None:
             # uniform-state models re-noise open positions with samples of the masked distribution, so the
-            # decoder never conditions on tokens the constraint rules out (see _noised_block)
+            # decoder never conditions on tokens the constraint rules out (see block_diffusion.noised_block)
             s.model_state["masked_samples"] = {positions[r]: int(stats.token[r]) for r in range(len(positions))
                                                if int(stats.token[r]) >= 0 and not bool(s.committed[positions[r]])}
 
@@ -611,10 +559,3 @@ class LLMEngine:
             refreshes=runner.refreshes.get(s.index, s.nfe) if runner.cached else s.nfe,
             error=s.error,
         )
-
-
-def is_block_diffusion(model: Any) -> bool:
-    """Models with a prompt cache and a separate canvas decoder (DiffusionGemma) run `_generate_blocks`."""
-    return all(callable(getattr(model, name, None))
-               for name in ("encode_prompt", "init_canvas", "denoise_step", "advance", "extend_prompt", "noise"))
-

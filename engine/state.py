@@ -1,4 +1,10 @@
-"""What one request is: its inputs (`Request`, `SamplingParams`) and its evolving canvas (`RequestState`).
+"""What one request is: its inputs (`Request`, `SamplingParams` with its `OutputConstraint`) and its evolving
+canvas (`RequestState`).
+
+The dataclass field defaults here are the one place the per-request defaults live (the API routes its keyword
+arguments onto these fields by name; a checkpoint's generation_config.json may override some, see
+`dllm_constrain.api.GenerationDefaults`). The canvas length is stated once, as `max_new_tokens`: a request's
+constraint state is made from its compiled constraint for that length (`Request.constraint_state`).
 
 The canvas is the answer region only (length max_new_tokens). `committed[i]` says whether position i is
 final; an open position holds `mask_id` (or, for uniform-state models, a noise token the model overwrites).
@@ -15,10 +21,58 @@ from typing import Any
 
 import torch
 
+from dllm_constrain.constraints.canvas import DEFAULT_CALL_TIMEOUT_S
+from dllm_constrain.constraints.compiler import Compiled, new_request_state
 from dllm_constrain.constraints.protocol import CanvasConstraint
 from dllm_constrain.errors import InvalidRequestError
 
 POLICY_NAMES = ("quota", "threshold", "entropy", "margin", "entropy_bound")
+
+# JSON Schema options for generation (like xgrammar's strict_mode): an object schema that does not say
+# `additionalProperties` gets no undeclared properties, a schema without `type` produces the types its
+# keywords imply, undeclared property names (where the schema allows them) are never empty, properties come in
+# their declared order (what a model asked for the schema writes; any-order member sets make the canvas
+# explore many more states: docs/constraints.md, Figures), integers are written without ".0" and free-form
+# values nest at most 3 levels (6 for the spec semantics: deeper free-form values cost the canvas states).
+# All are sound narrowings; `strict=False` compiles with the specification's defaults.
+STRICT_SCHEMA_OPTIONS: dict[str, Any] = {"additional_properties": "forbid", "untyped_types": "inferred",
+                                         "additional_names": "nonempty", "property_order": "declared",
+                                         "integer_zero_fraction": "never", "any_json_depth": 3}
+
+
+@dataclass(frozen=True)
+class OutputConstraint:
+    """What a request's answer must match: at most one of a JSON Schema (as a dict), a regex pattern or Lark
+    grammar text, and how to compile it. The front end (dllm_constrain.api) checks and normalises the user's
+    value (output-type objects, JSON strings, shipped grammar names) before it lands here.
+
+    strict: compile a JSON Schema with STRICT_SCHEMA_OPTIONS (False: the specification's semantics);
+    schema_options: `json_schema.SchemaOptions` fields overriding either; whitespace: the SchemaOptions field;
+    compile_timeout: seconds for compiling (None: the compiler's default, 10 s)."""
+
+    schema: Any = None
+    regex: str | None = None
+    grammar: str | None = None
+    whitespace: str | None = None
+    strict: bool = True
+    schema_options: dict[str, Any] | None = None
+    compile_timeout: float | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.schema is None and self.regex is None and self.grammar is None
+
+    def compile_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of `ConstraintCompiler.compile` for this constraint."""
+        limit = {} if self.compile_timeout is None else {"timeout_s": self.compile_timeout}
+        if self.regex is not None:
+            return {"regex": self.regex, **limit}
+        if self.grammar is not None:
+            return {"grammar": self.grammar}
+        options = {**(STRICT_SCHEMA_OPTIONS if self.strict else {}), **(self.schema_options or {})}
+        if self.whitespace is not None:
+            options["whitespace"] = self.whitespace
+        return {"schema": self.schema, **options, **limit}
 
 
 @dataclass(frozen=True)
@@ -40,6 +94,10 @@ class SamplingParams:
     threshold: float = 0.9
     entropy_bound: float = 0.1
     timeout: float | None = None  # seconds from arrival after which the request ends with GenerationTimeoutError
+    constraint: OutputConstraint | None = None  # compiled by the front end (LLM), see Request.constraint
+    # seconds each constraint call of the request may take (masks, joint verification, completability, the fit
+    # check; None: unbounded); past it a call answers soundly or the request ends with ConstraintTimeoutError
+    constraint_timeout: float | None = DEFAULT_CALL_TIMEOUT_S
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the first bad field."""
@@ -63,6 +121,11 @@ class SamplingParams:
             raise InvalidRequestError(f"timeout must be a number of seconds > 0 (or None), got {self.timeout!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise InvalidRequestError(f"seed must be an integer or None, got {self.seed!r}")
+        if self.constraint_timeout is not None and (
+                not isinstance(self.constraint_timeout, (int, float)) or isinstance(self.constraint_timeout, bool)
+                or not self.constraint_timeout > 0):
+            raise InvalidRequestError(f"constraint_timeout must be a number of seconds > 0 (or None), "
+                                      f"got {self.constraint_timeout!r}")
 
     @property
     def num_blocks(self) -> int:
@@ -88,11 +151,30 @@ class SamplingParams:
 
 @dataclass
 class Request:
-    """One generation request: prompt token ids, how to sample, and an optional canvas constraint."""
+    """One generation request: prompt token ids, how to sample, and an optional constraint: a compiled one
+    (`constraints.compiler.Compiled`; the engine makes its canvas state for `params.max_new_tokens`) or a
+    canvas state made beforehand (its length must then be `params.max_new_tokens`)."""
 
     prompt_ids: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
-    constraint: CanvasConstraint | None = None
+    constraint: Compiled | CanvasConstraint | None = None
+
+    def constraint_state(self) -> CanvasConstraint | None:
+        """The request's canvas constraint for its canvas (raises ConstraintTooLongError when nothing fits,
+        InvalidRequestError for a state made for another length or an uncompiled OutputConstraint)."""
+        c, n = self.constraint, self.params.max_new_tokens
+        if c is None:
+            if self.params.constraint is not None and not self.params.constraint.empty:
+                raise InvalidRequestError("SamplingParams.constraint is compiled by the front end (LLM.generate); "
+                                          "give the engine the compiled constraint as Request.constraint")
+            return None
+        if isinstance(c, Compiled):
+            return new_request_state(c, n, self.params.constraint_timeout)
+        made_for = getattr(c, "n", None)  # the canvas length the state was made for (CanvasState, grammar states)
+        if isinstance(made_for, int) and made_for != n:
+            raise InvalidRequestError(f"the constraint state was made for a canvas of {made_for} positions, the "
+                                      f"request's max_new_tokens is {n}: pass the compiled constraint instead")
+        return c
 
 
 @dataclass

@@ -88,8 +88,9 @@ def main(argv: list[str] | None = None) -> int:
                     from dllm_constrain.api import bundled_model_path
 
                     if not (bundled_model_path() / "config.json").is_file():
-                        print("error: --generate needs a model: the bundled model is not there yet "
-                              "(train it with `python -m dllm_constrain.train`) - pass --model PATH", file=sys.stderr)
+                        print("error: --generate needs a model: no bundled model is installed (config.json "
+                              "missing; train it with `python -m dllm_constrain.train`) - pass --model PATH",
+                              file=sys.stderr)
                         return 2
                 else:
                     model = str(Path(model).resolve())

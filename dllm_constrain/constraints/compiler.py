@@ -1,8 +1,16 @@
-"""ConstraintCompiler -> CompiledConstraint -> CanvasState (one per request).
+"""ConstraintCompiler.compile(schema= | regex= | grammar=) -> Compiled -> CanvasConstraint (one per request).
 
-Compilation is cached per (constraint, options, tokenizer): a module-level LRU keyed by the tokenizer's
-fingerprint, so two compilers over the same tokenizer share results, and compiling the same constraint
-twice costs a dictionary lookup. Errors are cached too (re-raised as-is).
+One entry: `ConstraintCompiler.compile` normalises the constraint once (`ConstraintKey`: the kind, the schema
+as a dict / the pattern / the grammar text, and the options) and looks it up in ONE bounded LRU per process
+(`COMPILE_CACHE`, a `CompileCache`), keyed by the tokenizer's fingerprint and that normalised constraint, so
+two compilers over the same tokenizer share results and compiling the same constraint twice costs a dictionary
+lookup. Refusals are cached too (re-raised as-is); a compilation timeout is not (a later try may have more
+time). `compile_regex`, `compile_json_schema` and `compile_grammar` are the per-kind builders it calls
+(uncached, for benchmarks and tests that want a fresh compilation).
+
+Both compiled kinds (`CompiledConstraint`: regular languages; `cfg.CompiledGrammar`: Lark grammars) satisfy
+the `Compiled` protocol; `new_request_state(compiled, canvas_len, timeout_s)` makes a request's canvas state,
+the canvas length given once (the engine passes the request's `SamplingParams.max_new_tokens`).
 """
 from __future__ import annotations
 
@@ -10,11 +18,22 @@ import gc
 import json
 import threading
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..errors import ConstraintTimeoutError, ConstraintTooLongError, InvalidRegexError, UnsatisfiableSchemaError
+from ..errors import (
+    CompilationTimeoutError,
+    ConstraintError,
+    ConstraintTimeoutError,
+    ConstraintTooLongError,
+    InvalidGrammarError,
+    InvalidRegexError,
+    InvalidRequestError,
+    UnsatisfiableSchemaError,
+)
 from . import regex_ast as A
 from .canvas import DEFAULT_CALL_TIMEOUT_S, CanvasState, SetAlgebra
 from .deadline import CallDeadline, Deadline, activate
@@ -164,7 +183,7 @@ class CompiledConstraint:
         the state (and of the fit check here; None: unbounded), see "Time bounds" in docs/constraints.md."""
         canvas_len = int(canvas_len)
         if canvas_len <= 0:
-            raise ValueError("canvas_len must be positive")
+            raise InvalidRequestError(f"the canvas length must be a positive integer, got {canvas_len}")
         if not self.fits(canvas_len, timeout_s):
             raise ConstraintTooLongError(max(self.min_tokens(timeout_s), canvas_len + 1), canvas_len)
         return CanvasState(self.algebra, canvas_len, self.mask_id, self.vocab_size, expand_budget, expand_time_s,
@@ -225,108 +244,213 @@ class LeftToRightMatcher:
         return self.ended or bool(self.cc.dfa.accepting[self.state])
 
 
-# ---------------------------------------------------------------------------------- compiler
-_CACHE: OrderedDict = OrderedDict()
-_CACHE_LOCK = threading.Lock()
-_CACHE_MAX = 64  # compiled constraints hold their automata (up to tens of MB for huge schemas)
+# ---------------------------------------------------------------------------------- one compiled type
+@runtime_checkable
+class Compiled(Protocol):
+    """What the engine needs of every compiled constraint (`CompiledConstraint` and `cfg.CompiledGrammar`): the
+    fewest tokens of an accepted text, and a request's canvas state for a canvas length. Both kinds also offer
+    `tokenizer_info`, `accepts_text(text)` and `accepts_tokens(ids)`."""
+
+    def min_tokens(self) -> int: ...
+
+    def new_canvas_state(self, canvas_len: int) -> Any: ...
+
+
+def new_request_state(compiled: Any, canvas_len: int, timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S) -> Any:
+    """A request's canvas constraint for `canvas_len` positions (the request's max_new_tokens), refused with
+    ConstraintTooLongError when even the shortest accepted text does not fit. timeout_s bounds every call of
+    a regular constraint's state (the grammar states have their own expansion budgets)."""
+    limit = {"timeout_s": timeout_s} if isinstance(compiled, CompiledConstraint) else {}
+    min_tokens = int(compiled.min_tokens(**limit))
+    if min_tokens > canvas_len:
+        raise ConstraintTooLongError(min_tokens, canvas_len)
+    return compiled.new_canvas_state(canvas_len, **limit)
+
+
+# ---------------------------------------------------------------------------------- the one cache
+class CompileCache:
+    """A bounded LRU of compiled constraints (and of refusals, re-raised as-is) keyed by (tokenizer
+    fingerprint, normalised constraint). Compiled constraints hold their automata (up to tens of MB for huge
+    schemas), hence the bound. Thread-safe; a compilation runs outside the lock (two threads may compile the
+    same constraint at once; the later result replaces the earlier)."""
+
+    def __init__(self, maxsize: int = 64) -> None:
+        if not isinstance(maxsize, int) or maxsize < 1:
+            raise InvalidRequestError(f"a compile cache holds at least one entry, got maxsize={maxsize!r}")
+        self.maxsize = maxsize
+        self._lru: OrderedDict[Hashable, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def __contains__(self, key: Hashable) -> bool:
+        with self._lock:
+            return key in self._lru
+
+    def clear(self) -> None:
+        with self._lock:
+            self._lru.clear()
+
+    def get_or_build(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """The cached result for `key`, else `build()` stored under it (least recently used entries out)."""
+        with self._lock:
+            hit = self._lru.get(key)
+            if hit is not None:
+                self._lru.move_to_end(key)
+                self.hits += 1
+        if hit is None:
+            hit = _build_or_refusal(build)
+            with self._lock:
+                self.misses += 1
+                self._lru[key] = hit
+                self._lru.move_to_end(key)
+                while len(self._lru) > self.maxsize:
+                    self._lru.popitem(last=False)
+        if isinstance(hit, BaseException):
+            raise hit
+        return hit
+
+
+def _build_or_refusal(build: Callable[[], Any]) -> Any:
+    """build()'s result, or the constraint's refusal (a ConstraintError other than a timeout) to cache."""
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # compilation allocates many small acyclic objects: skip the cyclic collector
+    try:
+        return build()
+    except CompilationTimeoutError:
+        raise  # not cached: a later call with more time compiles again
+    except ConstraintError as e:
+        return e
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+COMPILE_CACHE = CompileCache(64)
 
 
 def clear_cache() -> None:
-    with _CACHE_LOCK:
-        _CACHE.clear()
+    """Forget every compiled constraint of this process."""
+    COMPILE_CACHE.clear()
 
 
+@dataclass(frozen=True)
+class ConstraintKey:
+    """A constraint normalised for compiling and caching: kind "regex" (the pattern), "json_schema" (the schema
+    as canonical JSON of its dict) or "grammar" (Lark text and start rule), with the options' key."""
+
+    kind: str
+    source: str
+    options: tuple[Any, ...] = ()
+
+
+def compile_constraint(builder: Any, fingerprint: str, cache: CompileCache | None, *, schema: Any = None,
+                       regex: str | None = None, grammar: str | None = None, start: str = "start",
+                       timeout_s: Any = _COMPILER_DEFAULT, whitespace: str = "compact",
+                       **schema_options: Any) -> Compiled:
+    """`ConstraintCompiler.compile` for any `builder` with the per-kind builders (compile_regex,
+    compile_json_schema, compile_grammar) over the tokenizer with `fingerprint`: the constraint normalised
+    once (`ConstraintKey`), looked up in `cache` (None: never cached), built on a miss. Entries are shared by
+    every ConstraintCompiler over the tokenizer; a builder of another kind (a substitute compiler) has its own."""
+    if sum(x is not None for x in (schema, regex, grammar)) != 1:
+        raise InvalidRequestError("compile takes exactly one of schema=, regex= and grammar=")
+    limit = {} if timeout_s is _COMPILER_DEFAULT else {"timeout_s": timeout_s}
+    build: Callable[[], Any]
+    if regex is not None:
+        if not isinstance(regex, str):
+            raise InvalidRegexError(f"regex must be a string, got {type(regex).__name__}")
+        key = ConstraintKey("regex", regex)
+        build = lambda: builder.compile_regex(regex, **limit)  # noqa: E731
+    elif grammar is not None:
+        if not isinstance(grammar, str):
+            raise InvalidGrammarError(f"grammar must be a string, got {type(grammar).__name__}")
+        key = ConstraintKey("grammar", grammar, (start,))
+        build = lambda: builder.compile_grammar(grammar, start)  # noqa: E731
+    else:
+        from .json_schema import SchemaOptions, normalize_schema_input
+
+        sch = normalize_schema_input(schema)
+        options = {"whitespace": whitespace, **schema_options}
+        src = json.dumps(sch, sort_keys=False, separators=(",", ":"), ensure_ascii=False, default=str)
+        key = ConstraintKey("json_schema", src, SchemaOptions.from_options(**options).key())
+        build = lambda: builder.compile_json_schema(sch, **options, **limit)  # noqa: E731
+    if cache is None:
+        result = _build_or_refusal(build)
+        if isinstance(result, BaseException):
+            raise result
+        return result
+    scope = fingerprint if isinstance(builder, ConstraintCompiler) else (fingerprint, builder)
+    return cache.get_or_build((scope, key), build)
+
+
+# ---------------------------------------------------------------------------------- compiler
 class ConstraintCompiler:
-    """Compiles regexes and JSON Schemas against one tokenizer (xgrammar's GrammarCompiler role)."""
+    """Compiles regexes, JSON Schemas and Lark grammars against one tokenizer (xgrammar's GrammarCompiler role).
+
+    `compile(schema= | regex= | grammar=)` is the entry (cached in `cache`: by default the process's
+    COMPILE_CACHE; False: never cached)."""
 
     def __init__(self, tokenizer_info: TokenizerInfo, timeout_s: float | None = DEFAULT_TIMEOUT_S,
-                 cache: bool = True):
+                 cache: bool | CompileCache = True):
         if not isinstance(tokenizer_info, TokenizerInfo):
             tokenizer_info = TokenizerInfo.from_tokenizer(tokenizer_info)
         self.tokenizer_info = tokenizer_info
         self.timeout_s = timeout_s
-        self.cache = cache
+        self.cache: CompileCache | None = (COMPILE_CACHE if cache is True else cache) if cache is not False else None
 
-    def _cached(self, key: tuple, build):
-        full_key = (self.tokenizer_info.fingerprint,) + key
-        if self.cache:
-            with _CACHE_LOCK:
-                hit = _CACHE.get(full_key)
-                if hit is not None:
-                    _CACHE.move_to_end(full_key)
-            if hit is not None:
-                if isinstance(hit, BaseException):
-                    raise hit
-                return hit
-        gc_was_enabled = gc.isenabled()
-        gc.disable()  # compilation allocates many small acyclic objects: skip the cyclic collector
-        try:
-            res = build()
-        except (InvalidRegexError, UnsatisfiableSchemaError) as e:
-            res = e
-        except Exception as e:
-            from ..errors import ConstraintError
-
-            if isinstance(e, ConstraintError) and not type(e).__name__ == "CompilationTimeoutError":
-                res = e
-            else:
-                raise
-        finally:
-            if gc_was_enabled:
-                gc.enable()
-        if self.cache:
-            with _CACHE_LOCK:
-                _CACHE[full_key] = res
-                if len(_CACHE) > _CACHE_MAX:
-                    _CACHE.popitem(last=False)
-        if isinstance(res, BaseException):
-            raise res
-        return res
+    def compile(self, *, schema: Any = None, regex: str | None = None, grammar: str | None = None,
+                start: str = "start", timeout_s: Any = _COMPILER_DEFAULT, whitespace: str = "compact",
+                **schema_options: Any) -> Compiled:
+        """The compiled constraint for exactly one of: a JSON Schema (dict, JSON string, Pydantic model class,
+        outlines type; `whitespace` and `schema_options` are `json_schema.SchemaOptions` fields), a full-match
+        regex (Python `re` syntax, regular subset) or Lark grammar text (`start`: its start rule; load shipped
+        names and .lark paths with dllm_constrain.grammars.load_grammar). timeout_s: this compilation's limit
+        (default: the compiler's; a timeout is not cached, a later call with more time compiles again)."""
+        return compile_constraint(self, self.tokenizer_info.fingerprint, self.cache, schema=schema, regex=regex,
+                                  grammar=grammar, start=start, timeout_s=timeout_s, whitespace=whitespace,
+                                  **schema_options)
 
     def _timeout(self, timeout_s: Any) -> float | None:
         return self.timeout_s if timeout_s is _COMPILER_DEFAULT else timeout_s
 
+    # ------------------------------------------------------------------ per-kind builders (uncached)
     def compile_regex(self, pattern: str, *, timeout_s: Any = _COMPILER_DEFAULT) -> CompiledConstraint:
-        """Full-match regex (Python `re` syntax, regular subset). timeout_s: this compilation's limit (default:
-        the compiler's; a timeout is not cached, a later call with more time compiles again)."""
+        """Compile a full-match regex now (no cache: `compile(regex=...)` is the cached entry). timeout_s: this
+        compilation's limit (default: the compiler's)."""
         if not isinstance(pattern, str):
             raise InvalidRegexError(f"regex must be a string, got {type(pattern).__name__}")
+        deadline = Deadline(self._timeout(timeout_s))
+        node = parse_regex(pattern).node
+        cc = CompiledConstraint("regex", pattern, node, self.tokenizer_info, deadline)
+        if cc.empty_language:
+            raise InvalidRegexError(f"regex {pattern!r} matches no string")
+        return cc
 
-        limit = self._timeout(timeout_s)
-
-        def build():
-            deadline = Deadline(limit)
-            node = parse_regex(pattern).node
-            cc = CompiledConstraint("regex", pattern, node, self.tokenizer_info, deadline)
-            if cc.empty_language:
-                raise InvalidRegexError(f"regex {pattern!r} matches no string")
-            return cc
-
-        return self._cached(("regex", pattern), build)
-
-    def compile_json_schema(self, schema, whitespace: str = "compact", *, timeout_s: Any = _COMPILER_DEFAULT,
-                            **options) -> CompiledConstraint:
-        """JSON Schema (dict, JSON string, pydantic model class, outlines type) -> CompiledConstraint.
-        Options: see `json_schema.SchemaOptions`. timeout_s: as in compile_regex."""
+    def compile_json_schema(self, schema: Any, whitespace: str = "compact", *, timeout_s: Any = _COMPILER_DEFAULT,
+                            **options: Any) -> CompiledConstraint:
+        """Compile a JSON Schema (dict, JSON string, pydantic model class, outlines type) now (no cache:
+        `compile(schema=...)` is the cached entry). Options: see `json_schema.SchemaOptions`."""
         from .json_schema import SchemaOptions, normalize_schema_input, schema_to_regex_ast
 
-        sch = normalize_schema_input(schema)
+        sch = normalize_schema_input(schema)  # a dict passes unchanged (compile() normalised it already)
         opts = SchemaOptions.from_options(whitespace=whitespace, **options)
-        key_src = json.dumps(sch, sort_keys=False, separators=(",", ":"), ensure_ascii=False, default=str)
+        deadline = Deadline(self._timeout(timeout_s))
+        ignored: list = []
+        node = schema_to_regex_ast(sch, opts, deadline, ignored=ignored)
+        cc = CompiledConstraint("json_schema", sch, node, self.tokenizer_info, deadline)
+        cc.ignored_keywords = tuple(ignored)
+        if cc.empty_language:
+            raise UnsatisfiableSchemaError("no JSON value satisfies the schema (within the supported bounds)")
+        return cc
 
-        limit = self._timeout(timeout_s)
+    def compile_grammar(self, grammar: str, start: str = "start") -> Compiled:
+        """Compile Lark grammar text now (no cache: `compile(grammar=...)` is the cached entry)."""
+        from .cfg import CompiledGrammar, load_spec
 
-        def build():
-            deadline = Deadline(limit)
-            ignored: list = []
-            node = schema_to_regex_ast(sch, opts, deadline, ignored=ignored)
-            cc = CompiledConstraint("json_schema", sch, node, self.tokenizer_info, deadline)
-            cc.ignored_keywords = tuple(ignored)
-            if cc.empty_language:
-                raise UnsatisfiableSchemaError("no JSON value satisfies the schema (within the supported bounds)")
-            return cc
-
-        return self._cached(("json_schema", key_src, opts.key()), build)
+        return CompiledGrammar(load_spec(grammar, start), self.tokenizer_info, grammar.strip()[:40] or "grammar")
 
     def compile_ast(self, node: A.Node, name: str = "ast") -> CompiledConstraint:
         """Compile a regex AST directly (no caching)."""

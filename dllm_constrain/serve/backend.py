@@ -52,6 +52,7 @@ class ConstraintSpec:
     strict: bool = True
 
     def generate_kwargs(self) -> dict[str, Any]:
+        """The OutputConstraint fields this constraint sets (keywords of `LLM.submit`, routed onto them)."""
         if self.kind == "schema":
             return {"schema": self.value, "strict": self.strict}
         return {self.kind: self.value}
@@ -309,14 +310,17 @@ class EngineBackend:
         self._cond.notify_all()
 
     def _launch(self, job: _Job) -> CallHandle:
+        """Submit the request through `LLM.submit`, whose keyword routing puts each field on its object
+        (SamplingParams: max_new_tokens, None being the checkpoint's canvas, temperature, seed; OutputConstraint:
+        the constraint's fields)."""
         request = job.handle.request
-        kwargs: dict[str, Any] = {"max_new_tokens": request.max_new_tokens, "temperature": request.temperature,
-                                  "seed": request.seed}
+        options: dict[str, Any] = {"max_new_tokens": request.max_new_tokens, "temperature": request.temperature,
+                                   "seed": request.seed}
         if request.constraint is not None:
-            kwargs.update(request.constraint.generate_kwargs())
-        if request.stream:
-            kwargs["on_stream"] = lambda index, update: self._stream(job, update)
-        return self.llm.submit(request.prompt, progress=lambda event: self._progress(job, event), **kwargs)
+            options.update(request.constraint.generate_kwargs())
+        on_stream = (lambda index, update: self._stream(job, update)) if request.stream else None
+        return self.llm.submit(request.prompt, on_stream=on_stream,
+                               progress=lambda event: self._progress(job, event), **options)
 
     def _finished(self, job: _Job, future: Any) -> None:
         """The request's call ended (on the engine loop thread): publish its answer or error, let the next one in."""

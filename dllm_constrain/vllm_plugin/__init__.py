@@ -6,8 +6,8 @@
   choice to the constraint layer instead of vLLM's grammar backend (routing.py).
 - `DllmConstrainLogitsProcessor` (logits_processor.py) is the V1 custom logits processor that applies
   the layer's per-position masks: `--logits-processors dllm_constrain.vllm_plugin:DllmConstrainLogitsProcessor`.
-- core.py is the vLLM-independent part: request specs, the compiled-constraint LRU (keyed by schema
-  text), the per-request canvas state.
+- core.py is the vLLM-independent part: request specs, the door to the compiler's one compile cache
+  (keyed by the normalised schema or regex), the per-request canvas state.
 
 Importing this package does not import vLLM. See docs/vllm.md for what is proven and what is not.
 """

@@ -11,14 +11,14 @@ import json
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from ..constraints import CompiledConstraint, ConstraintCompiler, TokenizerInfo
-from ..errors import CompilationTimeoutError, ConstraintError
+from ..constraints.compiler import COMPILE_CACHE, CompileCache
+from ..errors import ConstraintError
 from ..serve.constraint_fields import JSON_OBJECT_SCHEMA, choice_regex
 
 # vLLM configures handlers on its "vllm" logger; a child of it prints with vLLM's own format and level.
@@ -93,59 +93,43 @@ def tokenizer_info_for(tokenizer: Any, vocab_size: int, key: Any = None) -> Toke
 
 
 class ConstraintCache:
-    """LRU of compiled constraints keyed by (tokenizer fingerprint, kind, schema or regex text).
+    """The plugin's door to the compiler's cache: compiled constraints (and refusals) per (tokenizer
+    fingerprint, normalised schema or regex), in the process's one bounded LRU (`compiler.COMPILE_CACHE`), so
+    a schema vLLM compiles at admission (frontend) and again in the sampler's process costs one compilation
+    per process, and a bad schema sent twice is refused twice without a second one. `maxsize` gives this
+    door a store of its own (tests)."""
 
-    One per process: vLLM compiles at admission (frontend) and again in the sampler's process, each
-    once per distinct text. Failures are cached too, so a bad schema sent twice is refused twice
-    without a second compilation."""
-
-    def __init__(self, maxsize: int = 64):
-        self.maxsize = int(maxsize)
-        self._lru: OrderedDict = OrderedDict()
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
+    def __init__(self, maxsize: int | None = None) -> None:
+        self.store = COMPILE_CACHE if maxsize is None else CompileCache(maxsize)
 
     def __len__(self) -> int:
-        return len(self._lru)
+        return len(self.store)
+
+    @property
+    def hits(self) -> int:
+        return self.store.hits
+
+    @property
+    def misses(self) -> int:
+        return self.store.misses
 
     def get(self, info: TokenizerInfo, spec: dict, where: str = "") -> CompiledConstraint:
         check_spec(spec)
-        key = (info.fingerprint, spec["kind"], spec["source"])
-        with self._lock:
-            hit = self._lru.get(key)
-            if hit is not None:
-                self._lru.move_to_end(key)
-                self.hits += 1
-        if hit is not None:
-            if isinstance(hit, BaseException):
-                raise hit
-            return hit
-        t0 = time.perf_counter()
-        compiler = ConstraintCompiler(info)
-        res: CompiledConstraint | BaseException
+        compiler = ConstraintCompiler(info, cache=self.store)
+        t0, misses = time.perf_counter(), self.store.misses
+        status = "ok"
         try:
             if spec["kind"] == "json_schema":
-                res = compiler.compile_json_schema(spec["source"])
-            else:
-                res = compiler.compile_regex(spec["source"])
-        except (ConstraintError, ValueError) as e:
-            if isinstance(e, CompilationTimeoutError):
-                raise  # not cached: a later try may fit in time
-            res = e
-        dt = time.perf_counter() - t0
-        with self._lock:
-            self.misses += 1
-            self._lru[key] = res
-            self._lru.move_to_end(key)
-            while len(self._lru) > self.maxsize:
-                self._lru.popitem(last=False)
-        status = "refused: " + str(res) if isinstance(res, BaseException) else "ok"
-        logger.info("dllm_constrain: compiled %s %s (%d chars) in %.3fs%s: %s", spec["kind"], spec_digest(spec),
-                    len(spec["source"]), dt, f" [{where}]" if where else "", status)
-        if isinstance(res, BaseException):
-            raise res
-        return res
+                return compiler.compile(schema=spec["source"])  # type: ignore[return-value]
+            return compiler.compile(regex=spec["source"])  # type: ignore[return-value]
+        except ConstraintError as e:
+            status = "refused: " + str(e)
+            raise
+        finally:
+            if self.store.misses != misses:
+                logger.info("dllm_constrain: compiled %s %s (%d chars) in %.3fs%s: %s", spec["kind"],
+                            spec_digest(spec), len(spec["source"]), time.perf_counter() - t0,
+                            f" [{where}]" if where else "", status)
 
 
 CACHE = ConstraintCache()

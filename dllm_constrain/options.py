@@ -1,0 +1,367 @@
+"""Generation options: every keyword of `generate` checked by one function, then routed by field name onto the
+objects it belongs to, so each default is defined once, as a dataclass field default.
+
+    SamplingParams   per request: max_new_tokens, steps, block_length, policy, threshold, temperature, seed,
+                     entropy_bound, timeout, constraint_timeout and `constraint` (engine.state)
+    OutputConstraint the request's constraint: schema | regex | grammar, strict, schema_options, whitespace,
+                     compile_timeout (engine.state)
+    EngineConfig     engine settings for one call: kv_cache, refresh, refresh_steps, refresh_threshold,
+                     keep_ratio, logits_budget_bytes, max_logit_rows, budgeted_logits, backend (engine.config;
+                     the ones not given keep the LLM's engine's)
+    CALL_OPTIONS     the call itself: progress
+
+`route_options(options, defaults, sampling_params)` does the routing: keywords replace fields of
+`sampling_params` (when given) or of the checkpoint's defaults (`GenerationDefaults`: generation_config.json over
+the SamplingParams field defaults). An unknown keyword raises InvalidRequestError naming it.
+"""
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from dllm_constrain.engine.config import EngineConfig
+from dllm_constrain.engine.outputs import ProgressCallback
+from dllm_constrain.engine.state import POLICY_NAMES, OutputConstraint, SamplingParams
+from dllm_constrain.errors import (
+    InvalidGrammarError,
+    InvalidRegexError,
+    InvalidRequestError,
+    InvalidSchemaError,
+)
+
+__all__ = ["CALL_OPTIONS", "CONSTRAINT_TIMEOUT_S", "GenerationDefaults", "OPTION_NAMES", "REQUEST_FIELDS",
+           "RoutedOptions", "check_option_names", "generate_options", "route_options", "validate_constraint",
+           "validate_prompts", "validate_request"]
+
+# ---------------------------------------------------------------------------------- request validation
+# Every request field is checked by one function here (bad values raise InvalidRequestError naming the field,
+# the expected type and what was given), before defaults are applied and before anything is compiled or run.
+def _given(x: Any) -> str:
+    return f"{x!r} (a {type(x).__name__})" if not isinstance(x, (int, float)) or isinstance(x, bool) else repr(x)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)  # True is an int to Python, not here
+
+
+def _is_real(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _int_field(name: str, lo: int, *, optional: bool = True) -> Callable[[Any], int | None]:
+    want = "a positive integer" if lo == 1 else f"an integer >= {lo}"
+
+    def check(x: Any) -> int | None:
+        if x is None and optional:
+            return None
+        if not _is_int(x) or x < lo:
+            raise InvalidRequestError(f"{name} must be {want}{' (or None)' if optional else ''}, got {_given(x)}")
+        return int(x)
+    return check
+
+
+def _real_field(name: str, lo: float, hi: float = math.inf, *, lo_open: bool = False, hi_open: bool = False,
+                optional: bool = True) -> Callable[[Any], float | None]:
+    lo_s, hi_s = ("(" if lo_open else "[") + f"{lo:g}", f"{hi:g}" + (")" if hi_open or hi == math.inf else "]")
+    if hi == math.inf:
+        want = f"a finite number {'>' if lo_open else '>='} {lo:g}"
+    else:
+        want = f"a number in {lo_s}, {hi_s}"
+
+    def check(x: Any) -> float | None:
+        if x is None and optional:
+            return None
+        ok = _is_real(x) and math.isfinite(x) and (x > lo if lo_open else x >= lo) and (x < hi if hi_open else x <= hi)
+        if not ok:
+            raise InvalidRequestError(f"{name} must be {want}{' (or None)' if optional else ''}, got {_given(x)}")
+        return float(x)
+    return check
+
+
+def _choice_field(name: str, choices: Sequence[str]) -> Callable[[Any], str | None]:
+    def check(x: Any) -> str | None:
+        if x is not None and (not isinstance(x, str) or x not in choices):
+            raise InvalidRequestError(f"{name} must be one of {', '.join(map(repr, choices))} (or None), got {_given(x)}")
+        return x
+    return check
+
+
+def _bool_field(name: str) -> Callable[[Any], bool]:
+    def check(x: Any) -> bool:
+        if not isinstance(x, bool):
+            raise InvalidRequestError(f"{name} must be True or False, got {_given(x)}")
+        return x
+    return check
+
+
+def _seed(x: Any) -> int | None:
+    if x is not None and (not _is_int(x) or not -(1 << 63) <= x < (1 << 64)):
+        raise InvalidRequestError(f"seed must be an integer in [-2**63, 2**64) (or None), got {_given(x)}")
+    return None if x is None else int(x)
+
+
+def _schema_options(x: Any) -> dict[str, Any] | None:
+    if x is not None and not isinstance(x, dict):
+        raise InvalidRequestError(f"schema_options must be a dict of SchemaOptions fields (or None), got {_given(x)}")
+    return x
+
+
+def _progress(x: Any) -> Any:
+    if x is not None and not callable(x):
+        raise InvalidRequestError(f"progress must be a callable taking a StepEvent (or None), got {_given(x)}")
+    return x
+
+
+REQUEST_FIELDS: dict[str, Callable[[Any], Any]] = {
+    "max_new_tokens": _int_field("max_new_tokens", 1),
+    "steps": _int_field("steps", 1),
+    "block_length": _int_field("block_length", 1),
+    "temperature": _real_field("temperature", 0.0, optional=False),
+    "seed": _seed,
+    "policy": _choice_field("policy", POLICY_NAMES),
+    "threshold": _real_field("threshold", 0.0, 1.0),
+    "entropy_bound": _real_field("entropy_bound", 0.0, lo_open=True, optional=False),
+    "strict": _bool_field("strict"),
+    "schema_options": _schema_options,
+    "progress": _progress,
+    "return_result": _bool_field("return_result"),
+    "refresh_steps": _int_field("refresh_steps", 1),
+    "refresh_threshold": _real_field("refresh_threshold", 0.0, 1.0, lo_open=True),
+    "keep_ratio": _real_field("keep_ratio", 0.0, 1.0, lo_open=True),
+    "logits_budget_bytes": _int_field("logits_budget_bytes", 1),
+    "constraint_timeout": _real_field("constraint_timeout", 0.0, lo_open=True),
+    "compile_timeout": _real_field("compile_timeout", 0.0, lo_open=True),
+    "timeout": _real_field("timeout", 0.0, lo_open=True),
+    "max_logit_rows": _int_field("max_logit_rows", 1),
+    "budgeted_logits": _bool_field("budgeted_logits"),
+}
+
+# seconds per constraint call of a request (the SamplingParams field default; see "Time bounds" in
+# docs/constraints.md); None: unbounded
+CONSTRAINT_TIMEOUT_S = SamplingParams.constraint_timeout
+
+
+def validate_request(**given: Any) -> dict[str, Any]:
+    """The request fields checked (REQUEST_FIELDS, one function per field) and normalised (numpy integers to
+    int, ...); fields without a checker here (kv_cache, refresh: EngineConfig checks them) pass unchanged."""
+    return {k: REQUEST_FIELDS[k](v) if k in REQUEST_FIELDS else v for k, v in given.items()}
+
+
+def validate_prompts(prompts: Any) -> list[str]:
+    """A prompt or a list of prompts as a non-empty list of non-empty, encodable strings."""
+    single = isinstance(prompts, str)
+    if single:
+        prompts = [prompts]
+    elif isinstance(prompts, (bytes, bytearray, memoryview)):
+        raise InvalidRequestError("the prompt is bytes, not a string: decode it first (e.g. prompt.decode('utf-8'))")
+    elif isinstance(prompts, Sequence):
+        prompts = list(prompts)
+        if not prompts:
+            raise InvalidRequestError("no prompts given")
+    else:
+        raise InvalidRequestError(f"prompt must be a string or a list of strings, got {_given(prompts)}")
+    for i, p in enumerate(prompts):
+        which = "the prompt" if single else f"prompt {i}"
+        if isinstance(p, (bytes, bytearray)):
+            raise InvalidRequestError(f"{which} is bytes, not a string: decode it first (e.g. .decode('utf-8'))")
+        if not isinstance(p, str):
+            raise InvalidRequestError(f"{which} is {_given(p)}, not a string")
+        try:
+            p.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidRequestError(
+                f"{which} is not valid Unicode text: lone surrogate {p[exc.start]!r} at index {exc.start} "
+                "(text decoded from non-UTF-8 bytes with surrogateescape, or a broken surrogate pair?)") from None
+        if not p.strip():
+            raise InvalidRequestError(f"{which} is empty")
+    return prompts
+
+
+def _output_type(x: Any) -> tuple[str, Any] | None:
+    """("regex" | "grammar" | "schema", value) for an output type given as an object: a compiled `re.Pattern`,
+    or an outlines type (`outlines.types`: Regex and the DSL terms -> their regex, String -> the escaped
+    literal, CFG -> its Lark grammar, JsonSchema -> its schema). Duck-typed, so outlines need not be
+    installed: an object with a string `.pattern` is a regex. None: not an output type."""
+    if isinstance(x, re.Pattern):
+        if not isinstance(x.pattern, str):
+            raise InvalidRegexError("a compiled bytes regex is not supported: compile a str pattern")
+        if x.flags & ~re.UNICODE:
+            raise InvalidRegexError(f"compiled regex flags ({re.RegexFlag(x.flags & ~re.UNICODE)!r}) are not "
+                                    "supported: pass the pattern alone")
+        return ("regex", x.pattern)
+    if isinstance(x, (str, bytes, dict, bool, type)) or x is None:
+        return None
+    pattern = getattr(x, "pattern", None)
+    if isinstance(pattern, str):
+        return ("regex", pattern)
+    if type(x).__module__.split(".")[0] not in ("outlines", "outlines_core"):
+        return None
+    name = type(x).__name__
+    if name == "String" and isinstance(getattr(x, "value", None), str):
+        return ("regex", re.escape(x.value))
+    if isinstance(getattr(x, "definition", None), str):
+        return ("grammar", x.definition)
+    if isinstance(getattr(x, "schema", None), (str, dict)):
+        return ("schema", x)
+    try:
+        from outlines.types.dsl import to_regex  # type: ignore[import-not-found]
+
+        return ("regex", to_regex(x))
+    except Exception:
+        raise InvalidRequestError(f"the outlines output type {name} is not supported: pass an outlines Regex, "
+                                  "String or DSL term (as regex= or schema=), JsonSchema (schema=) or CFG "
+                                  "(grammar=)") from None
+
+
+def validate_constraint(schema: Any, regex: Any, grammar: Any) -> tuple[Any, str | None, str | None]:
+    """(schema, regex, grammar) with at most one set, output-type objects moved to the argument they mean:
+    schema= takes any output type (a JSON Schema, or an outlines Regex / DSL term, which becomes regex=, or
+    an outlines CFG, which becomes grammar=); regex= a pattern string, a compiled re.Pattern or an outlines
+    Regex / String / DSL term; grammar= a shipped name, a .lark path, Lark text or an outlines CFG."""
+    if sum(x is not None for x in (schema, regex, grammar)) > 1:
+        raise InvalidRequestError("pass at most one of schema=, regex= and grammar=")
+    if schema is not None:
+        kind = _output_type(schema)
+        if kind is not None and kind[0] == "regex":
+            return None, kind[1], None
+        if kind is not None and kind[0] == "grammar":
+            return None, None, kind[1]
+        if kind is not None:
+            return kind[1], None, None
+        if isinstance(schema, (bytes, bytearray)):
+            raise InvalidSchemaError("schema is bytes: pass a dict, a JSON string or a Pydantic model class")
+        return schema, None, None
+    if regex is not None:
+        if isinstance(regex, str):
+            return None, regex, None
+        kind = _output_type(regex)
+        if kind is None or kind[0] != "regex":
+            raise InvalidRegexError(f"regex must be a pattern string, a compiled re.Pattern or an outlines Regex/"
+                                    f"String term, got {type(regex).__name__}"
+                                    + (f" (pass it as {kind[0]}=)" if kind is not None else ""))
+        return None, kind[1], None
+    if grammar is not None:
+        if isinstance(grammar, (str, os.PathLike)):
+            return None, None, grammar
+        kind = _output_type(grammar)
+        if kind is None or kind[0] != "grammar":
+            raise InvalidGrammarError(f"grammar must be a shipped grammar name, a .lark path, Lark grammar text or "
+                                      f"an outlines CFG, got {type(grammar).__name__}"
+                                      + (f" (pass it as {kind[0]}=)" if kind is not None else ""))
+        return None, None, kind[1]
+    return None, None, None
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    """Defaults for options the caller leaves as None: the checkpoint's generation_config.json, else these.
+
+    A checkpoint knows its own sensible canvas (the bundled model was trained on canvases up to 96
+    positions), the way Hugging Face checkpoints carry their generation defaults.
+    """
+
+    max_new_tokens: int = SamplingParams.max_new_tokens
+    block_length: int = SamplingParams.block_length
+    steps: int | None = SamplingParams.steps
+    policy: str = SamplingParams.policy  # the commit policy (the bundled model: "threshold", Fast-dLLM parallel decoding)
+    threshold: float = SamplingParams.threshold  # its confidence threshold
+
+    @classmethod
+    def from_folder(cls, path: Path | None) -> "GenerationDefaults":
+        file = path / "generation_config.json" if path is not None else None
+        if file is None or not file.is_file():
+            return cls()
+        raw = json.loads(file.read_text())
+        known = {f.name: raw[f.name] for f in fields(cls) if f.name in raw}
+        return cls(**known)
+
+    def sampling_params(self) -> SamplingParams:
+        """SamplingParams with these defaults (the other fields keep the SamplingParams field defaults)."""
+        return SamplingParams(**{f.name: getattr(self, f.name) for f in fields(self)})
+
+
+
+# ---------------------------------------------------------------------------------- routing
+SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams) if f.name != "constraint")
+CONSTRAINT_FIELDS = tuple(f.name for f in fields(OutputConstraint))
+ENGINE_FIELDS = tuple(f.name for f in fields(EngineConfig))
+CALL_OPTIONS = ("progress",)
+OPTION_NAMES = SAMPLING_FIELDS + CONSTRAINT_FIELDS + ENGINE_FIELDS + CALL_OPTIONS
+# fields a checkpoint's generation_config.json may set: None given for them means "the checkpoint's default"
+CHECKPOINT_FIELDS = tuple(f.name for f in fields(GenerationDefaults))
+
+
+@dataclass(frozen=True)
+class RoutedOptions:
+    """One call's keywords on the objects they belong to."""
+
+    sampling: SamplingParams
+    engine: dict[str, Any]  # the EngineConfig fields given for this call (None values: keep the engine's)
+    progress: ProgressCallback | None = None
+
+
+def check_option_names(names: Any, extra: Sequence[str] = ()) -> None:
+    """Raise InvalidRequestError naming every keyword that is no option (nor one of `extra`)."""
+    unknown = sorted(set(names) - set(OPTION_NAMES) - set(extra))
+    if unknown:
+        raise InvalidRequestError(f"unknown generation option(s) {', '.join(map(repr, unknown))}; the options are "
+                                  f"{', '.join(OPTION_NAMES + tuple(extra))}")
+
+
+def generate_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The given options over every per-request option's default (the SamplingParams and OutputConstraint field
+    defaults; None for the fields the checkpoint sets, meaning "the checkpoint's"), plus the given engine
+    settings; an unknown name raises InvalidRequestError naming it."""
+    check_option_names(options)
+    defaults = {f.name: None if f.name in CHECKPOINT_FIELDS else getattr(SamplingParams, f.name)
+                for f in fields(SamplingParams) if f.name != "constraint"}
+    defaults.update({f.name: getattr(OutputConstraint, f.name) for f in fields(OutputConstraint)})
+    defaults["progress"] = None
+    return {**defaults, **options}
+
+
+def route_options(options: Mapping[str, Any], defaults: SamplingParams,
+                  sampling_params: SamplingParams | None = None) -> RoutedOptions:
+    """Check every keyword (REQUEST_FIELDS) and put it on its object by field name: per-request fields replace
+    those of `sampling_params` (given) or `defaults` (the checkpoint's), constraint fields those of its
+    OutputConstraint, engine fields go to `engine`. None for a checkpoint field keeps the base value."""
+    check_option_names(options)
+    if sampling_params is not None and not isinstance(sampling_params, SamplingParams):
+        raise InvalidRequestError(f"sampling_params must be a SamplingParams, got {_given(sampling_params)}")
+    v = validate_request(**options)
+    base = sampling_params if sampling_params is not None else defaults
+    changes = {k: v[k] for k in SAMPLING_FIELDS if k in v and not (v[k] is None and k in CHECKPOINT_FIELDS)}
+    constraint = _route_constraint(v, base.constraint)
+    params = replace(base, **changes, constraint=constraint)
+    params.validate()
+    engine = {k: v[k] for k in ENGINE_FIELDS if k in v}
+    return RoutedOptions(params, engine, v.get("progress"))
+
+
+def _route_constraint(v: Mapping[str, Any], base: OutputConstraint | None) -> OutputConstraint | None:
+    """The call's OutputConstraint: the given schema/regex/grammar (checked, normalised once: a schema to its
+    dict, a grammar name or path to its text) replace the base's; the other given fields replace its fields."""
+    given = {k: v[k] for k in CONSTRAINT_FIELDS if k in v}
+    if not given:
+        return base
+    target = {k: given.pop(k, None) for k in ("schema", "regex", "grammar")}
+    if all(x is None for x in target.values()) and base is not None:
+        target = {"schema": base.schema, "regex": base.regex, "grammar": base.grammar}
+    schema, regex, grammar = validate_constraint(target["schema"], target["regex"], target["grammar"])
+    if schema is not None:
+        from dllm_constrain.constraints.json_schema import normalize_schema_input
+
+        schema = normalize_schema_input(schema)
+    if grammar is not None:
+        from dllm_constrain.grammars import load_grammar
+
+        grammar = load_grammar(grammar)
+    constraint = replace(base or OutputConstraint(), schema=schema, regex=regex, grammar=grammar, **given)
+    return None if constraint.empty else constraint
