@@ -5,10 +5,14 @@ schemas; each conjunction is merged keyword by keyword (algebra.merge) into one 
 lowering modules turn into a language per JSON type. The conjunct lists hold, besides schema dicts, the
 typed items below: a `not` still to be read as a positive schema, the values a `not enum/const` removes,
 and the mark that the applicators' property names count as evaluated. They are never JSON Schema
-keywords, so no user schema can be mistaken for them."""
+keywords, so no user schema can be mistaken for them.
+
+Each per-type lowering first reads what a Conjunction says of its type into a small value (NumberRange,
+StringSpec, ArraySpec, ObjectSpec), checking the keyword values it needs, and compiles from that."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from decimal import Decimal
 from types import MappingProxyType
 from typing import Any, Iterator, Mapping
 
@@ -45,7 +49,6 @@ class Conjunction:
     patterns: tuple = ()  # every `pattern` of the conjuncts (all must match)
     extra_formats: tuple = ()  # `format`s other than keywords["format"] (all must hold)
     applicators_evaluate: bool = False  # see ApplicatorsEvaluate
-    dependencies_split: bool = False  # optional dependentRequired names already split into branches
 
     def get(self, k: str, default: Any = None) -> Any:
         return self.keywords.get(k, default)
@@ -59,5 +62,55 @@ class Conjunction:
     def __iter__(self) -> Iterator[str]:
         return iter(self.keywords)
 
-    def with_keywords(self, **kw: Any) -> "Conjunction":
-        return replace(self, keywords=MappingProxyType({**self.keywords, **kw}))
+
+# ------------------------------------------------------------------------------------------ per-type readings
+# What one JSON type's lowering reads from a Conjunction (or, for strings, a plain propertyNames schema),
+# checked and normalised once: the lowering modules build these first and compile from them.
+@dataclass(frozen=True)
+class NumberRange:
+    """Numeric bounds as Decimals (None: unbounded), moved inward where a double reading could cross them."""
+    lo: Decimal | None
+    lo_strict: bool
+    hi: Decimal | None
+    hi_strict: bool
+
+    @property
+    def bounded(self) -> bool:
+        return self.lo is not None or self.hi is not None
+
+
+@dataclass(frozen=True)
+class StringSpec:
+    """A string's length bounds (maximum capped at max_string_unroll) and the patterns and formats that
+    must all hold (values as written in the schema: checked where they are compiled)."""
+    min_length: int
+    max_length: int | None
+    patterns: tuple
+    formats: tuple
+
+
+@dataclass(frozen=True, eq=False)
+class ArraySpec:
+    """An array's items by position (`prefix`, then `rest` for every later item), its length bounds, and
+    its uniqueItems / contains (schema, minimum count, maximum count or None) constraints."""
+    prefix: tuple
+    rest: Any
+    min_items: int
+    max_items: int | None
+    unique: bool
+    contains: tuple | None
+
+
+@dataclass(frozen=True, eq=False)
+class ObjectSpec:
+    """An object's declared properties, required names (with their dependencies), pattern and additional
+    property schemas, propertyNames and member count bounds."""
+    properties: Mapping[str, Any]
+    required: tuple
+    pattern_properties: Mapping[str, Any]
+    additional: Any  # schema of undeclared properties (False: none)
+    undeclared_value: Any  # schema of required names that nothing declares
+    property_names: Any
+    min_properties: int
+    max_properties: int | None
+    dependencies: Mapping[str, list]  # name -> names its presence requires

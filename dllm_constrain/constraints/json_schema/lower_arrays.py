@@ -9,7 +9,7 @@ from ...errors import InvalidSchemaError, UnsupportedSchemaError
 from .. import regex_ast as A
 from ..object_members import object_members
 from .context import LoweringContext
-from .ir import Conjunction
+from .ir import ArraySpec, Conjunction
 from .json_text import json_literal
 from .keywords import ANNOTATIONS
 from .values import is_number, json_eq
@@ -20,6 +20,27 @@ _UNIQUE_DOMAIN_MAX = 16  # finite item domains up to this size: distinct values 
 def lower_array(ctx: LoweringContext, s: Conjunction, path: str, excluded: list) -> A.Node:
     if excluded:
         raise UnsupportedSchemaError("not", path, "excluding array values")
+    spec = array_spec(ctx, s, path)
+    if spec is None:
+        return A.NOTHING
+    prefix, rest, mn, mx = list(spec.prefix), spec.rest, spec.min_items, spec.max_items
+    if spec.unique and spec.contains is not None:
+        raise UnsupportedSchemaError("contains", path, "together with uniqueItems")
+    if spec.unique:
+        if ctx.opts.unique_items == "error":
+            raise UnsupportedSchemaError("uniqueItems", path)
+        res = _unique_array(ctx, prefix, rest, mn, mx, path)
+        if res is not None:
+            return res
+    if mx is not None:
+        mx = min(mx, max(ctx.opts.max_items_unroll, mn, len(prefix) if mx >= len(prefix) else mx))
+    if spec.contains is None:
+        return _positional_array(ctx, prefix, rest, mn, mx, path)
+    return _counting_array(ctx, prefix, rest, mn, mx, spec.contains, path)
+
+
+def array_spec(ctx: LoweringContext, s: Conjunction, path: str) -> ArraySpec | None:
+    """What a Conjunction says of arrays; None when no length (or contains count) fits."""
     prefix = s.get("prefixItems", [])
     if not isinstance(prefix, list):
         raise InvalidSchemaError(f"prefixItems at {path} must be an array")
@@ -35,25 +56,13 @@ def lower_array(ctx: LoweringContext, s: Conjunction, path: str, excluded: list)
         mx = int(mx)
         if mx < mn:
             ctx.unsat.append(f"minItems {mn} > maxItems {mx} at {path}")
-            return A.NOTHING
+            return None
     unique = bool(s.get("uniqueItems", False))
     contains = _contains_counter(ctx, s, path)
     if contains is not None and contains[2] is not None and contains[2] < contains[1]:
         ctx.unsat.append(f"minContains > maxContains at {path}")
-        return A.NOTHING
-    if unique and contains is not None:
-        raise UnsupportedSchemaError("contains", path, "together with uniqueItems")
-    if unique:
-        if ctx.opts.unique_items == "error":
-            raise UnsupportedSchemaError("uniqueItems", path)
-        res = _unique_array(ctx, prefix, rest, mn, mx, path)
-        if res is not None:
-            return res
-    if mx is not None:
-        mx = min(mx, max(ctx.opts.max_items_unroll, mn, len(prefix) if mx >= len(prefix) else mx))
-    if contains is None:
-        return _positional_array(ctx, prefix, rest, mn, mx, path)
-    return _counting_array(ctx, prefix, rest, mn, mx, contains, path)
+        return None
+    return ArraySpec(tuple(prefix), rest, mn, mx, unique, contains)
 
 
 def _bracketed(ctx: LoweringContext, body: A.Node) -> A.Node:

@@ -14,7 +14,7 @@ from .. import regex_ast as A
 from ..object_members import object_members
 from ..regex_parser import parse_regex, search_language
 from .context import LoweringContext
-from .ir import Conjunction
+from .ir import Conjunction, ObjectSpec
 from .json_text import ANY_STRING_BODY, json_encode_string_body, strings_except
 from .lower_strings import property_names_language
 from .patterns import pattern_matches
@@ -39,6 +39,15 @@ def lower_object(ctx: LoweringContext, s: Conjunction, path: str, excluded: list
 
 
 def _object_members(ctx: LoweringContext, s: Conjunction, path: str, spec: int) -> A.Node:
+    o = object_spec(ctx, s, path, spec)
+    if o is None:
+        return A.NOTHING
+    return _members_of(ctx, o, path, spec, split_done=False)
+
+
+def object_spec(ctx: LoweringContext, s: Conjunction, path: str, spec: int) -> ObjectSpec | None:
+    """What a Conjunction says of objects (undeclared properties as the narrowing level `spec` reads
+    them); None when no member count fits."""
     props = s.get("properties", {}) or {}
     if not isinstance(props, dict):
         raise InvalidSchemaError(f"properties at {path} must be an object")
@@ -49,40 +58,45 @@ def _object_members(ctx: LoweringContext, s: Conjunction, path: str, spec: int) 
     if not isinstance(pats, dict):
         raise InvalidSchemaError(f"patternProperties at {path} must be an object")
     addl, undeclared_value = _additional_schemas(ctx, s, path, spec)
-    pnames = s.get("propertyNames")
     mnp = int(s.get("minProperties", 0) or 0)
     mxp = s.get("maxProperties")
     mxp = None if mxp is None else int(mxp)
     if mxp is not None and mnp > mxp:
         ctx.unsat.append(f"minProperties {mnp} > maxProperties {mxp} at {path}")
-        return A.NOTHING
-    deps = _dependencies(s, path)
-    req_set = required_closure(required, deps)
+        return None
+    return ObjectSpec(props, tuple(required), pats, addl, undeclared_value, s.get("propertyNames"), mnp, mxp,
+                      _dependencies(s, path))
+
+
+def _members_of(ctx: LoweringContext, o: ObjectSpec, path: str, spec: int, split_done: bool) -> A.Node:
+    deps = o.dependencies
+    req_set = required_closure(list(o.required), deps)
     # dependencies (a present => b present). A name whose dependencies are not all required is "free":
     # with few free names the object is the exact union, over which free names are present, of objects
     # with those names (and their dependencies) required and the other free names absent; with more,
     # the free names are never generated (a sound narrowing)
     free = sorted(a for a, bs in deps.items() if a not in req_set and any(b not in req_set for b in bs))
-    if free and not s.dependencies_split and len(free) <= ctx.opts.max_dependency_branches:
+    if free and not split_done and len(free) <= ctx.opts.max_dependency_branches:
         outs = []
         for mask in range(1 << len(free)):
-            present = [a for i, a in enumerate(free) if mask >> i & 1]
-            branch = s.with_keywords(required=list(required) + present)
-            outs.append(_object_members(ctx, replace(branch, dependencies_split=True), path, spec))
+            present = tuple(a for i, a in enumerate(free) if mask >> i & 1)
+            outs.append(_members_of(ctx, replace(o, required=o.required + present), path, spec, split_done=True))
         return A.alt(*outs)
     # declared properties (order: properties, then required-only names); forbidden names are listed so
     # that no additional key can spell them
-    names = list(props.keys()) + [r for r in required if r not in props]
+    props = o.properties
+    names = list(props.keys()) + [r for r in o.required if r not in props]
     for r in sorted(req_set) + free:
         if r not in names:
             names.append(r)
-    entries = _declared_entries(ctx, names, props, pats, req_set, set(free), addl, undeclared_value, pnames, path)
+    entries = _declared_entries(ctx, names, o, req_set, set(free), path)
     if entries is None:
         return A.NOTHING
-    extra = _extra_entries(ctx, names, pats, addl, pnames, path, nonempty_names=spec < 2)
+    extra = _extra_entries(ctx, names, o.pattern_properties, o.additional, o.property_names, path,
+                           nonempty_names=spec < 2)
     # declared properties in any order, each at most once (a lazily expanded subset automaton)
     ws = ctx.ws
-    members = object_members(entries, extra, A.seq(ws, A.lit(","), ws), mnp, mxp, path,
+    members = object_members(entries, extra, A.seq(ws, A.lit(","), ws), o.min_properties, o.max_properties, path,
                              ordered=ctx.opts.property_order == "declared",
                              interleave_max=ctx.opts.interleave_additional_max)
     if A.is_nothing(members):
@@ -125,11 +139,11 @@ def _dependencies(s: Conjunction, path: str) -> dict[str, list]:
     return deps
 
 
-def _declared_entries(ctx: LoweringContext, names: list[str], props: dict, pats: dict, req_set: set[str],
-                      forbidden: set[str], addl: Any, undeclared_value: Any, pnames: Any,
-                      path: str) -> list | None:
+def _declared_entries(ctx: LoweringContext, names: list[str], o: ObjectSpec, req_set: set[str],
+                      forbidden: set[str], path: str) -> list | None:
     """(member language, required) of each declared name; None when a required one has no value."""
     ws = ctx.ws
+    props, pats, pnames = o.properties, o.pattern_properties, o.property_names
     entries = []
     for name in names:
         ctx.check_deadline()
@@ -144,7 +158,7 @@ def _declared_entries(ctx: LoweringContext, names: list[str], props: dict, pats:
             conj.append(pats[p])
         is_req = name in req_set
         if sub is None and not any(pattern_matches(p, name, path, "all") for p in matched):
-            conj.append(undeclared_value if is_req else addl)
+            conj.append(o.undeclared_value if is_req else o.additional)
         if name in forbidden and not is_req:
             continue
         if pnames is not None and not ctx.validation.is_valid(name, pnames):

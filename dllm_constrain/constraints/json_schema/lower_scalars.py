@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from decimal import Decimal
 from typing import Any
 
 from ...errors import InvalidSchemaError, UnsupportedSchemaError
@@ -11,7 +12,7 @@ from .. import dfa_ops
 from .. import numeric as N
 from .. import regex_ast as A
 from .context import LoweringContext
-from .ir import Conjunction
+from .ir import Conjunction, NumberRange
 from .json_text import FLOAT_EXACT, ZERO_FRACTION, has_other_spellings, value_spellings
 from .values import canon, is_number, json_eq
 
@@ -75,14 +76,13 @@ def lower_number(ctx: LoweringContext, s: Conjunction, path: str, excluded: list
     if not excluded:
         return number(ctx, s, path)
     # no exponent spellings, then remove every decimal spelling of the excluded values
-    lo, ls, hi, hs = bounds(s, path)
-    node = number(ctx, s, path) if (lo is not None or hi is not None or "multipleOf" in s) \
+    node = number(ctx, s, path) if (number_range(s, path).bounded or "multipleOf" in s) \
         else N.decimal_range(None, False, None, False)
     return ctx.difference(node, [N.float_neighbourhood(v) for v in excluded], "not", path)
 
 
-def bounds(s: Any, path: str):
-    """(lower, lower strict, upper, upper strict) as Decimals, moved inward where a double could cross them."""
+def number_range(s: Any, path: str) -> NumberRange:
+    """The bounds of s, moved inward where a double could cross them."""
     lo = hi = None
     lo_strict = hi_strict = False
     for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
@@ -105,11 +105,12 @@ def bounds(s: Any, path: str):
     # literal satisfies them exactly and as a double alike
     lo, lo_strict = N.float_safe_lower(lo, lo_strict)
     hi, hi_strict = N.float_safe_upper(hi, hi_strict)
-    return lo, lo_strict, hi, hi_strict
+    return NumberRange(lo, lo_strict, hi, hi_strict)
 
 
 def _int_bounds(ctx: LoweringContext, s: Any, path: str) -> tuple | None:
-    lo, ls, hi, hs = bounds(s, path)
+    r = number_range(s, path)
+    lo, ls, hi, hs = r.lo, r.lo_strict, r.hi, r.hi_strict
     ilo = None if lo is None else (math.floor(lo) + 1 if ls else math.ceil(lo))
     ihi = None if hi is None else (math.ceil(hi) - 1 if hs else math.floor(hi))
     if ilo is not None and ihi is not None and ilo > ihi:
@@ -177,8 +178,9 @@ def number(ctx: LoweringContext, s: Any, path: str) -> A.Node:
         if isinstance(m, int) or (isinstance(m, float) and m.is_integer()):
             return integer(ctx, s, path)  # only integer multiples of an integer: narrow to integers
         return _float_multiples(ctx, s, m, path)
-    lo, ls, hi, hs = bounds(s, path)
-    if lo is None and hi is None:
+    r = number_range(s, path)
+    lo, ls, hi, hs = r.lo, r.lo_strict, r.hi, r.hi_strict
+    if not r.bounded:
         return N.JSON_NUMBER
     if lo is not None and hi is not None and (lo > hi or (lo == hi and (ls or hs))):
         ctx.unsat.append(f"empty numeric range at {path}: minimum {lo} / maximum {hi}")
@@ -192,20 +194,21 @@ def _float_multiples(ctx: LoweringContext, s: Any, m: Any, path: str) -> A.Node:
     and, where numeric.decimal_multiple_of spells them, the multiples over the whole range."""
     if not is_number(m) or m <= 0:
         raise InvalidSchemaError(f"multipleOf at {path} must be a positive number")
-    lo, ls, hi, hs = bounds(s, path)
+    r = number_range(s, path)
     k = N.to_decimal(m)
-    texts = _small_multiples(k, m, lo, ls, hi, hs)
+    texts = _small_multiples(k, m, r)
     small = A.alt_literals(sorted(set(texts))) if texts else A.NOTHING
     dm = N.decimal_multiple_of(k)
     if dm is not None:
-        small = A.alt(small, _wide_multiples(ctx, k, dm, lo, ls, hi, hs))
+        small = A.alt(small, _wide_multiples(ctx, k, dm, r))
     if A.is_nothing(small):
         ctx.unsat.append(f"no multiple of {m} in range at {path}")
         return A.NOTHING
     return small
 
 
-def _small_multiples(k, m: Any, lo, ls: bool, hi, hs: bool) -> list[str]:
+def _small_multiples(k: Decimal, m: Any, r: NumberRange) -> list[str]:
+    lo, ls, hi, hs = r.lo, r.lo_strict, r.hi, r.hi_strict
     texts = []
     for n in range(-_FLOAT_MULTIPLES_MAX, _FLOAT_MULTIPLES_MAX + 1):
         d = (k * n).normalize()
@@ -229,8 +232,9 @@ def _small_multiples(k, m: Any, lo, ls: bool, hi, hs: bool) -> list[str]:
     return texts
 
 
-def _wide_multiples(ctx: LoweringContext, k, dm: tuple, lo, ls: bool, hi, hs: bool) -> A.Node:
+def _wide_multiples(ctx: LoweringContext, k: Decimal, dm: tuple, r: NumberRange) -> A.Node:
     """The multiples of k in the range that every double reading accepts (see N.decimal_multiple_of)."""
+    lo, ls, hi, hs = r.lo, r.lo_strict, r.hi, r.hi_strict
     mult, bound = dm
     # (the automaton spells only magnitudes below `bound`: a bound beyond it needs no product)
     blo, bls = (None, False) if lo is None or lo <= -bound else (lo, ls)

@@ -12,7 +12,7 @@ from .. import regex_ast as A
 from ..formats import STANDARD_FORMATS, FormatLengthTooLarge, format_node, with_length
 from ..regex_parser import parse_regex, search_language
 from .context import LoweringContext
-from .ir import Conjunction
+from .ir import Conjunction, StringSpec
 from .json_text import json_encode_string_body
 from .keywords import ANNOTATIONS
 
@@ -27,13 +27,12 @@ def lower_string(ctx: LoweringContext, s: Conjunction, path: str, excluded: list
 def string_body_chars(ctx: LoweringContext, s: Any, path: str, excluded: list | None = None) -> A.Node:
     """Char-level language of the decoded string (before JSON encoding), for a Conjunction or a plain
     string schema."""
-    lengths = _length_bounds(ctx, s, path)
-    if lengths is None:
+    spec = string_spec(ctx, s, path)
+    if spec is None:
         return A.NOTHING
-    mn, mx = lengths
-    patterns = list(s.patterns) if isinstance(s, Conjunction) else ([s["pattern"]] if "pattern" in s else [])
-    langs = [_pattern_language(p, path) for p in patterns]
-    fmt_nodes = _format_languages(s, path)
+    mn, mx = spec.min_length, spec.max_length
+    langs = [_pattern_language(p, path) for p in spec.patterns]
+    fmt_nodes = _format_languages(spec.formats, path)
     if fmt_nodes and (mn > 0 or mx is not None):
         # a format with length bounds: the format DFA times a counter, built directly (cheap), or the
         # format capped to the maximum length when even that is too large (a sound narrowing)
@@ -55,15 +54,15 @@ def string_body_chars(ctx: LoweringContext, s: Any, path: str, excluded: list | 
         try:
             node = dfa_ops.intersect(langs, ctx.deadline, ctx.opts.intersection_limit)
         except dfa_ops.TooLarge:
-            raise UnsupportedSchemaError("pattern" if patterns else "format", path,
+            raise UnsupportedSchemaError("pattern" if spec.patterns else "format", path,
                                          "combination with length bounds is too large") from None
     if excluded:
         node = ctx.difference(node, [A.lit(x) for x in excluded], "not", path)
     return node
 
 
-def _length_bounds(ctx: LoweringContext, s: Any, path: str) -> tuple[int, int | None] | None:
-    """(minLength, maxLength capped at max_string_unroll); None when no length fits."""
+def string_spec(ctx: LoweringContext, s: Any, path: str) -> StringSpec | None:
+    """What a Conjunction or a plain string schema says of strings; None when no length fits."""
     mn = s.get("minLength", 0)
     mx = s.get("maxLength")
     for k, v in (("minLength", mn), ("maxLength", mx)):
@@ -78,7 +77,11 @@ def _length_bounds(ctx: LoweringContext, s: Any, path: str) -> tuple[int, int | 
             ctx.unsat.append(f"minLength {mn} > maxLength {mx} at {path}")
             return None
         mx = min(mx, max(ctx.opts.max_string_unroll, mn))
-    return mn, mx
+    if isinstance(s, Conjunction):
+        patterns, formats = s.patterns, ((s["format"],) if "format" in s else ()) + s.extra_formats
+    else:
+        patterns, formats = ((s["pattern"],) if "pattern" in s else ()), ((s["format"],) if "format" in s else ())
+    return StringSpec(mn, mx, tuple(patterns), formats)
 
 
 def _pattern_language(p: Any, path: str) -> A.Node:
@@ -91,11 +94,8 @@ def _pattern_language(p: Any, path: str) -> A.Node:
         raise UnsupportedSchemaError("pattern", path, str(e)) from None
 
 
-def _format_languages(s: Any, path: str) -> list[A.Node]:
-    """The languages of the standard formats s asserts (other format names are annotations)."""
-    fmts = [s["format"]] if "format" in s else []
-    if isinstance(s, Conjunction):
-        fmts.extend(s.extra_formats)
+def _format_languages(fmts: tuple, path: str) -> list[A.Node]:
+    """The languages of the standard formats among fmts (other format names are annotations)."""
     out: list[A.Node] = []
     for f in fmts:
         if not isinstance(f, str):
