@@ -5,8 +5,8 @@ as a dict / the pattern / the grammar text, and the options) and looks it up in 
 (`COMPILE_CACHE`, a `CompileCache`), keyed by the tokenizer's fingerprint and that normalised constraint, so
 two compilers over the same tokenizer share results and compiling the same constraint twice costs a dictionary
 lookup. Refusals are cached too (re-raised as-is); a compilation timeout is not (a later try may have more
-time). `compile_regex`, `compile_json_schema` and `compile_grammar` are the per-kind builders it calls
-(uncached, for benchmarks and tests that want a fresh compilation).
+time). `compile_regex`, `compile_json_schema` and `compile_grammar` are the same entry for one kind;
+`ConstraintCompiler(info, cache=False)` compiles afresh every time (benchmarks, deadline tests).
 
 Both compiled kinds (`CompiledConstraint`: regular languages; `cfg.CompiledGrammar`: Lark grammars) satisfy
 the `Compiled` protocol; `new_request_state(compiled, canvas_len, timeout_s)` makes a request's canvas state,
@@ -351,24 +351,25 @@ def compile_constraint(builder: Any, fingerprint: str, cache: CompileCache | Non
                        regex: str | None = None, grammar: str | None = None, start: str = "start",
                        timeout_s: Any = _COMPILER_DEFAULT, whitespace: str = "compact",
                        **schema_options: Any) -> Compiled:
-    """`ConstraintCompiler.compile` for any `builder` with the per-kind builders (compile_regex,
-    compile_json_schema, compile_grammar) over the tokenizer with `fingerprint`: the constraint normalised
-    once (`ConstraintKey`), looked up in `cache` (None: never cached), built on a miss. Entries are shared by
-    every ConstraintCompiler over the tokenizer; a builder of another kind (a substitute compiler) has its own."""
+    """`ConstraintCompiler.compile` over the tokenizer with `fingerprint`: the constraint normalised once
+    (`ConstraintKey`), looked up in `cache` (None: never cached), built on a miss by `builder`: a
+    ConstraintCompiler (entries shared by every one over the tokenizer), or a substitute compiler (anything
+    with compile_regex / compile_json_schema / compile_grammar, asked through those; its entries are its own)."""
     if sum(x is not None for x in (schema, regex, grammar)) != 1:
         raise InvalidRequestError("compile takes exactly one of schema=, regex= and grammar=")
     limit = {} if timeout_s is _COMPILER_DEFAULT else {"timeout_s": timeout_s}
+    ours = isinstance(builder, ConstraintCompiler)
     build: Callable[[], Any]
     if regex is not None:
         if not isinstance(regex, str):
             raise InvalidRegexError(f"regex must be a string, got {type(regex).__name__}")
         key = ConstraintKey("regex", regex)
-        build = lambda: builder.compile_regex(regex, **limit)  # noqa: E731
+        build = lambda: (builder._build_regex if ours else builder.compile_regex)(regex, **limit)  # noqa: E731
     elif grammar is not None:
         if not isinstance(grammar, str):
             raise InvalidGrammarError(f"grammar must be a string, got {type(grammar).__name__}")
         key = ConstraintKey("grammar", grammar, (start,))
-        build = lambda: builder.compile_grammar(grammar, start)  # noqa: E731
+        build = lambda: (builder._build_grammar if ours else builder.compile_grammar)(grammar, start)  # noqa: E731
     else:
         from .json_schema import SchemaOptions, normalize_schema_input
 
@@ -376,13 +377,14 @@ def compile_constraint(builder: Any, fingerprint: str, cache: CompileCache | Non
         options = {"whitespace": whitespace, **schema_options}
         src = json.dumps(sch, sort_keys=False, separators=(",", ":"), ensure_ascii=False, default=str)
         key = ConstraintKey("json_schema", src, SchemaOptions.from_options(**options).key())
-        build = lambda: builder.compile_json_schema(sch, **options, **limit)  # noqa: E731
+        build = lambda: (builder._build_json_schema if ours  # noqa: E731
+                         else builder.compile_json_schema)(sch, **options, **limit)
     if cache is None:
         result = _build_or_refusal(build)
         if isinstance(result, BaseException):
             raise result
         return result
-    scope = fingerprint if isinstance(builder, ConstraintCompiler) else (fingerprint, builder)
+    scope = fingerprint if ours else (fingerprint, builder)
     return cache.get_or_build((scope, key), build)
 
 
@@ -416,12 +418,23 @@ class ConstraintCompiler:
     def _timeout(self, timeout_s: Any) -> float | None:
         return self.timeout_s if timeout_s is _COMPILER_DEFAULT else timeout_s
 
-    # ------------------------------------------------------------------ per-kind builders (uncached)
     def compile_regex(self, pattern: str, *, timeout_s: Any = _COMPILER_DEFAULT) -> CompiledConstraint:
-        """Compile a full-match regex now (no cache: `compile(regex=...)` is the cached entry). timeout_s: this
-        compilation's limit (default: the compiler's)."""
-        if not isinstance(pattern, str):
-            raise InvalidRegexError(f"regex must be a string, got {type(pattern).__name__}")
+        """`compile(regex=pattern)`: a full-match regex (Python `re` syntax, regular subset)."""
+        return self.compile(regex=pattern, timeout_s=timeout_s)  # type: ignore[return-value]
+
+    def compile_json_schema(self, schema: Any, whitespace: str = "compact", *, timeout_s: Any = _COMPILER_DEFAULT,
+                            **options: Any) -> CompiledConstraint:
+        """`compile(schema=schema, ...)`: a JSON Schema (dict, JSON string, pydantic model class, outlines type);
+        options: see `json_schema.SchemaOptions`."""
+        return self.compile(schema=schema, whitespace=whitespace, timeout_s=timeout_s,  # type: ignore[return-value]
+                            **options)
+
+    def compile_grammar(self, grammar: str, start: str = "start") -> Compiled:
+        """`compile(grammar=grammar, start=start)`: Lark grammar text."""
+        return self.compile(grammar=grammar, start=start)
+
+    # ------------------------------------------------------------------ per-kind builders (uncached)
+    def _build_regex(self, pattern: str, *, timeout_s: Any = _COMPILER_DEFAULT) -> CompiledConstraint:
         deadline = Deadline(self._timeout(timeout_s))
         node = parse_regex(pattern).node
         cc = CompiledConstraint("regex", pattern, node, self.tokenizer_info, deadline)
@@ -429,14 +442,11 @@ class ConstraintCompiler:
             raise InvalidRegexError(f"regex {pattern!r} matches no string")
         return cc
 
-    def compile_json_schema(self, schema: Any, whitespace: str = "compact", *, timeout_s: Any = _COMPILER_DEFAULT,
-                            **options: Any) -> CompiledConstraint:
-        """Compile a JSON Schema (dict, JSON string, pydantic model class, outlines type) now (no cache:
-        `compile(schema=...)` is the cached entry). Options: see `json_schema.SchemaOptions`."""
-        from .json_schema import SchemaOptions, normalize_schema_input, schema_to_regex_ast
+    def _build_json_schema(self, sch: dict, *, timeout_s: Any = _COMPILER_DEFAULT,
+                           **options: Any) -> CompiledConstraint:
+        from .json_schema import SchemaOptions, schema_to_regex_ast
 
-        sch = normalize_schema_input(schema)  # a dict passes unchanged (compile() normalised it already)
-        opts = SchemaOptions.from_options(whitespace=whitespace, **options)
+        opts = SchemaOptions.from_options(**options)
         deadline = Deadline(self._timeout(timeout_s))
         ignored: list = []
         node = schema_to_regex_ast(sch, opts, deadline, ignored=ignored)
@@ -446,8 +456,7 @@ class ConstraintCompiler:
             raise UnsatisfiableSchemaError("no JSON value satisfies the schema (within the supported bounds)")
         return cc
 
-    def compile_grammar(self, grammar: str, start: str = "start") -> Compiled:
-        """Compile Lark grammar text now (no cache: `compile(grammar=...)` is the cached entry)."""
+    def _build_grammar(self, grammar: str, start: str = "start") -> Compiled:
         from .cfg import CompiledGrammar, load_spec
 
         return CompiledGrammar(load_spec(grammar, start), self.tokenizer_info, grammar.strip()[:40] or "grammar")
