@@ -347,10 +347,11 @@ def route_options(options: Mapping[str, Any], defaults: SamplingParams,
 
 def _route_constraint(v: Mapping[str, Any], base: OutputConstraint | None) -> OutputConstraint | None:
     """The call's OutputConstraint: the given schema/regex/grammar (checked, normalised once: a schema to its
-    dict, a grammar name or path to its text) replace the base's; the other given fields replace its fields."""
+    dict, a grammar name or path to its text) replace the base's (which is checked and normalised the same
+    way); the other given fields replace its fields."""
     given = {k: v[k] for k in CONSTRAINT_FIELDS if k in v}
-    if not given:
-        return base
+    if not given and base is None:
+        return None
     target = {k: given.pop(k, None) for k in ("schema", "regex", "grammar")}
     if all(x is None for x in target.values()) and base is not None:
         target = {"schema": base.schema, "regex": base.regex, "grammar": base.grammar}

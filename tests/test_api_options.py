@@ -92,6 +92,13 @@ def test_an_unknown_keyword_is_the_typed_error_naming_it(kwargs, match) -> None:
         dc.generate("hello", **kwargs)  # refused before any model is loaded
 
 
+def test_the_constraint_of_a_given_sampling_params_is_normalised_like_a_keyword() -> None:
+    given = SamplingParams(constraint=OutputConstraint(schema='{"type": "integer"}'))
+    assert route_options({}, CHECKPOINT, given).sampling.constraint == OutputConstraint(schema={"type": "integer"})
+    named = SamplingParams(constraint=OutputConstraint(grammar="json"))
+    assert "start" in route_options({}, CHECKPOINT, named).sampling.constraint.grammar
+
+
 def test_a_sampling_params_of_the_wrong_type_is_refused() -> None:
     with pytest.raises(InvalidRequestError, match="sampling_params must be a SamplingParams"):
         route_options({}, CHECKPOINT, {"max_new_tokens": 8})  # type: ignore[arg-type]
@@ -106,3 +113,16 @@ def test_the_cli_flags_are_the_fields_and_route_the_same_way() -> None:
                                                                                            {"kv_cache": "none"})
     unset = field_options(build_parser().parse_args(["hi"]))
     assert unset == {} and route_options(unset, CHECKPOINT).sampling == CHECKPOINT
+
+
+def test_a_sampling_params_object_and_the_same_keywords_generate_the_same(tiny_llada, tiny_tokenizer) -> None:
+    llm = dc.LLM.from_model(tiny_llada, tiny_tokenizer)
+    params = SamplingParams(max_new_tokens=8, block_length=4, temperature=0.9, seed=1,
+                            constraint=OutputConstraint(regex="[0-9]+"))
+    [by_object] = llm.generate(["a number"], params)
+    [by_keywords] = llm.generate(["a number"], max_new_tokens=8, block_length=4, temperature=0.9, seed=1,
+                                 regex="[0-9]+")
+    assert by_object.token_ids == by_keywords.token_ids and by_object.text.isdigit()
+    assert dc.generate("a number", params, model=llm) == by_object.text
+    with pytest.raises(InvalidRequestError, match="'max_tokens'"):
+        llm.generate(["a number"], params, max_tokens=4)
