@@ -60,7 +60,9 @@ def test_a_seed_makes_sampling_reproducible(llm) -> None:
 def test_our_checkpoints_get_the_training_prompt_format(llm) -> None:
     """The tiny tokenizer has <|bos|> and <|mask|>, so prompts are wrapped as the bundled model was trained."""
     assert llm.prompt_format == "request"
-    assert llm.format("Ada, 36", {"type": "object"}) == 'Schema: {"type":"object"}\nRequest: Ada, 36\nAnswer: '
+    assert llm.format("Ada, 36", {"type": "object"}) == "Request: Ada, 36\nFields: object\nAnswer: "
+    person = {"type": "object", "properties": {"name": {}, "age": {}}, "required": ["name"]}
+    assert llm.format("Ada, 36", person) == "Request: Ada, 36\nFields: name, age?\nAnswer: "
     assert llm.format("Ada, 36") == "Request: Ada, 36\nAnswer: "
 
 
