@@ -101,6 +101,8 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=300, help="skip instances longer than this")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--d-model", type=int, default=64, help="hidden size of the random model (LM head [V, D])")
+    ap.add_argument("--timeout", type=float, default=60.0,
+                    help="compile time limit (s): generous, so a busy machine does not change the sample")
     ap.add_argument("--json", default=None, help="write the figures here")
     args = ap.parse_args()
 
@@ -112,7 +114,7 @@ def main() -> int:
 
     items = load_sample(args.data, args.seed, {k: args.n_per_subset for k in DEFAULT_MIX})
     tk, info = load_tokenizer(args.tokenizer)
-    comp = ConstraintCompiler(info)
+    comp = ConstraintCompiler(info, timeout_s=args.timeout)
     engine = build_engine(info, args.d_model)
     stages = ("mask", "repeat", "stats", "step")
     times = {f"{k} ({w})": [] for w in ("cold", "warm") for k in stages}
