@@ -110,19 +110,26 @@ def csv_rows(rng: random.Random) -> tuple[str, str]:
 
 
 def copy_task(rng: random.Random) -> tuple[str, str]:
-    kind = rng.randint(0, 2)
+    """Copy a span of the request: the plainest form of what a schema answer does with each stated value
+    (pure copies are also what lets a small model learn to attend to a span and read it out in order)."""
+    kind = rng.randint(0, 3)
     if kind == 0:
-        name = V.proper(rng)
+        name = V.person(rng) if rng.random() < 0.5 else V.proper(rng)
         return f"Say hello to {name}.", f"Hello, {name}!"
     if kind == 1:
         w = V.word(rng)
         return f"Repeat the word {w} twice.", f"{w} {w}"
-    text = V.phrase(rng, 2, 5)
-    return f"Echo: {text}", text
+    text = V.phrase(rng, 2, 12)
+    if kind == 2:
+        return rng.choice([f"Echo: {text}", f"Repeat after me: {text}", f"Copy this: {text}"]), text
+    facts = {V.key(rng): V.phrase(rng, 1, 3) for _ in range(rng.randint(2, 4))}
+    wanted = rng.choice(list(facts))
+    listed = "; ".join(f"{k} {v}" for k, v in facts.items())
+    return f"From {listed}: what is the {wanted}?", facts[wanted]
 
 
 TASKS: tuple[tuple[Callable[[random.Random], tuple[str, str]], float], ...] = (
-    (arithmetic_result, 3.0), (arithmetic_expression, 1.5), (sql_query, 2.5), (csv_rows, 2.0), (copy_task, 1.0))
+    (arithmetic_result, 3.0), (arithmetic_expression, 1.5), (sql_query, 2.5), (csv_rows, 2.0), (copy_task, 5.0))
 
 
 def plain_task(rng: random.Random) -> tuple[str, str]:
