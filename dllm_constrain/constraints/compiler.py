@@ -349,12 +349,13 @@ class ConstraintKey:
 
 def compile_constraint(builder: Any, fingerprint: str, cache: CompileCache | None, *, schema: Any = None,
                        regex: str | None = None, grammar: str | None = None, start: str = "start",
-                       timeout_s: Any = _COMPILER_DEFAULT, whitespace: str = "compact",
+                       name: str | None = None, timeout_s: Any = _COMPILER_DEFAULT, whitespace: str = "compact",
                        **schema_options: Any) -> Compiled:
     """`ConstraintCompiler.compile` over the tokenizer with `fingerprint`: the constraint normalised once
     (`ConstraintKey`), looked up in `cache` (None: never cached), built on a miss by `builder`: a
     ConstraintCompiler (entries shared by every one over the tokenizer), or a substitute compiler (anything
-    with compile_regex / compile_json_schema / compile_grammar, asked through those; its entries are its own)."""
+    with compile_regex / compile_json_schema / compile_grammar, asked through those; its entries are its own).
+    `name` labels a grammar built by a ConstraintCompiler; it is not part of the key (a label, not a constraint)."""
     if sum(x is not None for x in (schema, regex, grammar)) != 1:
         raise InvalidRequestError("compile takes exactly one of schema=, regex= and grammar=")
     limit = {} if timeout_s is _COMPILER_DEFAULT else {"timeout_s": timeout_s}
@@ -369,7 +370,8 @@ def compile_constraint(builder: Any, fingerprint: str, cache: CompileCache | Non
         if not isinstance(grammar, str):
             raise InvalidGrammarError(f"grammar must be a string, got {type(grammar).__name__}")
         key = ConstraintKey("grammar", grammar, (start,))
-        build = lambda: (builder._build_grammar if ours else builder.compile_grammar)(grammar, start)  # noqa: E731
+        build = (lambda: builder._build_grammar(grammar, start, name)) if ours else (  # noqa: E731
+            lambda: builder.compile_grammar(grammar, start))
     else:
         from .json_schema import SchemaOptions, normalize_schema_input
 
@@ -429,9 +431,11 @@ class ConstraintCompiler:
         return self.compile(schema=schema, whitespace=whitespace, timeout_s=timeout_s,  # type: ignore[return-value]
                             **options)
 
-    def compile_grammar(self, grammar: str, start: str = "start") -> Compiled:
-        """`compile(grammar=grammar, start=start)`: Lark grammar text."""
-        return self.compile(grammar=grammar, start=start)
+    def compile_grammar(self, grammar: str, start: str = "start", name: str | None = None) -> Compiled:
+        """`compile(grammar=grammar, start=start)`: Lark grammar text; `name` labels the compiled grammar (its
+        repr) when this call is the one that compiles it."""
+        return compile_constraint(self, self.tokenizer_info.fingerprint, self.cache, grammar=grammar, start=start,
+                                  name=name)
 
     # ------------------------------------------------------------------ per-kind builders (uncached)
     def _build_regex(self, pattern: str, *, timeout_s: Any = _COMPILER_DEFAULT) -> CompiledConstraint:
@@ -456,10 +460,11 @@ class ConstraintCompiler:
             raise UnsatisfiableSchemaError("no JSON value satisfies the schema (within the supported bounds)")
         return cc
 
-    def _build_grammar(self, grammar: str, start: str = "start") -> Compiled:
+    def _build_grammar(self, grammar: str, start: str = "start", name: str | None = None) -> Compiled:
         from .cfg import CompiledGrammar, load_spec
 
-        return CompiledGrammar(load_spec(grammar, start), self.tokenizer_info, grammar.strip()[:40] or "grammar")
+        label = name or grammar.strip()[:40] or "grammar"
+        return CompiledGrammar(load_spec(grammar, start), self.tokenizer_info, label)
 
     def compile_ast(self, node: A.Node, name: str = "ast") -> CompiledConstraint:
         """Compile a regex AST directly (no caching)."""

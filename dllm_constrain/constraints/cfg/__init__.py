@@ -3,13 +3,15 @@
     from dllm_constrain.constraints.cfg import GrammarCompiler
     cg = GrammarCompiler(tokenizer_info).compile(lark_text)      # -> CompiledGrammar (cached)
     state = cg.new_canvas_state(canvas_len)                       # -> CanvasConstraint
+
+`GrammarCompiler` is the grammar-only door onto `ConstraintCompiler`: its results live in the process's one
+compile cache (`compiler.COMPILE_CACHE`), shared with `ConstraintCompiler.compile(grammar=...)`, so a grammar
+compiled through either is compiled once; `clear_cache` empties that cache.
 """
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-
-from ...errors import ConstraintError, InvalidGrammarError
+from ...errors import InvalidGrammarError
+from ..compiler import ConstraintCompiler, clear_cache
 from ..tokenizer_info import TokenizerInfo
 from .canvas import GrammarCanvasState
 from .frontend import GrammarSpec, load_spec
@@ -18,49 +20,23 @@ from .grammar import CompiledGrammar
 __all__ = ["CompiledGrammar", "GrammarCanvasState", "GrammarCompiler", "GrammarSpec", "compile_grammar",
            "clear_cache", "load_spec"]
 
-_CACHE: OrderedDict = OrderedDict()
-_LOCK = threading.Lock()
-_CACHE_MAX = 32
-
-
-def clear_cache() -> None:
-    with _LOCK:
-        _CACHE.clear()
-
 
 class GrammarCompiler:
-    """Compiles Lark grammars against one tokenizer; results are cached per (tokenizer, grammar, start)."""
+    """Compiles Lark grammars against one tokenizer through `ConstraintCompiler`'s grammar path; results (and
+    refusals) are cached per (tokenizer, grammar, start) in the process's one compile cache."""
 
     def __init__(self, tokenizer_info: TokenizerInfo):
-        if not isinstance(tokenizer_info, TokenizerInfo):
-            tokenizer_info = TokenizerInfo.from_tokenizer(tokenizer_info)
-        self.tokenizer_info = tokenizer_info
+        self._compiler = ConstraintCompiler(tokenizer_info)
+        self.tokenizer_info = self._compiler.tokenizer_info
 
     def compile(self, grammar: str, start: str = "start", name: str | None = None) -> CompiledGrammar:
-        """`grammar` is Lark grammar text (use dllm_constrain.grammars.load_grammar for names and paths)."""
-        if not isinstance(grammar, str):
+        """`grammar` is Lark grammar text (use dllm_constrain.grammars.load_grammar for names and paths); `name`
+        labels the compiled grammar (its repr) when this call is the one that compiles it."""
+        if not isinstance(grammar, str):  # None too: a grammar error, not compile()'s "exactly one of" refusal
             raise InvalidGrammarError(f"grammar must be a string, got {type(grammar).__name__}")
-        key = (self.tokenizer_info.fingerprint, grammar, start)
-        with _LOCK:
-            hit = _CACHE.get(key)
-            if hit is not None:
-                _CACHE.move_to_end(key)
-        if hit is not None:
-            if isinstance(hit, BaseException):
-                raise hit
-            return hit
-        try:
-            res = CompiledGrammar(load_spec(grammar, start), self.tokenizer_info, name or "grammar")
-        except ConstraintError as e:
-            res = e
-        with _LOCK:
-            _CACHE[key] = res
-            while len(_CACHE) > _CACHE_MAX:
-                _CACHE.popitem(last=False)
-        if isinstance(res, BaseException):
-            raise res
-        return res
+        return self._compiler.compile_grammar(grammar, start, name=name)  # type: ignore[return-value]
 
 
 def compile_grammar(grammar: str, tokenizer_info: TokenizerInfo, start: str = "start") -> CompiledGrammar:
+    """`GrammarCompiler(tokenizer_info).compile(grammar, start)`."""
     return GrammarCompiler(tokenizer_info).compile(grammar, start)
