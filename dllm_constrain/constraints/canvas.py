@@ -48,7 +48,7 @@ import torch
 
 from dllm_constrain.kernels.bitmask import bitmask_bytes, row_allows, row_tokens, set_token, write_row
 
-from ..errors import ConstraintTimeoutError
+from ..errors import ConstraintTimeoutError, InvalidRequestError
 from .canvas_frontier import FrontierMemo, FrontierSearch, last_committed
 from .deadline import CallDeadline, activate
 from .json_pointer import json_pointer_of_prefix
@@ -120,7 +120,8 @@ class CanvasState:
         if isinstance(canvas, torch.Tensor):
             canvas = canvas.tolist()
         if len(canvas) != self.n:
-            raise ValueError(f"canvas has length {len(canvas)}, this constraint state was made for {self.n}")
+            raise InvalidRequestError(f"the canvas has {len(canvas)} positions, but this constraint state was "
+                                      f"made for a canvas of {self.n} positions")
         m = self.mask_id
         return tuple(None if (c == m) else int(c) for c in canvas)
 

@@ -34,7 +34,7 @@ import torch
 
 from dllm_constrain.kernels.bitmask import bitmask_bytes, row_tokens, set_token, write_row
 
-from ...errors import ConstraintTooLongError
+from ...errors import ConstraintTooLongError, InvalidRequestError
 from .canvas_rows import GrammarRows
 from .canvas_search import WitnessSearch
 from .canvas_sets import ENDED, Analysis, GrammarSets  # noqa: F401  (ENDED, Analysis: re-exported)
@@ -53,7 +53,7 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
                  refine_groups: int = 32, refine_budget: int = 150, cold_walks: int = 2,
                  verify_with_lark: bool = True):
         if canvas_len <= 0:
-            raise ValueError("canvas_len must be positive")
+            raise InvalidRequestError(f"the canvas length must be a positive integer, got {canvas_len}")
         self.cg = cg
         self.n = int(canvas_len)
         self.mask_id = cg.mask_id
@@ -89,7 +89,8 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
         if isinstance(canvas, torch.Tensor):
             canvas = canvas.tolist()
         if len(canvas) != self.n:
-            raise ValueError(f"canvas has length {len(canvas)}, this constraint state was made for {self.n}")
+            raise InvalidRequestError(f"the canvas has {len(canvas)} positions, but this constraint state was "
+                                      f"made for a canvas of {self.n} positions")
         m = self.mask_id
         return tuple(None if c == m else int(c) for c in canvas)
 

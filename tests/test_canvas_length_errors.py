@@ -1,0 +1,35 @@
+"""A canvas state is made for one canvas length; a canvas of another length, or a non-positive length, is a
+malformed request (`InvalidRequestError`, still a ValueError for callers that catch that), for both the
+regular-language state and the grammar state."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import build_tiny_tokenizer
+from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo
+from dllm_constrain.constraints.cfg import GrammarCanvasState
+from dllm_constrain.constraints.compiler import CompileCache
+from dllm_constrain.errors import InvalidRequestError
+
+
+@pytest.fixture(scope="module")
+def compiler() -> ConstraintCompiler:
+    info = TokenizerInfo.from_tokenizer(build_tiny_tokenizer(), eos_id=1, vocab_size=260)
+    return ConstraintCompiler(info, cache=CompileCache(4))
+
+
+@pytest.mark.parametrize("kind", ["regex", "grammar"])
+def test_a_canvas_of_another_length_is_a_typed_error(compiler, kind) -> None:
+    compiled = (compiler.compile(regex="[0-9]+") if kind == "regex"
+                else compiler.compile(grammar='start: NUM\nNUM: /[0-9]+/\n'))
+    state = compiled.new_canvas_state(4)
+    canvas = [compiled.mask_id] * 6
+    with pytest.raises(InvalidRequestError, match="6 positions.*made for a canvas of 4 positions"):
+        state.allowed_tokens(canvas, [0])
+    assert issubclass(InvalidRequestError, ValueError)
+
+
+def test_a_grammar_state_for_no_positions_is_a_typed_error(compiler) -> None:
+    compiled = compiler.compile(grammar='start: "a"\n')
+    with pytest.raises(InvalidRequestError, match="positive integer, got 0"):
+        GrammarCanvasState(compiled, 0)
