@@ -411,30 +411,7 @@ class SetAlgebra:
             self.rows.move_to_end(key)
             return row
         row = np.zeros(vocab_size, dtype=bool)
-        full: list[int] = []
-        partial: list[tuple[int, int]] = []  # (state, targets in Bn as a bitset)
-        eos_ok = False
-        acc = self.dfa.accepting
-        ended_in_next = bool(Bn & ENDED_BIT)
-        notBn = ~Bn
-        sget = self.ta.succ_bits.get
-        partial_row = False
-        for q in self.members(Bi):
-            if q == ENDED:
-                eos_ok = eos_ok or ended_in_next
-                continue
-            if ended_in_next and acc[q]:
-                eos_ok = True
-            sb = sget(q)
-            if sb is None:
-                partial_row = True  # in B only through EOS so far
-                continue
-            if not sb & notBn:
-                full.append(q)
-            else:
-                inter = sb & Bn
-                if inter:
-                    partial.append((q, inter))
+        full, partial, eos_ok, partial_row = self._split_step(Bi, Bn)
         self.ta.mask_row(full, partial, eos_ok, row, self.members)
         row = np.packbits(row, bitorder="little")
         if partial_row:
@@ -446,27 +423,39 @@ class SetAlgebra:
 
     def count(self, Bi: int, Bn: int) -> tuple[int, int | None, bool]:
         """(allowed text tokens capped at 2, the token if exactly one, EOS allowed)."""
+        full, partial, eos_ok, _ = self._split_step(Bi, Bn)
+        cnt, tok = self.ta.count_allowed(full, partial, self.members)
+        return cnt, tok, eos_ok
+
+    def _split_step(self, Bi: int, Bn: int) -> tuple[list[int], list[tuple[int, int]], bool, bool]:
+        """The step from Bi to Bn, sorted for the token automaton (shared by `row` and `count`, which must agree):
+        (states every one of whose token successors lies in Bn; (state, its successors in Bn as a bitset) for
+        the others that reach Bn at all; EOS allowed; some state's successors are not known yet, so a row built
+        from this is partial and must not be cached)."""
         full: list[int] = []
         partial: list[tuple[int, int]] = []
         eos_ok = False
         acc = self.dfa.accepting
         ended_in_next = bool(Bn & ENDED_BIT)
+        notBn = ~Bn
+        sget = self.ta.succ_bits.get
+        unknown = False
         for q in self.members(Bi):
             if q == ENDED:
                 eos_ok = eos_ok or ended_in_next
                 continue
             if ended_in_next and acc[q]:
                 eos_ok = True
-            sb = self.ta.succ_bits.get(q)
+            sb = sget(q)
             if sb is None:
+                unknown = True  # in B only through EOS so far
                 continue
-            if not sb & ~Bn:
+            if not sb & notBn:
                 full.append(q)
             else:
                 inter = sb & Bn
                 if inter:
                     partial.append((q, inter))
-        cnt, tok = self.ta.count_allowed(full, partial, self.members)
-        return cnt, tok, eos_ok
+        return full, partial, eos_ok, unknown
 
 
