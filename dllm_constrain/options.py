@@ -239,24 +239,25 @@ def validate_constraint(schema: Any, regex: Any, grammar: Any) -> tuple[Any, str
             raise InvalidSchemaError("schema is bytes: pass a dict, a JSON string or a Pydantic model class")
         return schema, None, None
     if regex is not None:
-        if isinstance(regex, str):
-            return None, regex, None
-        kind = _output_type(regex)
-        if kind is None or kind[0] != "regex":
-            raise InvalidRegexError(f"regex must be a pattern string, a compiled re.Pattern or an outlines Regex/"
-                                    f"String term, got {type(regex).__name__}"
-                                    + (f" (pass it as {kind[0]}=)" if kind is not None else ""))
-        return None, kind[1], None
+        return None, _given_as("regex", regex, (str,), InvalidRegexError,
+                               "a pattern string, a compiled re.Pattern or an outlines Regex/String term"), None
     if grammar is not None:
-        if isinstance(grammar, (str, os.PathLike)):
-            return None, None, grammar
-        kind = _output_type(grammar)
-        if kind is None or kind[0] != "grammar":
-            raise InvalidGrammarError(f"grammar must be a shipped grammar name, a .lark path, Lark grammar text or "
-                                      f"an outlines CFG, got {type(grammar).__name__}"
-                                      + (f" (pass it as {kind[0]}=)" if kind is not None else ""))
-        return None, None, kind[1]
+        return None, None, _given_as("grammar", grammar, (str, os.PathLike), InvalidGrammarError,
+                                     "a shipped grammar name, a .lark path, Lark grammar text or an outlines CFG")
     return None, None, None
+
+
+def _given_as(kind: str, x: Any, plain: tuple[type, ...], error: type[Exception], accepted: str) -> Any:
+    """`x` passed as `kind`= (regex or grammar): as is when of a `plain` type, else the source of an outlines
+    term of that kind; anything else is `error` saying what `kind`= accepts (and, for an outlines term of
+    another kind, which argument it belongs to), so both arguments refuse in the same words."""
+    if isinstance(x, plain):
+        return x
+    found = _output_type(x)
+    if found is None or found[0] != kind:
+        raise error(f"{kind} must be {accepted}, got {type(x).__name__}"
+                    + (f" (pass it as {found[0]}=)" if found is not None else ""))
+    return found[1]
 
 
 @dataclass(frozen=True)
