@@ -36,7 +36,14 @@ from types import SimpleNamespace
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_masks import DEFAULT_MIX, add_sample_args, load_sample, load_tokenizer, pct  # noqa: E402
+from bench_masks import (  # noqa: E402
+    DEFAULT_MIX,
+    add_sample_args,
+    load_sample,
+    load_tokenizer,
+    pct,
+    write_json,
+)
 
 
 def build_engine(info, d_model: int):
@@ -146,9 +153,7 @@ def main() -> int:
         med, p90 = (statistics.median(xs), pct(xs, 0.9)) if xs else (float("nan"), float("nan"))
         out[k] = {"median_ms": med, "p90_ms": p90}
         print(f"| {k} | {med:.3f} | {p90:.3f} |")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=1)
+    write_json(args.json, out)
     return 0
 
 

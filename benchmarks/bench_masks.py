@@ -81,6 +81,14 @@ def load_tokenizer(tokenizer_dir: str):
     return tk, info
 
 
+def write_json(path: str | None, figures: object) -> None:
+    """Write `figures` to `path` (the --json argument) when one was given: every benchmark here writes its
+    figures the same way, so a reader of one file reads them all."""
+    if path:
+        with open(path, "w") as fh:
+            json.dump(figures, fh, indent=1)
+
+
 def pct(xs: list[float], q: float) -> float:
     if not xs:
         return float("nan")
@@ -318,9 +326,7 @@ def main() -> int:
         print("valid-instance failures:", ", ".join(f"{k} x{v}" for k, v in fails.most_common()))
     bad = [r["id"] for r in rows if r.get("invalid_accepted")]
     print(f"invalid instances accepted: {sum(len(r.get('invalid_accepted', [])) for r in rows)} {bad[:10]}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    write_json(args.json, rows)
     return 0
 
 
