@@ -152,6 +152,7 @@ def test_random_outputs_with_patterns_validate_under_both_readings(i):
     ({"type": "number", "not": {"const": 0}}, "0." + "0" * 330 + "1"),
     ({"type": "integer", "not": {"enum": [2 ** 53]}}, str(2 ** 53 + 1) + ".0"),
     ({"const": float(2 ** 60)}, "1152921504606847000"),
+    ({"enum": [2 ** 53 + 1, 7], "not": {"const": float(2 ** 53)}}, str(2 ** 53 + 1)),  # enum minus a double
 ])
 def test_numbers_whose_float_reading_fails_are_not_generated(schema, text):
     assert not (python_valid(schema, text) and ecma_valid(schema, text))

@@ -455,7 +455,7 @@ def test_worker_runs_requests_with_different_constraints_together_and_isolates_a
         gated.outcomes.clear()
         backend = EngineBackend(gated)
         good = backend.submit(GenerationRequest("What is 3 plus 4?", digits, 8))
-        bad = backend.submit(GenerationRequest("word " * 2000, digits, 8))
+        bad = backend.submit(GenerationRequest("word " * 5000, digits, 8))
         backend.start()
         try:
             assert (await asyncio.wait_for(good.result(), WAIT)).text.isdigit()

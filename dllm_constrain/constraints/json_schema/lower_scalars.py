@@ -14,7 +14,7 @@ from .. import regex_ast as A
 from .context import LoweringContext
 from .ir import Conjunction, NumberRange
 from .json_text import FLOAT_EXACT, ZERO_FRACTION, has_other_spellings, value_spellings
-from .values import canon, is_number, json_eq
+from .values import canon, double_eq, is_number, json_eq
 
 _FLOAT_MULTIPLES_MAX = 1000  # multipleOf a non-integer: the products n*k enumerated for |n| up to this
 
@@ -32,8 +32,8 @@ def lower_enum(ctx: LoweringContext, s: Conjunction, path: str) -> A.Node:
     excl_keys = {canon(e) for e in s.excluded}
     for v in vals:
         kv = canon(v)
-        if kv in seen or kv in excl_keys:
-            continue
+        if kv in seen or kv in excl_keys or any(double_eq(v, e) for e in s.excluded):
+            continue  # excluded under the Python reading or the double reading
         seen.add(kv)
         if all(ctx.validation.is_valid_fast(v, c) for c in s.conjuncts):
             keep.append(v)
