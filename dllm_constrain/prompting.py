@@ -96,10 +96,3 @@ def format_prompt(request: str, sketch: str | None) -> str:
     """'Request: <text>\\nFields: <sketch>\\nAnswer: ' (the Fields line only when a schema is given)."""
     fields = f"Fields: {sketch}\n" if sketch is not None else ""
     return f"Request: {request}\n{fields}Answer: "
-
-
-def schema_to_prompt_json(schema: dict[str, Any] | str) -> str:
-    """Compact JSON of a schema (for callers that show the whole schema to a model of their own)."""
-    if isinstance(schema, str):
-        schema = json.loads(schema)
-    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
