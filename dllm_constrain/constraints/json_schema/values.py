@@ -28,17 +28,22 @@ def is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def json_eq(a, b) -> bool:
-    """JSON equality (1 == 1.0, but True != 1)."""
+def _equal(a, b, numbers_equal) -> bool:
+    """JSON equality with numbers compared by `numbers_equal` (True != 1 whatever the reading)."""
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
     if is_number(a) and is_number(b):
-        return a == b
+        return numbers_equal(a, b)
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(json_eq(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_equal(x, y, numbers_equal) for x, y in zip(a, b))
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(json_eq(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(_equal(a[k], b[k], numbers_equal) for k in a)
     return type(a) is type(b) and a == b
+
+
+def json_eq(a, b) -> bool:
+    """JSON equality (1 == 1.0, but True != 1)."""
+    return _equal(a, b, lambda x, y: x == y)
 
 
 def _as_double(x) -> float:
@@ -51,15 +56,7 @@ def _as_double(x) -> float:
 def double_eq(a, b) -> bool:
     """JSON equality as a validator that reads every number as a double does it (ECMA-262: 2**53 + 1 equals
     2**53). A value must differ from an excluded one under this reading too to be generated."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    if is_number(a) and is_number(b):
-        return _as_double(a) == _as_double(b)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(double_eq(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(double_eq(a[k], b[k]) for k in a)
-    return type(a) is type(b) and a == b
+    return _equal(a, b, lambda x, y: _as_double(x) == _as_double(y))
 
 
 def type_of(v) -> str:
