@@ -259,11 +259,15 @@ class Compiled(Protocol):
 def new_request_state(compiled: Any, canvas_len: int, timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S) -> Any:
     """A request's canvas constraint for `canvas_len` positions (the request's max_new_tokens), refused with
     ConstraintTooLongError when even the shortest accepted text does not fit. timeout_s bounds every call of
-    a regular constraint's state (the grammar states have their own expansion budgets)."""
+    the state, regular or grammar (a grammar's min_tokens is bounded by its own search budget)."""
+    from .cfg import CompiledGrammar
+
     limit = {"timeout_s": timeout_s} if isinstance(compiled, CompiledConstraint) else {}
     min_tokens = int(compiled.min_tokens(**limit))
     if min_tokens > canvas_len:
         raise ConstraintTooLongError(min_tokens, canvas_len)
+    if isinstance(compiled, CompiledGrammar):
+        limit = {"timeout_s": timeout_s}
     return compiled.new_canvas_state(canvas_len, **limit)
 
 
@@ -370,7 +374,7 @@ def compile_constraint(builder: Any, fingerprint: str, cache: CompileCache | Non
         if not isinstance(grammar, str):
             raise InvalidGrammarError(f"grammar must be a string, got {type(grammar).__name__}")
         key = ConstraintKey("grammar", grammar, (start,))
-        build = (lambda: builder._build_grammar(grammar, start, name)) if ours else (  # noqa: E731
+        build = (lambda: builder._build_grammar(grammar, start, name, **limit)) if ours else (  # noqa: E731
             lambda: builder.compile_grammar(grammar, start))
     else:
         from .json_schema import SchemaOptions, normalize_schema_input
@@ -431,11 +435,13 @@ class ConstraintCompiler:
         return self.compile(schema=schema, whitespace=whitespace, timeout_s=timeout_s,  # type: ignore[return-value]
                             **options)
 
-    def compile_grammar(self, grammar: str, start: str = "start", name: str | None = None) -> Compiled:
+    def compile_grammar(self, grammar: str, start: str = "start", name: str | None = None, *,
+                        timeout_s: Any = _COMPILER_DEFAULT) -> Compiled:
         """`compile(grammar=grammar, start=start)`: Lark grammar text; `name` labels the compiled grammar (its
-        repr) when this call is the one that compiles it."""
+        repr) when this call is the one that compiles it; timeout_s: this compilation's limit (default: the
+        compiler's)."""
         return compile_constraint(self, self.tokenizer_info.fingerprint, self.cache, grammar=grammar, start=start,
-                                  name=name)
+                                  name=name, timeout_s=timeout_s)
 
     # ------------------------------------------------------------------ per-kind builders (uncached)
     def _build_regex(self, pattern: str, *, timeout_s: Any = _COMPILER_DEFAULT) -> CompiledConstraint:
@@ -460,11 +466,15 @@ class ConstraintCompiler:
             raise UnsatisfiableSchemaError("no JSON value satisfies the schema (within the supported bounds)")
         return cc
 
-    def _build_grammar(self, grammar: str, start: str = "start", name: str | None = None) -> Compiled:
+    def _build_grammar(self, grammar: str, start: str = "start", name: str | None = None, *,
+                       timeout_s: Any = _COMPILER_DEFAULT) -> Compiled:
         from .cfg import CompiledGrammar, load_spec
 
         label = name or grammar.strip()[:40] or "grammar"
-        return CompiledGrammar(load_spec(grammar, start), self.tokenizer_info, label)
+        deadline = Deadline(self._timeout(timeout_s), "compiling the grammar")
+        spec = load_spec(grammar, start)  # Lark's own LALR construction: checked once it returns
+        deadline.check()
+        return CompiledGrammar(spec, self.tokenizer_info, label, deadline)
 
     def compile_ast(self, node: A.Node, name: str = "ast") -> CompiledConstraint:
         """Compile a regex AST directly (no caching)."""

@@ -19,6 +19,10 @@ grammar, everything after it is EOS.
   only ever reported completable with a witness in hand, so a committed canvas can always be finished, and
   the final canvas is the witness itself: it parses. When the search gives up (budget) the answer is False
   (conservative): the engine then re-masks or backtracks the step.
+* Time: every public call runs under a per-call deadline (`timeout_s`, the request's constraint_timeout; see
+  "Time bounds" in docs/constraints.md): the witness search, the set computation and the row computation check
+  it cooperatively and raise ConstraintTimeoutError (naming the call and the canvas frontier) between updates,
+  so an interrupted call leaves the state and the shared compiled grammar whole.
 * Termination: when a step's proposals are all refused, the next mask at the frontier is narrowed to the
   witness's token (counted in `stats["witness_forced"]`), which the engine commits as a forced token (and
   `forced_tokens` reports it too), so the frontier advances at least every other step.
@@ -34,7 +38,9 @@ import torch
 
 from dllm_constrain.kernels.bitmask import bitmask_bytes, row_tokens, set_token, write_row
 
-from ...errors import ConstraintTooLongError, InvalidRequestError
+from ...errors import ConstraintTimeoutError, ConstraintTooLongError, InvalidRequestError
+from ..canvas import DEFAULT_CALL_TIMEOUT_S
+from ..deadline import CallDeadline, activate
 from .canvas_rows import GrammarRows
 from .canvas_search import WitnessSearch
 from .canvas_sets import ENDED, Analysis, GrammarSets  # noqa: F401  (ENDED, Analysis: re-exported)
@@ -51,7 +57,7 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
 
     def __init__(self, cg: CompiledGrammar, canvas_len: int, *, set_cap: int = 600, search_budget: int = 3000,
                  refine_groups: int = 32, refine_budget: int = 150, cold_walks: int = 2,
-                 verify_with_lark: bool = True):
+                 verify_with_lark: bool = True, timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S):
         if canvas_len <= 0:
             raise InvalidRequestError(f"the canvas length must be a positive integer, got {canvas_len}")
         self.cg = cg
@@ -67,8 +73,11 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
         self.cold_walks = cold_walks
         self._cold_left = cold_walks
         self.verify_with_lark = verify_with_lark
+        # per call: a hard time limit (None = unbounded), see "Time bounds" in docs/constraints.md
+        self.timeout_s = timeout_s
+        self.kind = "grammar"
         self.stats = {"searches": 0, "search_nodes": 0, "search_failures": 0, "witness_forced": 0,
-                      "lark_rejections": 0}
+                      "lark_rejections": 0, "deadline_hits": 0}
         self._prefix_c: tuple = ()
         self._prefix_cfgs: list[Config | None] = [cg.initial]
         self._an: _Analysis | None = None
@@ -79,10 +88,29 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
         self._tok_memo: dict = {}
         self._fin_true: dict[int, int] = {}
         self._fin_false: dict[int, int] = {}
-        w = self._search(tuple([None] * self.n))
+        empty = tuple([None] * self.n)
+        with self._deadline(f"checking that an output fits {self.n} tokens", empty):
+            w = self._search(empty)
         if w is None:
             raise ConstraintTooLongError(int(cg.min_tokens()), self.n)
         self.witness: list[int] = w
+
+    # ------------------------------------------------------------------ time bounds
+    def _deadline(self, operation: str, c: tuple) -> _CallScope:
+        """The scope of one public call: its deadline active for this thread, a timeout counted in stats."""
+        return _CallScope(self, CallDeadline(self.timeout_s, self.kind, operation, lambda: self._where(c)))
+
+    def _where(self, c: tuple) -> str:
+        """The request-level location for a timeout message: the canvas frontier and the text committed before it
+        (its last characters), where the grammar's parse stood."""
+        frontier = next((i for i, x in enumerate(c) if x is None), None)
+        if frontier is None:
+            return f"a full canvas of {self.n} positions"
+        tb = self.cg.tokenizer_info.token_bytes
+        data = b"".join(tb[t] or b"" for t in c[:frontier]
+                        if t is not None and t != self.eos and 0 <= t < len(tb))
+        tail = data[-24:].decode("utf-8", "replace")
+        return f"canvas frontier at position {frontier} of {self.n}, after the text ...{tail!r}"
 
     # ------------------------------------------------------------------ canvas helpers
     def _norm(self, canvas: Sequence[int]) -> tuple:
@@ -183,7 +211,8 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
     def is_completable(self, canvas: Sequence[int]) -> bool:
         c = self._norm(canvas)
         self._cold_left = self.cold_walks
-        ok = self._completable(c)
+        with self._deadline("is_completable", c):
+            ok = self._completable(c)
         if not ok:
             self._stall = True
         return ok
@@ -202,6 +231,15 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
         self._cold_left = self.cold_walks
         order = sorted(range(len(proposals)), key=lambda k: -float(proposals[k][2]))
         kept: list[tuple[int, int]] = []
+        with self._deadline("select_commits", tuple(c)):
+            self._select(c, proposals, order, kept)
+        if proposals and not kept:
+            self._stall = True
+        return kept
+
+    def _select(self, c: list, proposals: Sequence[tuple[int, int, float]], order: list[int],
+                kept: list[tuple[int, int]]) -> None:
+        """Greedy in `order`: keep each proposal whose commit leaves the canvas completable (appends to kept)."""
         for k in order:
             p, t, _ = proposals[k]
             p, t = int(p), int(t)
@@ -212,13 +250,14 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
                 kept.append((p, t))
             else:
                 c[p] = None
-        if proposals and not kept:
-            self._stall = True
-        return kept
 
     def forced_tokens(self, canvas: Sequence[int]) -> dict[int, int]:
         c = self._norm(canvas)
         self._cold_left = self.cold_walks
+        with self._deadline("forced_tokens", c):
+            return self._forced(c)
+
+    def _forced(self, c: tuple) -> dict[int, int]:
         an = self._analyze(c, 0)
         if not an.valid or an.f >= self.n or c[an.f] is not None:
             return {}
@@ -240,13 +279,17 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
         positions = [int(p) for p in positions]
         o = bitmask_bytes(out[:len(positions)])
         o[:] = 0
-        self._masks_into(self._norm(canvas), positions, o)
+        c = self._norm(canvas)
+        with self._deadline("fill_token_bitmask", c):
+            self._masks_into(c, positions, o)
 
     def allowed_tokens(self, canvas: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
         """Bool [len(positions), vocab_size]: the rows `fill_token_bitmask` writes, unpacked."""
         positions = [int(p) for p in positions]
         out = torch.zeros((len(positions), self.vocab_size), dtype=torch.bool)
-        self._masks_into(self._norm(canvas), positions, out.numpy())
+        c = self._norm(canvas)
+        with self._deadline("allowed_tokens", c):
+            self._masks_into(c, positions, out.numpy())
         return out
 
     def _masks_into(self, c: tuple, positions: list[int], o: np.ndarray) -> None:
@@ -285,3 +328,22 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
         rows = self.allowed_tokens(list(canvas), list(range(self.n)))
         return [None if c[i] is not None else set(np.flatnonzero(rows[i].numpy()).tolist()) for i in range(self.n)]
 
+
+
+class _CallScope:
+    """`with state._deadline(operation, c):` activates the call's deadline for this thread and counts a timeout
+    in the state's stats (the error itself propagates: the caller sees ConstraintTimeoutError)."""
+
+    __slots__ = ("st", "scope")
+
+    def __init__(self, st: GrammarCanvasState, d: CallDeadline):
+        self.st = st
+        self.scope = activate(d)
+
+    def __enter__(self) -> CallDeadline | None:
+        return self.scope.__enter__()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.scope.__exit__(exc_type, exc, tb)
+        if exc_type is not None and issubclass(exc_type, ConstraintTimeoutError):
+            self.st.stats["deadline_hits"] += 1

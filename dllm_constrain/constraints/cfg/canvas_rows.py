@@ -3,7 +3,8 @@
 Rows are packed token-bitmask bytes (`dllm_constrain.kernels.bitmask`: token t = bit t % 8 of byte t // 8), the
 form the grammar already keeps its per-group token sets in (`CompiledGrammar.group_bits`), so a row is the OR of
 cached group bits and goes into the engine's bitmask without unpacking. `GrammarRows` is the part of
-`GrammarCanvasState` that builds them, LRU-cached per state by what they depend on.
+`GrammarCanvasState` that builds them, LRU-cached per state by what they depend on (a row is cached only once complete: the loops check the active call
+deadline, deadline.py, and an interrupted row is simply not kept).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import numpy as np
 from dllm_constrain.kernels.bitmask import set_token
 
 from ..bounds import INF
+from ..deadline import check_active
 from .canvas_sets import ENDED, Analysis
 from .canvas_search import WitnessSearch
 
@@ -52,6 +54,7 @@ class GrammarRows:
         _lt, succ = cg.successors(cfg)
         passing = []
         for g, nxt in succ:
+            check_active(None, f"computing the mask at the frontier (position {f})")
             if not self._inB(an.B, f + 1, cg.approx_id(nxt)):
                 continue
             if tail_only and not self._fits(nxt, cap):
@@ -63,6 +66,7 @@ class GrammarRows:
             kept = []
             total = 4 * self.refine_budget
             for g, nxt in passing:
+                check_active(None, f"refining the mask at the frontier (position {f}) by witness searches")
                 if total <= 0:  # out of refinement budget: keep the rest (sound)
                     kept.append((g, nxt))
                     continue
@@ -151,6 +155,7 @@ class GrammarRows:
                     set_token(row, self.eos)
                 return row
             for q, aa in by_q.items():
+                check_active(None, f"computing the mask at position {p}")
                 lt = self.cg.lexer.trans(q)
                 if lt.n_groups == 0:
                     continue

@@ -4,7 +4,8 @@ A `GrammarCanvasState` reports a canvas completable only with a witness in hand;
 first over token groups from the frontier (the exact parser steps each token, the approximate backward sets prune),
 committed tokens stepped exactly, the tail closed by the grammar's concrete completion or a bounded token-level
 search. A node budget bounds each search (`SearchBudgetExhausted` inside; the result is then None with
-`exhaustive` False, which proves nothing).
+`exhaustive` False, which proves nothing). The active call deadline is checked at every node: a search that
+outlives its call raises ConstraintTimeoutError (deadline.py), which, unlike the budget, is not caught here.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..deadline import check_active
 from .canvas_sets import Analysis, in_backward
 from .configuration import Config
 
@@ -116,6 +118,7 @@ class WitnessSearch:
                 nn = step(nxt, nxt_c)
                 if nn is None or not in_backward(an.B, i + 2, self.cg.approx_id(nn)):
                     continue
+            check_active(None, f"searching a completion of the canvas at position {i}")
             self.budget -= 1
             self.st.stats["search_nodes"] += 1
             if self.budget < 0:

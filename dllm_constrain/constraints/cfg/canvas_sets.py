@@ -5,11 +5,13 @@ approx.py: forward sets F[i] of approximate states from the frontier's state, ba
 from which the rest of the canvas (its committed tokens, its length, the EOS tail) is still reachable. A set larger
 than `set_cap`, or one that would need more cold vocabulary walks than the call allows, becomes TOP (None:
 everything), so masks there are sound but loose. `GrammarSets` is the part of the canvas state that computes them
-(memoised per state); `Analysis` is one canvas's result.
+(memoised per state); `Analysis` is one canvas's result. The loops check the active call deadline (deadline.py);
+a set is memoised only once complete, so a call interrupted there leaves the memos whole.
 """
 from __future__ import annotations
 
 from ..bounds import INF
+from ..deadline import check_active
 
 ENDED = -1  # the approximate state "an EOS has been emitted"
 
@@ -50,6 +52,7 @@ class GrammarSets:
             if a == ENDED:
                 ended = True
                 continue
+            check_active(None, "computing the forward sets of the open positions")
             if not self._warm(a // ap.P):
                 return None  # not worth a cold vocabulary walk now: TOP (sound); not memoised
             out |= ap.succ(a)
@@ -114,6 +117,7 @@ class GrammarSets:
         lx = self.cg.lexer
         for _k in range(m):
             nxt = set()
+            check_active(None, f"deciding whether a state can finish within {m} tokens")
             for s in frontier:
                 if not lx.has_trans(s // ap.P) and not self._warm(s // ap.P):
                     return True  # undecided without a cold vocabulary walk: sound answer
@@ -161,6 +165,7 @@ class GrammarSets:
         F: list = [None] * (H + 1)
         F[f] = frozenset({self.cg.approx_id(cfg)})
         for i in range(f, H):
+            check_active(None, f"computing the forward set at position {i + 1}")
             F[i + 1] = self._step_open(F[i]) if c[i] is None else self._step_tok(F[i], c[i])
         B: list = [frozenset()] * (H + 1)
         rem = n - H
@@ -170,6 +175,7 @@ class GrammarSets:
             B[H] = frozenset(a for a in F[H] if self.can_finish(a, rem))
         ap = self.approx
         for i in range(H - 1, f - 1, -1):
+            check_active(None, f"computing the backward set at position {i}")
             nb = B[i + 1]
             Fi = F[i]
             if nb is None:

@@ -9,6 +9,11 @@ terminal the stack accepts.
 bytes, then the LR items' cheapest terminal sequence rendered with each terminal's shortest lexeme, separated
 by the shortest ignored lexeme where two lexemes would merge) and checks it with the exact machinery; it is
 what makes every witness, hence every final canvas, concrete.
+
+Time: construction checks the compiler's `Deadline` between its phases and inside the lexeme search (raising
+CompilationTimeoutError); at request time the successor and completion searches check the active call deadline
+(deadline.py), and every memo is published only once complete, so a call interrupted there leaves this shared
+grammar whole.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import numpy as np
 
 from ...errors import InvalidGrammarError
 from ..bounds import INF
+from ..deadline import Deadline, check_active
 from ..tokenizer_info import TokenizerInfo
 from .approx import Approx
 from .canvas import GrammarCanvasState
@@ -48,18 +54,28 @@ def _continuations(lx: Lexer, q: int) -> Iterator[tuple[int, int]]:
 
 
 class CompiledGrammar:
-    def __init__(self, spec: GrammarSpec, tok: TokenizerInfo, name: str = "grammar"):
+    def __init__(self, spec: GrammarSpec, tok: TokenizerInfo, name: str = "grammar",
+                 deadline: Deadline | None = None):
+        """deadline: the compilation's time limit (None: unbounded), checked between the construction phases
+        and inside the lexeme search."""
+        check = (lambda: None) if deadline is None else deadline.check
         self.spec = spec
         self.name = name
         self.tokenizer_info = tok
+        check()
         self.lexer = Lexer(spec, tok)
+        check()
         self.vocab = vocab_for(tok)
-        self.shortest, self.separator = self._shortest_lexemes()
+        check()
+        self.shortest, self.separator = self._shortest_lexemes(check)
+        check()
         missing = [spec.type_names[t] for t in range(len(spec.type_names))
                    if t not in self.shortest and not spec.type_names[t] in spec.ignore]
         cost = [len(self.shortest[t]) if t in self.shortest else INF for t in range(len(spec.type_names))]
         self.parser = LRParser(spec, cost)
+        check()
         self.approx = Approx(spec, self.lexer)
+        check()
         self.eos_id = tok.eos_id
         self.mask_id = tok.mask_id
         self.vocab_size = tok.vocab_size
@@ -86,6 +102,7 @@ class CompiledGrammar:
         if self.parser.nt_cost[spec.nt_names.index(spec.start)] >= INF if spec.start in spec.nt_names else True:
             raise InvalidGrammarError(f"the grammar accepts no text: its start rule {spec.start!r} derives no string"
                                       + (f" (terminals without a lexeme: {missing})" if missing else ""))
+        check()
         if self.complete_bytes(self.initial) is None and proves_empty(spec, self.lexer):
             raise InvalidGrammarError("the grammar accepts no text: no sequence of its terminals that the start "
                                       f"rule {spec.start!r} derives can be lexed by Lark's lexer (adjacent lexemes "
@@ -100,7 +117,7 @@ class CompiledGrammar:
         return bool((self.lexer.E[q] != -1).any())
 
     # ------------------------------------------------------------------ lexeme strings
-    def _shortest_lexemes(self) -> tuple[dict[int, bytes], bytes | None]:
+    def _shortest_lexemes(self, check=lambda: None) -> tuple[dict[int, bytes], bytes | None]:
         """Shortest byte string lexed as exactly one lexeme of each type, and the shortest ignored lexeme (the
         separator). With a vocabulary that spells every byte, a BFS over the lexer by bytes; otherwise a BFS
         by whole tokens (so the strings are spellable)."""
@@ -114,6 +131,7 @@ class CompiledGrammar:
         if by_tokens:
             edges = sorted(self.vocab.by_bytes.items(), key=lambda kv: (len(kv[0]), kv[0]))
         while dq and len(seen) < 50_000:
+            check()
             x = dq.popleft()
             path = seen[x]
             et = lx.lexeme_type(x)
@@ -384,6 +402,7 @@ class CompiledGrammar:
             ap = self.approx
             lx = self.lexer
             for k, sq in enumerate(lt.useq):
+                check_active(None, "expanding the parser's successor configurations")
                 n2 = self.feed_seq(node, sq)
                 if n2 < 0:
                     continue
@@ -430,6 +449,7 @@ class CompiledGrammar:
         for _depth in range(max_tokens):
             nxt_layer: dict = {}
             for c, path in layer.items():
+                check_active(None, "searching a token completion of the parse")
                 if used > budget:
                     return None, False, used
                 lt, succ = self.successors(c)
