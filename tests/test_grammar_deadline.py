@@ -1,6 +1,7 @@
 """Per-call deadlines on the grammar path: every public call of a GrammarCanvasState runs under the request's
-constraint_timeout and, when it runs out, raises ConstraintTimeoutError naming the call and the canvas frontier;
-the shared compiled grammar stays intact; a grammar compile runs under the compiler's compile timeout."""
+constraint_timeout and, when it runs out, answers from the witness where that is sound or raises
+ConstraintTimeoutError naming the call and the canvas frontier; the shared compiled grammar stays intact; a
+grammar compile runs under the compiler's compile timeout."""
 from __future__ import annotations
 
 import lark
@@ -48,22 +49,29 @@ def _half_committed() -> list[int]:
     return canvas
 
 
-@pytest.mark.parametrize("operation", ["allowed_tokens", "fill_token_bitmask", "is_completable",
-                                       "select_commits", "forced_tokens"])
-def test_every_grammar_call_raises_the_typed_timeout_naming_itself(monkeypatch, operation: str) -> None:
-    st = compile_json().new_canvas_state(N, timeout_s=1e-3)  # built (its fit check) on the real clock
+def _timed_out_state(monkeypatch):
+    """A JSON-grammar state built on the real clock, then the deadline clock made to jump."""
+    st = compile_json().new_canvas_state(N, timeout_s=1e-3)
     monkeypatch.setattr(deadline_module, "time", _JumpingClock())
-    canvas = _half_committed()
-    if operation in ("is_completable", "select_commits", "forced_tokens"):
-        # a committed token the current witness disagrees with: the call must search a new witness
-        canvas[20] = ord("]")
+    return st
+
+
+def _disagreeing(canvas: list[int]) -> list[int]:
+    """canvas with a committed token right of the frontier that the current witness does not have: every call
+    must analyse the canvas (and search a new witness) instead of answering from the witness."""
+    c = list(canvas)
+    c[20] = ord("]")
+    return c
+
+
+@pytest.mark.parametrize("operation", ["allowed_tokens", "fill_token_bitmask"])
+def test_a_grammar_call_without_a_sound_answer_raises_the_typed_timeout_naming_itself(monkeypatch, operation) -> None:
+    st = _timed_out_state(monkeypatch)
+    canvas = _disagreeing(_half_committed())
     calls = {
         "allowed_tokens": lambda: st.allowed_tokens(canvas, list(range(10, N))),
         "fill_token_bitmask": lambda: st.fill_token_bitmask(canvas, list(range(10, N)),
                                                             torch.zeros((N, (258 + 31) // 32), dtype=torch.int32)),
-        "is_completable": lambda: st.is_completable(canvas),
-        "select_commits": lambda: st.select_commits(canvas, [(10, ord("2"), 1.0), (11, ord("]"), 0.5)]),
-        "forced_tokens": lambda: st.forced_tokens(canvas),
     }
     with pytest.raises(ConstraintTimeoutError) as exc:
         calls[operation]()
@@ -72,6 +80,32 @@ def test_every_grammar_call_raises_the_typed_timeout_naming_itself(monkeypatch, 
     assert err.timeout_s == pytest.approx(1e-3)
     assert operation in str(err) and "canvas frontier at position 10" in str(err)
     assert st.stats["deadline_hits"] == 1
+
+
+def test_timed_out_masks_offer_the_witness_token_at_the_frontier(monkeypatch) -> None:
+    st = _timed_out_state(monkeypatch)
+    canvas = [MASK] * N
+    rows = st.allowed_tokens(canvas, list(range(N)))
+    assert st.stats["deadline_hits"] == 1 and st.stats["witness_salvage"] == 1
+    assert rows[0].nonzero().flatten().tolist() == [st.witness[0]]  # the witness parses through it
+    assert not rows[1:].any()  # nothing unproven elsewhere
+    monkeypatch.setattr(deadline_module, "time", __import__("time"))
+    canvas[0] = st.witness[0]
+    assert st.is_completable(canvas)
+
+
+def test_timed_out_select_commits_forced_tokens_and_is_completable_answer_soundly(monkeypatch) -> None:
+    st = _timed_out_state(monkeypatch)
+    canvas = _disagreeing(_half_committed())
+    assert st.select_commits(canvas, [(10, ord("2"), 1.0), (11, ord("]"), 0.5)]) == []  # nothing unverified
+    assert st.forced_tokens(canvas) == {}
+    assert st.is_completable(canvas) is False  # no witness in time: conservative, never True without one
+    assert st.stats["deadline_hits"] == 3
+    # the stall this leaves narrows the next frontier mask to the witness's token (progress without proof work)
+    monkeypatch.setattr(deadline_module, "time", __import__("time"))
+    st.timeout_s = None
+    rows = st.allowed_tokens([MASK] * N, [0])  # a canvas the witness agrees with
+    assert rows[0].nonzero().flatten().tolist() == [st.witness[0]] and st.stats["witness_forced"] == 1
 
 
 def test_a_tiny_real_timeout_on_a_hard_canvas_raises_and_leaves_the_grammar_whole() -> None:
@@ -87,7 +121,7 @@ def test_a_tiny_real_timeout_on_a_hard_canvas_raises_and_leaves_the_grammar_whol
         except ConstraintTimeoutError as err:
             assert err.operation == "allowed_tokens" and err.kind == "grammar"
             hits += 1
-    assert hits >= 1
+    assert st.stats["deadline_hits"] >= 1 and hits == st.stats["deadline_hits"] - st.stats["witness_salvage"]
     # the interrupted calls left the shared grammar whole: a state with the default timeout gives the masks of
     # a fresh compile
     fresh = compile_json().new_canvas_state(N)

@@ -21,8 +21,13 @@ grammar, everything after it is EOS.
   (conservative): the engine then re-masks or backtracks the step.
 * Time: every public call runs under a per-call deadline (`timeout_s`, the request's constraint_timeout; see
   "Time bounds" in docs/constraints.md): the witness search, the set computation and the row computation check
-  it cooperatively and raise ConstraintTimeoutError (naming the call and the canvas frontier) between updates,
-  so an interrupted call leaves the state and the shared compiled grammar whole.
+  it cooperatively between updates, so an interrupted call leaves the state and the shared compiled grammar
+  whole (and the vocabulary walks it finished cached: the next call gets further). On timeout a call answers
+  from the witness when that is sound (masks: the witness's token at the frontier, nothing elsewhere;
+  select_commits: the commits verified so far; forced_tokens: nothing; is_completable: False, as when the search
+  budget runs out, so the engine undoes the step and the next frontier mask is the witness's token), else (a
+  mask of a canvas the witness disagrees with) raises ConstraintTimeoutError naming the call and the frontier.
+  The constructor's fit check is bounded by the search budget only, as `CompiledGrammar.min_tokens` is.
 * Termination: when a step's proposals are all refused, the next mask at the frontier is narrowed to the
   witness's token (counted in `stats["witness_forced"]`), which the engine commits as a forced token (and
   `forced_tokens` reports it too), so the frontier advances at least every other step.
@@ -77,7 +82,7 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
         self.timeout_s = timeout_s
         self.kind = "grammar"
         self.stats = {"searches": 0, "search_nodes": 0, "search_failures": 0, "witness_forced": 0,
-                      "lark_rejections": 0, "deadline_hits": 0}
+                      "lark_rejections": 0, "deadline_hits": 0, "witness_salvage": 0}
         self._prefix_c: tuple = ()
         self._prefix_cfgs: list[Config | None] = [cg.initial]
         self._an: _Analysis | None = None
@@ -88,9 +93,7 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
         self._tok_memo: dict = {}
         self._fin_true: dict[int, int] = {}
         self._fin_false: dict[int, int] = {}
-        empty = tuple([None] * self.n)
-        with self._deadline(f"checking that an output fits {self.n} tokens", empty):
-            w = self._search(empty)
+        w = self._search(tuple([None] * self.n))
         if w is None:
             raise ConstraintTooLongError(int(cg.min_tokens()), self.n)
         self.witness: list[int] = w
@@ -211,8 +214,11 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
     def is_completable(self, canvas: Sequence[int]) -> bool:
         c = self._norm(canvas)
         self._cold_left = self.cold_walks
-        with self._deadline("is_completable", c):
-            ok = self._completable(c)
+        try:
+            with self._deadline("is_completable", c):
+                ok = self._completable(c)
+        except ConstraintTimeoutError:
+            ok = False  # no witness in time: conservative, as when the search budget runs out
         if not ok:
             self._stall = True
         return ok
@@ -231,8 +237,11 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
         self._cold_left = self.cold_walks
         order = sorted(range(len(proposals)), key=lambda k: -float(proposals[k][2]))
         kept: list[tuple[int, int]] = []
-        with self._deadline("select_commits", tuple(c)):
-            self._select(c, proposals, order, kept)
+        try:
+            with self._deadline("select_commits", tuple(c)):
+                self._select(c, proposals, order, kept)
+        except ConstraintTimeoutError:
+            pass  # the commits verified so far (each has a witness); none: the next frontier mask is the witness's
         if proposals and not kept:
             self._stall = True
         return kept
@@ -254,8 +263,11 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
     def forced_tokens(self, canvas: Sequence[int]) -> dict[int, int]:
         c = self._norm(canvas)
         self._cold_left = self.cold_walks
-        with self._deadline("forced_tokens", c):
-            return self._forced(c)
+        try:
+            with self._deadline("forced_tokens", c):
+                return self._forced(c)
+        except ConstraintTimeoutError:
+            return {}  # nothing forced
 
     def _forced(self, c: tuple) -> dict[int, int]:
         an = self._analyze(c, 0)
@@ -280,17 +292,42 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
         o = bitmask_bytes(out[:len(positions)])
         o[:] = 0
         c = self._norm(canvas)
-        with self._deadline("fill_token_bitmask", c):
-            self._masks_into(c, positions, o)
+        try:
+            with self._deadline("fill_token_bitmask", c):
+                self._masks_into(c, positions, o)
+        except ConstraintTimeoutError as err:
+            self._witness_masks(c, positions, o, err)
 
     def allowed_tokens(self, canvas: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
         """Bool [len(positions), vocab_size]: the rows `fill_token_bitmask` writes, unpacked."""
         positions = [int(p) for p in positions]
         out = torch.zeros((len(positions), self.vocab_size), dtype=torch.bool)
         c = self._norm(canvas)
-        with self._deadline("allowed_tokens", c):
-            self._masks_into(c, positions, out.numpy())
+        o = out.numpy()
+        try:
+            with self._deadline("allowed_tokens", c):
+                self._masks_into(c, positions, o)
+        except ConstraintTimeoutError as err:
+            self._witness_masks(c, positions, o, err)
         return out
+
+    def _witness_masks(self, c: tuple, positions: list[int], o: np.ndarray, err: ConstraintTimeoutError) -> None:
+        """The masks of a call whose deadline fired: committed positions their own token, the frontier the
+        witness's token (the witness spells a parse through it), every other open position nothing. Sound, and
+        the engine still advances (it commits the frontier). When the witness disagrees with the canvas there is
+        no proven token to offer: the timeout is raised again."""
+        if not self._consistent(c):
+            raise err
+        self.stats["witness_salvage"] += 1
+        o[:len(positions)] = 0
+        f = next((i for i, x in enumerate(c) if x is None), self.n)
+        for j, p in enumerate(positions):
+            if not 0 <= p < self.n:
+                raise IndexError(f"position {p} outside the canvas of length {self.n}")
+            if c[p] is not None:
+                set_token(o[j], c[p])
+            elif p == f:
+                set_token(o[j], self.witness[p])
 
     def _masks_into(self, c: tuple, positions: list[int], o: np.ndarray) -> None:
         """The masks into the zeroed mask rows `o` (bool [n, V] or bitmask bytes [n, 4 W]): committed positions
@@ -332,7 +369,7 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
 
 class _CallScope:
     """`with state._deadline(operation, c):` activates the call's deadline for this thread and counts a timeout
-    in the state's stats (the error itself propagates: the caller sees ConstraintTimeoutError)."""
+    in the state's stats (the error itself propagates to the public call, which answers soundly or re-raises)."""
 
     __slots__ = ("st", "scope")
 
