@@ -3,8 +3,10 @@
 Rows are packed token-bitmask bytes (`dllm_constrain.kernels.bitmask`: token t = bit t % 8 of byte t // 8), the
 form the grammar already keeps its per-group token sets in (`CompiledGrammar.group_bits`), so a row is the OR of
 cached group bits and goes into the engine's bitmask without unpacking. `GrammarRows` is the part of
-`GrammarCanvasState` that builds them, LRU-cached per state by what they depend on (a row is cached only once complete: the loops check the active call
-deadline, deadline.py, and an interrupted row is simply not kept).
+`GrammarCanvasState` that builds them, LRU-cached per state by what they depend on. Time (deadline.py): the frontier row's length checks and refinement
+searches that outlive the call's deadline count as inconclusive (the token group is kept: sound, as when their
+budgets run out) and the row so loosened is not cached; the approximate rows check the deadline and an
+interrupted row is simply not kept.
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dllm_constrain.kernels.bitmask import set_token
+
+from ...errors import ConstraintTimeoutError
 
 from ..bounds import INF
 from ..deadline import check_active
@@ -53,12 +57,17 @@ class GrammarRows:
         sel = np.zeros(lt.n_groups, dtype=bool)
         _lt, succ = cg.successors(cfg)
         passing = []
+        loose = False  # a check cut short by the deadline kept its group: the row is sound but not cached
         for g, nxt in succ:
-            check_active(None, f"computing the mask at the frontier (position {f})")
             if not self._inB(an.B, f + 1, cg.approx_id(nxt)):
                 continue
-            if tail_only and not self._fits(nxt, cap):
-                continue
+            if tail_only:
+                try:
+                    fits = self._fits(nxt, cap)
+                except ConstraintTimeoutError:
+                    fits = loose = True  # inconclusive in time: keep it (sound)
+                if not fits:
+                    continue
             passing.append((g, nxt))
         if not tail_only and len(passing) <= self.refine_groups:
             # right of f the B sets are approximate: decide each group by a witness search from f+1
@@ -66,14 +75,19 @@ class GrammarRows:
             kept = []
             total = 4 * self.refine_budget
             for g, nxt in passing:
-                check_active(None, f"refining the mask at the frontier (position {f}) by witness searches")
-                if total <= 0:  # out of refinement budget: keep the rest (sound)
+                if total <= 0:  # out of refinement budget (or time): keep the rest (sound)
                     kept.append((g, nxt))
                     continue
                 srch.exhaustive = True
                 allot = min(self.refine_budget, total)
                 srch.budget = allot
-                found = srch.run(f + 1, nxt) is not None
+                try:
+                    found = srch.run(f + 1, nxt) is not None
+                except ConstraintTimeoutError:
+                    kept.append((g, nxt))
+                    total = 0
+                    loose = True
+                    continue
                 total -= allot - max(srch.budget, 0) + 1
                 if found or not srch.exhaustive:
                     kept.append((g, nxt))
@@ -86,6 +100,8 @@ class GrammarRows:
         if (an.last_text < f) and cg.accepts_end(cfg):
             row[self.eos] = True
         row = np.packbits(row, bitorder="little")
+        if loose:
+            return row
         self._rows[key] = row
         if len(self._rows) > 64:
             self._rows.popitem(last=False)
