@@ -146,18 +146,25 @@ def test_generate_inside_a_progress_callback_is_a_typed_error(llm: dc.LLM) -> No
     assert len(seen) == 1 and "loop thread" in str(seen[0])
 
 
-def test_abort_of_a_pending_and_of_a_running_request(llm: dc.LLM, reference: list[list[int]]) -> None:
+def _submit_holding_the_loop(llm: dc.LLM) -> tuple[threading.Event, Any]:
+    """Submit JOBS[1] with a progress hook that holds the loop thread at its first step until the returned gate
+    is set; returns once the loop is held."""
     gate = threading.Event()
     held = threading.Event()
 
-    def hold(event: Any) -> None:  # the first step's progress holds the loop thread
+    def hold(event: Any) -> None:
         if not gate.is_set():
             held.set()
             assert gate.wait(WAIT)
 
     job = dict(JOBS[1])
-    first = llm.submit(job.pop("prompt"), max_new_tokens=MAX_NEW, progress=hold, **job)
+    handle = llm.submit(job.pop("prompt"), max_new_tokens=MAX_NEW, progress=hold, **job)
     assert held.wait(WAIT)
+    return gate, handle
+
+
+def test_abort_of_a_pending_and_of_a_running_request(llm: dc.LLM, reference: list[list[int]]) -> None:
+    gate, first = _submit_holding_the_loop(llm)
     pending = llm.submit("What is 5 plus 5?", regex="[0-9]+", max_new_tokens=MAX_NEW)
     pending.abort()
     started = threading.Event()
@@ -182,17 +189,7 @@ def test_abort_of_a_pending_and_of_a_running_request(llm: dc.LLM, reference: lis
 
 def test_cancelling_a_future_skips_a_queued_call_and_cannot_race_a_taken_one(llm: dc.LLM,
                                                                              reference: list[list[int]]) -> None:
-    gate = threading.Event()
-    held = threading.Event()
-
-    def hold(event: Any) -> None:  # the first step's progress holds the loop thread
-        if not gate.is_set():
-            held.set()
-            assert gate.wait(WAIT)
-
-    job = dict(JOBS[1])
-    taken = llm.submit(job.pop("prompt"), max_new_tokens=MAX_NEW, progress=hold, **job)
-    assert held.wait(WAIT)
+    gate, taken = _submit_holding_the_loop(llm)
     queued = llm.submit("What is 5 plus 5?", regex="[0-9]+", max_new_tokens=MAX_NEW)
     assert not taken.future.cancel() and taken.future.running()  # the loop took it: abort() stops it, not cancel()
     assert queued.future.cancel()

@@ -23,7 +23,7 @@ import math
 import random
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -327,6 +327,3 @@ def export(run: _Run, cfg: TrainConfig, out: Path, log_path: Path) -> dict:
     plot_loss(steps, evals, out / "loss_curve.png")
     return summary
 
-
-def config_fields() -> list[str]:
-    return [f.name for f in fields(TrainConfig)]
