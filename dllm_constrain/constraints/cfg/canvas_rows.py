@@ -171,7 +171,7 @@ class GrammarRows:
                     set_token(row, self.eos)
                 return row
             for q, aa in by_q.items():
-                check_active(None, f"computing the mask at position {p}")
+                check_active(None, "computing the mask at position %d", p)
                 lt = self.cg.lexer.trans(q)
                 if lt.n_groups == 0:
                     continue

@@ -118,7 +118,7 @@ class WitnessSearch:
                 nn = step(nxt, nxt_c)
                 if nn is None or not in_backward(an.B, i + 2, self.cg.approx_id(nn)):
                     continue
-            check_active(None, f"searching a completion of the canvas at position {i}")
+            check_active(None, "searching a completion of the canvas at position %d", i)
             self.budget -= 1
             self.st.stats["search_nodes"] += 1
             if self.budget < 0:

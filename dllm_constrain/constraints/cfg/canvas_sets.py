@@ -117,7 +117,7 @@ class GrammarSets:
         lx = self.cg.lexer
         for _k in range(m):
             nxt = set()
-            check_active(None, f"deciding whether a state can finish within {m} tokens")
+            check_active(None, "deciding whether a state can finish within %d tokens", m)
             for s in frontier:
                 if not lx.has_trans(s // ap.P) and not self._warm(s // ap.P):
                     return True  # undecided without a cold vocabulary walk: sound answer
@@ -165,7 +165,7 @@ class GrammarSets:
         F: list = [None] * (H + 1)
         F[f] = frozenset({self.cg.approx_id(cfg)})
         for i in range(f, H):
-            check_active(None, f"computing the forward set at position {i + 1}")
+            check_active(None, "computing the forward set at position %d", i + 1)
             F[i + 1] = self._step_open(F[i]) if c[i] is None else self._step_tok(F[i], c[i])
         B: list = [frozenset()] * (H + 1)
         rem = n - H
@@ -175,7 +175,7 @@ class GrammarSets:
             B[H] = frozenset(a for a in F[H] if self.can_finish(a, rem))
         ap = self.approx
         for i in range(H - 1, f - 1, -1):
-            check_active(None, f"computing the backward set at position {i}")
+            check_active(None, "computing the backward set at position %d", i)
             nb = B[i + 1]
             Fi = F[i]
             if nb is None:
