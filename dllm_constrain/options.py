@@ -2,12 +2,12 @@
 objects it belongs to, so each default is defined once, as a dataclass field default.
 
     SamplingParams   per request: max_new_tokens, steps, block_length, policy, threshold, temperature, seed,
-                     entropy_bound, timeout, constraint_timeout and `constraint` (engine.state)
+                     entropy_bound, timeout, constraint_timeout, forced_tokens and `constraint` (engine.state)
     OutputConstraint the request's constraint: schema | regex | grammar, strict, schema_options, whitespace,
                      compile_timeout (engine.state)
     EngineConfig     engine settings for one call: kv_cache, refresh, refresh_steps, refresh_threshold,
-                     keep_ratio, logits_budget_bytes, max_logit_rows, budgeted_logits, backend (engine.config;
-                     the ones not given keep the LLM's engine's)
+                     keep_ratio, logits_budget_bytes, max_logit_rows, budgeted_logits, backend, mask_workers
+                     (engine.config; the ones not given keep the LLM's engine's)
     CALL_OPTIONS     the call itself: progress
 
 `route_options(options, defaults, sampling_params)` does the routing: keywords replace fields of
@@ -141,6 +141,8 @@ REQUEST_FIELDS: dict[str, Callable[[Any], Any]] = {
     "timeout": _real_field("timeout", 0.0, lo_open=True),
     "max_logit_rows": _int_field("max_logit_rows", 1),
     "budgeted_logits": _bool_field("budgeted_logits"),
+    "forced_tokens": _bool_field("forced_tokens"),
+    "mask_workers": _int_field("mask_workers", 0),
 }
 
 # seconds per constraint call of a request (the SamplingParams field default; see "Time bounds" in

@@ -31,6 +31,12 @@ Budgeted logits: only the open positions of each request's active block are proj
 transient workspace fits `logits_budget_bytes` (None: derived from the device's free memory, see
 `engine.logits.default_logits_budget`); the grammar masks are applied inside each chunk and the chunk is reduced at
 once to token / probability / entropy / margin (`kernels.masked_row_stats`), then freed.
+
+Masks beside the forward (`mask_workers`, engine.mask_workers): the constraint masks of a step depend only on the
+canvas before its forward, so with mask_workers >= 1 they are computed on that many worker threads while the
+forward runs, and the forced tokens they show are committed after it (see engine.llm_engine, "Forced tokens");
+mask_workers=0 computes them serially before the forward. More than one worker helps only when the batch holds
+requests of different compiled constraints (requests of one compiled constraint share a worker).
 """
 from __future__ import annotations
 
@@ -55,6 +61,7 @@ class EngineConfig:
     max_logit_rows: int | None = None  # optional hard cap on rows per logits chunk
     budgeted_logits: bool = True  # False: one unchunked projection + reduction per request (tests, benchmarks)
     backend: str = "auto"  # kernels' backend: "auto" (Triton on CUDA, torch elsewhere) | "triton" | "torch"
+    mask_workers: int = 1  # threads computing constraint masks beside the forward; 0: serially before it
 
     def validate(self) -> "EngineConfig":
         """Raise InvalidRequestError naming the first bad field; returns self."""
@@ -74,6 +81,8 @@ class EngineConfig:
                                       f"got {self.logits_budget_bytes!r}")
         if self.max_logit_rows is not None and (not isinstance(self.max_logit_rows, int) or self.max_logit_rows < 1):
             raise InvalidRequestError(f"max_logit_rows must be an integer >= 1 (or None), got {self.max_logit_rows!r}")
+        if not isinstance(self.mask_workers, int) or isinstance(self.mask_workers, bool) or self.mask_workers < 0:
+            raise InvalidRequestError(f"mask_workers must be an integer >= 0, got {self.mask_workers!r}")
         if self.backend not in BACKENDS:
             raise InvalidRequestError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         return self

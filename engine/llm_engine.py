@@ -63,6 +63,7 @@ from dllm_constrain.constraints.protocol import fill_token_bitmask
 from dllm_constrain.engine.block_diffusion import generate_blocks, is_block_diffusion
 from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.logits import LogitsPath
+from dllm_constrain.engine.mask_workers import MaskItem, MaskResult, MaskTiming, MaskWorkers
 from dllm_constrain.engine.model_runner import ForwardStats, ModelRunner
 from dllm_constrain.engine.models.base import DiffusionLM
 from dllm_constrain.engine.outputs import (
@@ -109,6 +110,13 @@ class _Loop:
     policies: dict[int, CommitPolicy] = field(default_factory=dict)
     streamed: dict[int, int] = field(default_factory=dict)  # request id -> prefix length already streamed
     pending: list[RequestOutput] = field(default_factory=list)  # aborted requests, delivered by the next step
+    masks: MaskWorkers | None = None  # threads computing masks beside the forward (None: EngineConfig.mask_workers=0)
+    timing: MaskTiming = field(default_factory=MaskTiming)  # measured mask and forward time (benchmarks)
+
+    def close(self) -> None:
+        """End the loop's mask threads (waiting for a running job)."""
+        if self.masks is not None:
+            self.masks.close()
 
 
 class LLMEngine:
@@ -153,10 +161,13 @@ class LLMEngine:
                                       max_rows=config.max_logit_rows, budgeted=config.budgeted_logits,
                                       backend=config.backend)
         self.logits_path.reset_budget(self.runner.device)
+        # the measured mask/forward time of the latest loop (a generate() call, or the continuous loop)
+        self.mask_timing = MaskTiming()
 
     def _new_loop(self, config: EngineConfig, scheduler_config: SchedulerConfig) -> _Loop:
         self._setup_call(config)
-        return _Loop(Scheduler(scheduler_config), self.runner, self.logits_path)
+        masks = MaskWorkers(config.mask_workers, self._allowed) if config.mask_workers > 0 else None
+        return _Loop(Scheduler(scheduler_config), self.runner, self.logits_path, masks=masks, timing=self.mask_timing)
 
     # ------------------------------------------------------------------ set-up
     def _base_allowed(self) -> torch.Tensor:
@@ -272,6 +283,7 @@ class LLMEngine:
             outputs = self._step(loop)
         except BaseException:
             self._loop = None
+            loop.close()
             raise
         if stream is not None:
             updates = self._stream_updates(loop, outputs)
@@ -294,12 +306,28 @@ class LLMEngine:
         loop.scheduler.schedule()
         running = [loop.states[e.request_id] for e in loop.scheduler.running]
         for s in running:
-            self._isolated(s, self._prepare_step, s)
+            self._isolated(s, self._prepare_step, s, loop.timing, self._masks_beside(loop, s))
         live = [s for s in running if not s.done]
-        for row in loop.runner.forward_rows(live):
+        # every constraint call of the loop thread is done for this step until the join: the workers own the
+        # constraints of the requests they were handed (engine.mask_workers)
+        beside = [MaskItem(s, s.canvas_view(self.special.mask_id), s.open_in_block())
+                  for s in live if self._masks_beside(loop, s)]
+        batch = loop.masks.submit(beside) if beside and loop.masks is not None else None
+        start = time.perf_counter()
+        try:
+            rows = loop.runner.forward_rows(live)
+        except BaseException:
+            if batch is not None:
+                batch.wait()  # no worker may still use a constraint once the failure leaves the loop
+            raise
+        end = time.perf_counter()
+        if live:
+            loop.timing.add_forward(start, end)
+        masks = batch.join(loop.timing, (start, end)) if batch is not None else {}
+        for row in rows:
             s = row.state
             self._isolated(s, self._after_forward, s, loop.policies[s.index], row.hidden, row.offset,
-                           loop.logits_path)
+                           loop.logits_path, masks.get(s.index), loop.timing)
         for s in running:
             if s.done:
                 outputs.append(RequestOutput(s.index, self._result(s, loop.runner)))
@@ -350,37 +378,60 @@ class LLMEngine:
             generate_blocks(self, states, [make_policy(s.params) for s in states], progress)
             return [self._result(s, self.runner) for s in states]
         loop = self._new_loop(call_config, self.scheduler_config)
-        states = []
-        for i, r in enumerate(requests):
-            self._add(loop, r, i)
-            states.append(loop.states[i])
-        for s in states:
-            s.start_time = t0
-        results: dict[int, GenerationResult] = {}
-        while loop.scheduler.has_unfinished():
-            for out in self._step(loop):
-                if out.error is not None and raise_errors:
-                    raise out.error
-                results[out.request_id] = out.result
-            if progress is not None:
-                progress(self._event(states))
-        return [results[i] for i in range(len(states))]
+        try:
+            states = []
+            for i, r in enumerate(requests):
+                self._add(loop, r, i)
+                states.append(loop.states[i])
+            for s in states:
+                s.start_time = t0
+            results: dict[int, GenerationResult] = {}
+            while loop.scheduler.has_unfinished():
+                for out in self._step(loop):
+                    if out.error is not None and raise_errors:
+                        raise out.error
+                    results[out.request_id] = out.result
+                if progress is not None:
+                    progress(self._event(states))
+            return [results[i] for i in range(len(states))]
+        finally:
+            loop.close()
 
-    def _prepare_step(self, s: RequestState) -> None:
-        """The forward-free part of a step: bound check, block/EOS bookkeeping, forced tokens."""
+    @staticmethod
+    def _masks_beside(loop: _Loop, s: RequestState) -> bool:
+        """Whether this step's masks of `s` are computed beside the forward (by the loop's mask workers) rather
+        than serially before it. Serially: without workers, and at the first step of a block when forced tokens
+        are on, so a block the constraint fixes whole as soon as it is entered (a cascade of fixed blocks
+        included) is still closed without a forward; later steps of a block take their forced tokens from the
+        masks computed beside the forward (see `_take_masks`)."""
+        return (loop.masks is not None and s.constraint is not None and not s.done
+                and not (s.params.forced_tokens and s.block_step == 0))
+
+    def _prepare_step(self, s: RequestState, timing: MaskTiming | None = None, beside: bool = False) -> None:
+        """The forward-free part of a step: bound check, block/EOS bookkeeping, and, unless the masks are
+        computed beside the forward (`beside`), the masks and forced tokens."""
         self._check_step_bound(s)
         s.step += 1
         self._settle(s)
-        if not s.done and s.constraint is not None:
-            self._commit_forced(s)
+        if s.done or s.constraint is None or beside:
+            return
+        if s.params.forced_tokens:
+            self._commit_forced(s, timing)
+        else:
+            positions = s.open_in_block()
+            s.allowed_cache = (positions, self._timed_allowed(s, s.canvas_view(self.special.mask_id), positions,
+                                                              timing))
 
     def _after_forward(self, s: RequestState, policy: CommitPolicy, hidden: torch.Tensor, offset: int,
-                       logits_path: LogitsPath) -> None:
-        """The part of a step after the forward: policy, joint verification, backtracking, bookkeeping. `logits_path`
-        is the one of the loop the request belongs to (a generate() call between two steps of the continuous loop
-        has its own)."""
+                       logits_path: LogitsPath, masks: MaskResult | None = None,
+                       timing: MaskTiming | None = None) -> None:
+        """The part of a step after the forward: the masks computed beside it (`masks`: their forced tokens, see
+        `_take_masks`), policy, joint verification, backtracking, bookkeeping. `logits_path` is the one of the loop
+        the request belongs to (a generate() call between two steps of the continuous loop has its own)."""
         s.nfe += 1
-        self._denoise(s, policy, hidden, offset, logits_path)
+        if masks is not None and self._take_masks(s, masks):
+            return
+        self._denoise(s, policy, hidden, offset, logits_path, timing)
         s.block_step += 1
         self._settle(s)
 
@@ -393,6 +444,15 @@ class LLMEngine:
         timeout = s.params.timeout
         if timeout is not None and time.perf_counter() - s.start_time > timeout:
             raise GenerationTimeoutError(f"request {s.index} did not finish within its timeout of {timeout} s")
+
+    def _timed_allowed(self, s: RequestState, view: list[int], positions: list[int],
+                       timing: MaskTiming | None) -> torch.Tensor:
+        """`_allowed` computed on the loop thread (serially), its time recorded in `timing`."""
+        start = time.perf_counter()
+        allowed = self._allowed(s, view, positions)
+        if timing is not None:
+            timing.add_mask(start, time.perf_counter())
+        return allowed
 
     def _allowed(self, s: RequestState, view: list[int], positions: list[int]) -> torch.Tensor:
         """Token bitmask int32 [len(positions), ceil(vocab / 32)] (kernels.bitmask): the constraint fills it in
@@ -410,13 +470,14 @@ class LLMEngine:
         return allowed
 
     def _denoise(self, s: RequestState, policy: CommitPolicy, hidden: torch.Tensor, offset: int,
-                 logits_path: LogitsPath) -> None:
+                 logits_path: LogitsPath, timing: MaskTiming | None = None) -> None:
         positions = s.open_in_block()
         if not positions:
             return
         view = s.canvas_view(self.special.mask_id)
         cached, s.allowed_cache = s.allowed_cache, None
-        allowed = cached[1] if cached is not None and cached[0] == positions else self._allowed(s, view, positions)
+        allowed = (cached[1] if cached is not None and cached[0] == positions
+                   else self._timed_allowed(s, view, positions, timing))
         # logits for the open positions in budgeted chunks, each masked and reduced at once
         stats = logits_path.row_stats(hidden[[offset + p for p in positions]], allowed, s.params.temperature,
                                       s.generator)
@@ -465,7 +526,7 @@ class LLMEngine:
             if not bool(s.committed[pos]):
                 s.canvas[pos] = tok
 
-    def _commit_forced(self, s: RequestState) -> None:
+    def _commit_forced(self, s: RequestState, timing: MaskTiming | None = None) -> None:
         """Commit every open position of the active block whose allowed set has exactly one token: no model
         confidence needed. The masks come from `fill_token_bitmask` on the current canvas, before the forward;
         committing a forced token leaves the set of valid completions (hence every other mask) unchanged,
@@ -473,31 +534,66 @@ class LLMEngine:
         the next one without a forward (counted in `forwards_saved`)."""
         while not s.done:
             positions = s.open_in_block()
-            allowed = self._allowed(s, s.canvas_view(self.special.mask_id), positions)
-            single = single_token_rows(allowed)
-            if not bool(single.any()):
-                s.allowed_cache = (positions, allowed)
-                return
-            rows = single.nonzero().flatten().tolist()
-            tokens = [int(row_tokens(bitmask_bytes(allowed)[r])[0]) for r in rows]
+            allowed = self._timed_allowed(s, s.canvas_view(self.special.mask_id), positions, timing)
             steps_left = s.budget[s.block] - s.block_step
             block_before = s.block
-            s.commit([positions[r] for r in rows], tokens)
-            s.forced_tokens += len(rows)
-            if len(rows) == len(positions):
+            closed = self._force_rows(s, positions, allowed)
+            if closed:
                 # the active block closed without a forward: the rest of its step budget is saved
                 s.forwards_saved += max(1, steps_left) if s.params.policy in ("quota", "entropy", "margin") else 1
-            self._settle(s)
             if not s.done and s.block == block_before:
-                keep = ~single
-                kept = allowed[keep]
-                # a budgeted constraint may leave masks right of the left frontier empty (sound, not exact);
-                # the forced commits may have made one of them the new frontier, whose mask must then be
-                # recomputed (the constraint decides the frontier exactly): keep the rows only if it is not empty
-                if kept.shape[0] and bool(kept[0].any()):
-                    s.allowed_cache = ([p for p, k in zip(positions, keep.tolist()) if k], kept)
                 return
+            s.allowed_cache = None
 
+    def _take_masks(self, s: RequestState, masks: MaskResult) -> bool:
+        """This step's masks computed beside the forward, on the canvas the forward saw: re-raise the job's
+        failure (a typed one ends this request only, see `_isolated`), else commit their forced tokens now, after
+        the forward (forced_tokens on), and keep the other rows for the policy. True when the forced tokens
+        closed the block or ended the request: the step is then over for it (its forward was spent, none saved).
+
+        The trade-off against the serial path: the forward of this step did not see this step's forced tokens as
+        context (the serial path commits them before it), so the policy's picks, hence the outputs, may differ;
+        they stay valid (a forced token never changes another position's mask, and the policy's commits are
+        verified jointly on the canvas with the forced tokens in). A block that forced tokens close in the middle
+        of the block costs its request one forward more than on the serial path; at a block's first step the
+        masks stay serial (`_masks_beside`), where a block the constraint fixes whole saves its forwards."""
+        if masks.error is not None:
+            raise masks.error
+        positions = s.open_in_block()
+        if masks.positions != positions or masks.allowed is None:  # not the canvas the job saw: recompute later
+            return False
+        if not s.params.forced_tokens:
+            s.allowed_cache = (positions, masks.allowed)
+            return False
+        block_before = s.block
+        self._force_rows(s, positions, masks.allowed)
+        if s.done or s.block != block_before:
+            s.allowed_cache = None
+            return True
+        return False
+
+    def _force_rows(self, s: RequestState, positions: list[int], allowed: torch.Tensor) -> bool:
+        """Commit the positions whose mask row allows a single token (counted in `forced_tokens`), settle, and
+        cache the other rows for the policy (`allowed_cache`). True when the forced tokens closed the block."""
+        single = single_token_rows(allowed)
+        if not bool(single.any()):
+            s.allowed_cache = (positions, allowed)
+            return False
+        rows = single.nonzero().flatten().tolist()
+        tokens = [int(row_tokens(bitmask_bytes(allowed)[r])[0]) for r in rows]
+        s.commit([positions[r] for r in rows], tokens)
+        s.forced_tokens += len(rows)
+        block_before = s.block
+        self._settle(s)
+        if not s.done and s.block == block_before:
+            keep = ~single
+            kept = allowed[keep]
+            # a budgeted constraint may leave masks right of the left frontier empty (sound, not exact);
+            # the forced commits may have made one of them the new frontier, whose mask must then be
+            # recomputed (the constraint decides the frontier exactly): keep the rows only if it is not empty
+            if kept.shape[0] and bool(kept[0].any()):
+                s.allowed_cache = ([p for p, k in zip(positions, keep.tolist()) if k], kept)
+        return len(rows) == len(positions)
     def _settle(self, s: RequestState) -> None:
         """Stop if the answer has ended (fill the tail with EOS); otherwise move past completed blocks."""
         eos = self.special.eos_id

@@ -98,6 +98,9 @@ class SamplingParams:
     # seconds each constraint call of the request may take (masks, joint verification, completability, the fit
     # check; None: unbounded); past it a call answers soundly or the request ends with ConstraintTimeoutError
     constraint_timeout: float | None = DEFAULT_CALL_TIMEOUT_S
+    # commit the positions whose constraint mask allows a single token without the model (False: every position
+    # goes through the policy; see "Forced tokens" in engine.llm_engine)
+    forced_tokens: bool = True
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the first bad field."""
@@ -126,6 +129,8 @@ class SamplingParams:
                 or not self.constraint_timeout > 0):
             raise InvalidRequestError(f"constraint_timeout must be a number of seconds > 0 (or None), "
                                       f"got {self.constraint_timeout!r}")
+        if not isinstance(self.forced_tokens, bool):
+            raise InvalidRequestError(f"forced_tokens must be True or False, got {self.forced_tokens!r}")
 
     @property
     def num_blocks(self) -> int:

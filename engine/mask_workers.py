@@ -1,0 +1,171 @@
+"""Allowed-token masks computed beside the forward: a small thread pool owned by one request loop.
+
+Why: the masks a step needs (one bitmask row per open position of each constrained request's active block) depend
+only on the canvas as it is before the step's forward, and the forward does not read them. Computed serially on
+the loop's thread they add their whole time to every step; computed on worker threads they run while the forward
+runs (torch ops and the constraint's C trie walker, called through ctypes, release the GIL; the pure-Python
+parts of a mask still take turns with the forward's Python glue).
+
+Safety:
+  - a request's constraint is used by one thread at a time: the loop thread hands a job its requests and does
+    not touch their constraints until it has joined every job of the step (`MaskBatch.join`, before any commit
+    decision);
+  - constraint states made from the same compiled constraint share its lazily grown automata (memo tables
+    published under their own rules, not all of them locked), so the requests of one compiled constraint go to
+    one job and run there one after the other, in the loop's order (`shared_key`): the memos then fill in the
+    same order as on the serial path, and two threads never grow the same automaton;
+  - a job's failure is its request's: the exception is returned in that request's `MaskResult` and re-raised on
+    the loop thread, where the engine's per-request isolation ends that request only (a typed
+    DllmConstrainError) or the step (anything else, an engine fault, as on the serial path);
+  - per-call deadlines (`constraints.deadline`) are per thread: a constraint call activates its own deadline on
+    the thread it runs on, so a call on a worker is bounded exactly as on the loop thread.
+
+Timing: every job records its start and end (perf_counter) and the loop records the forward's; `MaskTiming` sums
+mask time and the part of it that ran while the forward was running (the overlap fraction of
+benchmarks/bench_overlap.py).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dllm_constrain.engine.state import RequestState
+
+__all__ = ["MaskBatch", "MaskItem", "MaskResult", "MaskTiming", "MaskWorkers", "shared_key"]
+
+
+@dataclass
+class MaskTiming:
+    """Measured cost of a loop's masks: wall seconds spent computing them, the part of it that ran while a
+    forward was running, and the forwards' own wall time (for per-forward figures)."""
+
+    mask_calls: int = 0  # mask computations (one per request and step, plus rare recomputations)
+    mask_seconds: float = 0.0
+    overlapped_seconds: float = 0.0  # mask seconds inside a forward's [start, end)
+    forwards: int = 0
+    forward_seconds: float = 0.0
+
+    @property
+    def overlap_fraction(self) -> float:
+        """(mask time that ran while the forward was running) / (total mask time); 0 without mask work."""
+        return self.overlapped_seconds / self.mask_seconds if self.mask_seconds > 0 else 0.0
+
+    def add_mask(self, start: float, end: float, forward: tuple[float, float] | None = None) -> None:
+        self.mask_calls += 1
+        self.mask_seconds += end - start
+        if forward is not None:
+            self.overlapped_seconds += max(0.0, min(end, forward[1]) - max(start, forward[0]))
+
+    def add_forward(self, start: float, end: float) -> None:
+        self.forwards += 1
+        self.forward_seconds += end - start
+
+
+@dataclass
+class MaskItem:
+    """One request's mask job: its state and the canvas view and open positions taken on the loop thread
+    before the forward (the job never reads the live canvas)."""
+
+    state: RequestState
+    view: list[int]
+    positions: list[int]
+
+
+@dataclass
+class MaskResult:
+    """The masks of `positions` for the canvas the job saw (bitmask [len(positions), W]), or the exception the
+    computation raised; start/end are perf_counter timestamps of the computation."""
+
+    positions: list[int]
+    allowed: torch.Tensor | None
+    error: BaseException | None
+    start: float
+    end: float
+
+
+def shared_key(constraint: Any) -> int:
+    """Requests whose constraints share mutable compiled structures get the same key: a regular constraint's
+    canvas state shares its compiled set algebra (`alg`), a grammar's its compiled grammar (`cg`); any other
+    constraint object is keyed by itself (two requests handed the same object share it)."""
+    for name in ("alg", "cg"):
+        shared = getattr(constraint, name, None)
+        if shared is not None:
+            return id(shared)
+    return id(constraint)
+
+
+Compute = Callable[[RequestState, list[int], list[int]], torch.Tensor]
+
+
+def _run_group(compute: Compute, items: Sequence[MaskItem]) -> list[MaskResult]:
+    """The job of one group, on a worker thread: its requests one after the other, each failure kept."""
+    out = []
+    with torch.inference_mode():  # thread-local: the loop thread's inference mode does not reach workers
+        for item in items:
+            start = time.perf_counter()
+            try:
+                allowed, error = compute(item.state, item.view, item.positions), None
+            except Exception as exc:  # noqa: BLE001 - re-raised on the loop thread, for its request
+                allowed, error = None, exc
+            out.append(MaskResult(item.positions, allowed, error, start, time.perf_counter()))
+    return out
+
+
+@dataclass
+class MaskBatch:
+    """The jobs of one step. `join` waits for all of them (also when the forward failed, so no worker still uses
+    a constraint once the loop thread goes on) and returns request index -> MaskResult."""
+
+    futures: list[tuple[list[MaskItem], Future]] = field(default_factory=list)
+
+    def join(self, timing: MaskTiming | None = None, forward: tuple[float, float] | None = None
+             ) -> dict[int, MaskResult]:
+        results: dict[int, MaskResult] = {}
+        failure: BaseException | None = None
+        for items, fut in self.futures:
+            try:
+                group = fut.result()
+            except BaseException as exc:  # noqa: BLE001 - the job itself broke (not a request's error)
+                failure = failure or exc
+                continue
+            for item, res in zip(items, group):
+                results[item.state.index] = res
+                if timing is not None:
+                    timing.add_mask(res.start, res.end, forward)
+        if failure is not None:
+            raise failure
+        return results
+
+    def wait(self) -> None:
+        """Wait for every job to end, whatever it returned (the loop thread is leaving with its own failure)."""
+        wait([fut for _, fut in self.futures])
+
+
+class MaskWorkers:
+    """A thread pool of `workers` threads computing masks with `compute(state, view, positions)` (the engine's
+    `_allowed`). Made per request loop; `close` ends its threads."""
+
+    def __init__(self, workers: int, compute: Compute) -> None:
+        self.workers = workers
+        self.compute = compute
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dllm-masks")
+
+    def submit(self, items: Sequence[MaskItem]) -> MaskBatch:
+        """One job per group of requests sharing compiled structures (`shared_key`), in order of first
+        appearance; within a job the loop's order is kept."""
+        groups: dict[int, list[MaskItem]] = {}
+        for item in items:
+            groups.setdefault(shared_key(item.state.constraint), []).append(item)
+        batch = MaskBatch()
+        for group in groups.values():
+            batch.futures.append((group, self._pool.submit(_run_group, self.compute, group)))
+        return batch
+
+    def close(self) -> None:
+        """Wait for running jobs and end the threads (a closed pool takes no more jobs)."""
+        self._pool.shutdown(wait=True)
