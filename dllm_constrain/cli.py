@@ -70,12 +70,14 @@ SAMPLING_FLAGS: dict[str, str] = {
     "seed": "random seed (none: a fresh one)",
     "timeout": "seconds after which the request ends with an error (none: no limit)",
     "constraint_timeout": "seconds each constraint call may take",
+    "forced_tokens": "commit the tokens the constraint forces without the model",
 }
 ENGINE_FLAGS: dict[str, str] = {
     "kv_cache": "KV reuse across steps",
     "refresh": "when the KV cache is refreshed inside a block",
     "keep_ratio": "< 1: Reuse steps attend to this share of the most salient cached keys per head",
     "logits_budget_bytes": "transient logits workspace (none: from free device memory)",
+    "mask_workers": "threads computing constraint masks beside the forward (0: serially before it)",
 }
 CHOICES: dict[str, Sequence[str]] = {"policy": POLICY_NAMES, "kv_cache": KV_CACHE_MODES, "refresh": REFRESH_MODES}
 CHECKPOINT_FIELDS = ("max_new_tokens", "steps", "block_length", "policy", "threshold")
@@ -95,8 +97,12 @@ def _add_field_flags(p: argparse.ArgumentParser, cls: type, helps: dict[str, str
         default = "none" if f.default is None or f.default is MISSING else f.default
         said = ("the engine's" if engine else CHECKPOINT_DEFAULT.format(default) if f.name in CHECKPOINT_FIELDS
                 else default)
-        p.add_argument("--" + f.name.replace("_", "-"), type=_flag_type(cls, f.name), default=None,
-                       choices=CHOICES.get(f.name), help=f"{helps[f.name]} (default: {said})")
+        flag, kind = "--" + f.name.replace("_", "-"), _flag_type(cls, f.name)
+        help_ = f"{helps[f.name]} (default: {said})"
+        if kind is bool:  # --forced-tokens / --no-forced-tokens
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_)
+        else:
+            p.add_argument(flag, type=kind, default=None, choices=CHOICES.get(f.name), help=help_)
 
 
 def field_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -5,16 +5,19 @@ per request decides what to commit. Continuous batching in nano-vllm's shape: LL
 One step (`LLMEngine._step`, shared by `generate` and the continuous `step()`):
   0. admission (`Scheduler.schedule`): waiting requests fill the slots and tokens freed by the ones that ended
      (FCFS with backfill, a wait bound, a token budget), so a straggler never holds back the others;
-  1. forward-free work per request (`_prepare_step`): step/time bound, commit the active block's tokens a
-     constraint forces (the only allowed token at a position; the masks are computed here, before the forward,
-     and reused after it), close finished blocks, stop requests whose answer has ended (a committed EOS with
-     everything left of it committed: the rest is filled with EOS and no more forwards are spent on it);
+  1. forward-free work per request (`_prepare_step`): step/time bound, close finished blocks, stop requests
+     whose answer has ended (a committed EOS with everything left of it committed: the rest is filled with EOS
+     and no more forwards are spent on it); the constraint masks of the active block's open positions, serially
+     here (mask_workers=0, or a block's first step) with the forced tokens committed at once, or handed to the
+     loop's mask workers (see "Masks beside the forward");
   2. ONE forward for all running requests (`ModelRunner.forward_rows`): Refresh rows (whole sequence, KV cache
      entry rewritten) and Reuse rows (active block only, against the request's cached keys/values) of different
      requests are packed into one varlen forward; attention is per request, so each row computes bitwise what
      it computes alone (see engine.model_runner);
-  3. per request (`_after_forward`): project logits only for the open positions of its active block, in row
-     chunks under a byte budget (`engine.logits`; never a [batch, canvas, vocab] tensor); apply the allowed-token
+  3. per request (`_after_forward`): the masks computed beside the forward are joined (all of them, before any
+     commit decision) and their forced tokens committed; project logits only for the open positions of its
+     active block, in row chunks under a byte budget (`engine.logits`; never a [batch, canvas, vocab] tensor);
+     apply the allowed-token
      mask (the constraint's, plus never the mask token) inside each chunk BEFORE any statistic, so policies rank
      by constrained probabilities; the policy picks rows;
      the constraint verifies them jointly (`select_commits`); rejected ones stay open (counted as remasks).
@@ -27,8 +30,26 @@ Termination: every step commits at least one position (or bans one (position, to
 bound (and the optional per-request `SamplingParams.timeout`) ends a request with GenerationTimeoutError rather
 than looping forever.
 
-Threading: the engine is single-threaded; a server drives `step()` from one thread and hands it `add_request` /
-`abort` calls through a queue (the loop state lives in `_Loop`, no global state).
+Masks beside the forward (EngineConfig.mask_workers >= 1, the default 1; engine.mask_workers): a step's masks
+depend only on the canvas before its forward, so the loop hands them to its worker threads and runs the forward
+meanwhile; it joins every job before any commit decision, so a request's constraint is used by one thread at a
+time, and requests of one compiled constraint share a job (its automata grow in the loop's order). A job's typed
+failure ends its request only, as on the serial path.
+
+Forced tokens (SamplingParams.forced_tokens, default True): a position whose mask allows a single token is
+committed without the model. On the serial path (mask_workers=0) they are committed before the forward, which
+then sees them, and a block they close costs no forward (`forwards_saved`). Beside the forward they are found in
+the same masks, on the same canvas, and committed after the forward, before the policy's commits (a forced token
+changes no other position's mask): valid, but the forward did not see them as context, so outputs may differ
+from the serial path's, and a block they close in its middle has spent that forward. The first step of a block
+stays serial, so a block the constraint fixes whole as soon as it is entered (and a cascade of such blocks)
+still needs no forward. With forced_tokens=False no position is forced: every commit goes through the policy,
+the masks are the same on both paths, and results are identical for mask_workers=0 and >= 1 (same seeds; a
+constraint call that hits its time limit answers by the clock, which no path can reproduce).
+
+Threading: the engine is driven from one thread; a server drives `step()` from one thread and hands it
+`add_request` / `abort` calls through a queue (the loop state lives in `_Loop`, no global state). The only other
+threads are the loop's mask workers, which touch nothing but the constraints of the requests they were handed.
 
 Block-diffusion models (DiffusionGemma: `encode_prompt`, `init_canvas`, `denoise_step`, `advance`,
 `extend_prompt`, `noise`) run the same per-request logic in lockstep blocks (`engine.block_diffusion`): the prompt
