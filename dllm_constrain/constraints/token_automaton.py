@@ -1,7 +1,8 @@
 """Token-level view of a byte DFA over a real vocabulary.
 
-For a DFA state s, `trans(s)` walks the token trie once (vectorised level by level with numpy, pruned
-to the live part of the trie when it is small) and groups the vocabulary by target state:
+For a DFA state s, `trans(s)` walks the token trie once (with the native core of _cwalk.py when the package's
+build compiled it, which releases the GIL; else vectorised level by level with numpy, pruned to the live part of
+the trie when it is small) and groups the vocabulary by target state:
 delta(s, t) = u. Groups are stored as packed bitsets (dense) or sorted id arrays (sparse). This is done
 lazily, only for states the canvas actually visits, and memoised for the lifetime of the compiled
 constraint (it is shared by every request).
@@ -55,8 +56,8 @@ class TokenAutomaton:
         self.max_token_len = tok.max_token_len()
         from . import _cwalk
 
-        lib = _cwalk.load() if use_c else None
-        self._cwalker = _cwalk.CWalker(lib, tok.preorder_trie(), self.vocab_size) if lib is not None else None
+        native = _cwalk.load() if use_c else None  # None: no native core built, or DLLM_CONSTRAIN_NO_C=1
+        self._cwalker = _cwalk.CWalker(native, tok.preorder_trie(), self.vocab_size) if native is not None else None
         self._trie = None  # level-order trie: only for the numpy walker (built on first use)
         self.allp = np.zeros((8, self.nbytes), dtype=np.uint8)  # packed "every allowed token" rows
         self.n_allp = 0

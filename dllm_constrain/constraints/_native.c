@@ -1,0 +1,301 @@
+/* Native core of the token automaton: the walk of the vocabulary's byte trie against a lazily expanded byte DFA.
+ *
+ * Built by the package's own build (setup.py, ext_modules); dllm_constrain/constraints/_cwalk.py wraps it and falls
+ * back to the numpy walker of token_automaton.py when it is absent. Arrays are read through the buffer protocol
+ * (numpy arrays qualify), so neither the build nor this module needs numpy's headers.
+ *
+ * The trie is in DFS preorder: a node's subtree is the contiguous range [i, i + size[i]), so a dead node skips its
+ * whole subtree, and every node's parent comes before it. A `Trie` object copies and validates the four trie arrays
+ * once; it is immutable afterwards, so any number of threads may walk it at once (each with its own scratch).
+ *
+ * The work of a walk runs with the GIL released: the mask of one request is computed beside the model's forward
+ * and beside other requests' masks. The DFA tables it reads may be written meanwhile by a Python thread expanding a
+ * state; DerivDFA.expand writes a row before marking it expanded, so a row seen as expanded is complete, and one
+ * seen as not expanded is reported as pending (the caller expands it and walks again). Tables that grow are
+ * replaced, never resized in place; the buffers held here keep the arrays of this call alive.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    PyObject_HEAD
+    int32_t n_nodes;
+    int32_t *parent;   /* parent[i] < i; parent[0] = 0 (the root) */
+    uint8_t *byte;     /* the byte on the edge into node i */
+    int32_t *size;     /* subtree size, >= 1, i + size[i] <= n_nodes */
+    int32_t *node_tok; /* the token id node i spells, -1 if none */
+    int32_t n_tokens;  /* nodes with a token: the most a walk can output */
+} TrieObject;
+
+/* A buffer of `itemsize`-byte items, C-contiguous; writable if asked. On failure a Python error is set. */
+static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writable, const char *name) {
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s: expected a C-contiguous%s buffer of %zd-byte items", name,
+                     writable ? " writable" : "", itemsize);
+        return -1;
+    }
+    if (view->itemsize != itemsize) {
+        PyErr_Format(PyExc_TypeError, "%s: expected %zd-byte items, got %zd-byte items (format %s)", name, itemsize,
+                     view->itemsize, view->format ? view->format : "B");
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static Py_ssize_t n_items(const Py_buffer *view) { return view->len / view->itemsize; }
+
+static void Trie_dealloc(TrieObject *self) {
+    free(self->parent);
+    free(self->byte);
+    free(self->size);
+    free(self->node_tok);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Trie_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"parent", "byte", "size", "node_tok", NULL};
+    PyObject *o_parent, *o_byte, *o_size, *o_tok;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO:Trie", kwlist, &o_parent, &o_byte, &o_size, &o_tok))
+        return NULL;
+    Py_buffer b_parent, b_byte, b_size, b_tok;
+    if (get_buffer(o_parent, &b_parent, 4, 0, "parent") < 0) return NULL;
+    if (get_buffer(o_byte, &b_byte, 1, 0, "byte") < 0) { PyBuffer_Release(&b_parent); return NULL; }
+    if (get_buffer(o_size, &b_size, 4, 0, "size") < 0) {
+        PyBuffer_Release(&b_parent); PyBuffer_Release(&b_byte); return NULL;
+    }
+    if (get_buffer(o_tok, &b_tok, 4, 0, "node_tok") < 0) {
+        PyBuffer_Release(&b_parent); PyBuffer_Release(&b_byte); PyBuffer_Release(&b_size); return NULL;
+    }
+    TrieObject *self = NULL;
+    Py_ssize_t n = n_items(&b_parent);
+    if (n < 1 || n > INT32_MAX || n_items(&b_byte) != n || n_items(&b_size) != n || n_items(&b_tok) != n) {
+        PyErr_SetString(PyExc_ValueError, "parent, byte, size and node_tok must have the same length >= 1");
+        goto done;
+    }
+    const int32_t *parent = b_parent.buf, *size = b_size.buf, *tok = b_tok.buf;
+    /* the walk trusts these invariants (no bounds checks in the loop): check them once here */
+    if (size[0] != n) {
+        PyErr_SetString(PyExc_ValueError, "size[0] must be the number of nodes (the root's subtree is the trie)");
+        goto done;
+    }
+    int32_t n_tokens = 0;
+    for (Py_ssize_t i = 1; i < n; i++) {
+        if (parent[i] < 0 || parent[i] >= i || size[i] < 1 || size[i] > n - i) {
+            PyErr_Format(PyExc_ValueError, "node %zd: not a preorder trie (parent %d, size %d)", i, (int)parent[i],
+                         (int)size[i]);
+            goto done;
+        }
+        if (tok[i] >= 0) n_tokens++;
+    }
+    self = (TrieObject *)type->tp_alloc(type, 0);
+    if (self == NULL) goto done;
+    self->n_nodes = (int32_t)n;
+    self->n_tokens = n_tokens;
+    self->parent = malloc((size_t)n * 4);
+    self->byte = malloc((size_t)n);
+    self->size = malloc((size_t)n * 4);
+    self->node_tok = malloc((size_t)n * 4);
+    if (!self->parent || !self->byte || !self->size || !self->node_tok) {
+        Py_DECREF(self);
+        self = NULL;
+        PyErr_NoMemory();
+        goto done;
+    }
+    memcpy(self->parent, parent, (size_t)n * 4);
+    memcpy(self->byte, b_byte.buf, (size_t)n);
+    memcpy(self->size, size, (size_t)n * 4);
+    memcpy(self->node_tok, tok, (size_t)n * 4);
+done:
+    PyBuffer_Release(&b_parent);
+    PyBuffer_Release(&b_byte);
+    PyBuffer_Release(&b_size);
+    PyBuffer_Release(&b_tok);
+    return (PyObject *)self;
+}
+
+/* The DFA tables a walk reads: T (int32 [rows * 256]) and expanded (one byte per row), fetched from the DFA object
+ * (its attributes T and expanded), and fetched again after a call to its expand() (which may replace them). */
+typedef struct {
+    Py_buffer T, expanded;
+    int have;
+    int64_t n_rows;
+} Tables;
+
+static void tables_release(Tables *t) {
+    if (t->have) {
+        PyBuffer_Release(&t->T);
+        PyBuffer_Release(&t->expanded);
+        t->have = 0;
+    }
+}
+
+static int tables_fetch(Tables *t, PyObject *dfa) {
+    tables_release(t);
+    PyObject *T = PyObject_GetAttrString(dfa, "T");
+    if (T == NULL) return -1;
+    int r = get_buffer(T, &t->T, 4, 0, "dfa.T");
+    Py_DECREF(T);
+    if (r < 0) return -1;
+    PyObject *e = PyObject_GetAttrString(dfa, "expanded");
+    if (e == NULL) { PyBuffer_Release(&t->T); return -1; }
+    r = get_buffer(e, &t->expanded, 1, 0, "dfa.expanded");
+    Py_DECREF(e);
+    if (r < 0) { PyBuffer_Release(&t->T); return -1; }
+    t->have = 1;
+    t->n_rows = n_items(&t->T) / 256;
+    if (n_items(&t->expanded) < t->n_rows) t->n_rows = n_items(&t->expanded);
+    return 0;
+}
+
+/* The walk proper, from node i on (no Python API: it runs without the GIL). st[k] is the DFA state after node k's
+ * bytes. Stops at the end of the trie (returns n_nodes) or at the first node whose parent state has no computed
+ * row in these tables (returns that node; the caller expands the state and resumes there). */
+static int32_t trie_walk(const TrieObject *tr, const int32_t *T, int64_t n_rows, const uint8_t *expanded, int32_t i,
+                         int32_t *st, int32_t *out_tok, int32_t *out_tgt, int32_t *n_out_io) {
+    const int32_t *parent = tr->parent, *size = tr->size, *node_tok = tr->node_tok;
+    const uint8_t *byte = tr->byte;
+    const int32_t n = tr->n_nodes;
+    int32_t n_out = *n_out_io;
+    while (i < n) {
+        int32_t p = st[parent[i]];
+        if (p < 0 || p >= n_rows || !expanded[p]) break;
+        int32_t q = T[(int64_t)p * 256 + byte[i]];
+        st[i] = q;
+        if (q == 0) { i += size[i]; continue; }
+        int32_t t = node_tok[i];
+        if (t >= 0) { out_tok[n_out] = t; out_tgt[n_out] = q; n_out++; }
+        i++;
+    }
+    *n_out_io = n_out;
+    return i;
+}
+
+PyDoc_STRVAR(Trie_walk_doc,
+"walk(dfa, s, st, out_tok, out_tgt) -> n_out\n\n"
+"Walk the trie from state s (> 0) of the lazy byte DFA `dfa` (attributes T: int32 [rows, 256], state 0 = DEAD;\n"
+"expanded: bool [rows]; method expand(state)). Writes into out_tok, out_tgt (int32 [>= n_tokens]) the n_out token\n"
+"ids allowed from s and their target states, in preorder (lexicographic order of the tokens' bytes). st: int32\n"
+"scratch [>= n_nodes]. The walk runs with the GIL released; on meeting a state whose row is not computed it takes\n"
+"the GIL back, calls dfa.expand(state) (whose exceptions propagate) and goes on from where it stopped.");
+
+static PyObject *Trie_walk(TrieObject *self, PyObject *args) {
+    PyObject *dfa, *o_st, *o_tok, *o_tgt;
+    long long s;
+    if (!PyArg_ParseTuple(args, "OLOOO:walk", &dfa, &s, &o_st, &o_tok, &o_tgt)) return NULL;
+    Py_buffer bufs[3];
+    PyObject *objs[3] = {o_st, o_tok, o_tgt};
+    const char *names[3] = {"st", "out_tok", "out_tgt"};
+    Tables tab = {.have = 0};
+    int got = 0;
+    PyObject *result = NULL;
+    for (; got < 3; got++)
+        if (get_buffer(objs[got], &bufs[got], 4, 1, names[got]) < 0) goto done;
+    if (n_items(&bufs[0]) < self->n_nodes) {
+        PyErr_Format(PyExc_ValueError, "st: need %d items, got %zd", (int)self->n_nodes, n_items(&bufs[0]));
+        goto done;
+    }
+    if (n_items(&bufs[1]) < self->n_tokens || n_items(&bufs[2]) < self->n_tokens) {
+        PyErr_Format(PyExc_ValueError, "out_tok and out_tgt: need %d items", (int)self->n_tokens);
+        goto done;
+    }
+    if (s <= 0 || s > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "state %lld is not a live DFA state", s);
+        goto done;
+    }
+    if (tables_fetch(&tab, dfa) < 0) goto done;
+    if (s >= tab.n_rows) {
+        PyErr_Format(PyExc_ValueError, "state %lld is not a live DFA state (the tables have %lld rows)", s,
+                     (long long)tab.n_rows);
+        goto done;
+    }
+    int32_t *st = bufs[0].buf, *out_tok = bufs[1].buf, *out_tgt = bufs[2].buf;
+    st[0] = (int32_t)s;
+    int32_t i = 1, n_out = 0, last_expanded = -1;
+    for (;;) {
+        int32_t stop;
+        Py_BEGIN_ALLOW_THREADS
+        stop = trie_walk(self, tab.T.buf, tab.n_rows, tab.expanded.buf, i, st, out_tok, out_tgt, &n_out);
+        Py_END_ALLOW_THREADS
+        if (stop >= self->n_nodes) break;
+        i = stop;
+        int32_t p = st[self->parent[i]];
+        if (p <= 0) {
+            PyErr_Format(PyExc_ValueError, "dfa.T holds state %d: not a state id", (int)p);
+            goto done;
+        }
+        if (p == last_expanded) {
+            /* a state just expanded but still without a row: the DFA object broke its contract (expand computes
+             * the row into the tables T / expanded it exposes) */
+            PyErr_Format(PyExc_RuntimeError, "dfa.expand(%d) did not compute the row of state %d", (int)p, (int)p);
+            goto done;
+        }
+        tables_release(&tab);
+        PyObject *r = PyObject_CallMethod(dfa, "expand", "i", (int)p);
+        if (r == NULL) goto done;
+        Py_DECREF(r);
+        if (tables_fetch(&tab, dfa) < 0) goto done;
+        last_expanded = p;
+    }
+    result = PyLong_FromLong(n_out);
+done:
+    tables_release(&tab);
+    for (int k = 0; k < got; k++) PyBuffer_Release(&bufs[k]);
+    return result;
+}
+
+static PyObject *Trie_get_n_nodes(TrieObject *self, void *closure) { return PyLong_FromLong(self->n_nodes); }
+static PyObject *Trie_get_n_tokens(TrieObject *self, void *closure) { return PyLong_FromLong(self->n_tokens); }
+
+static PyMethodDef Trie_methods[] = {
+    {"walk", (PyCFunction)Trie_walk, METH_VARARGS, Trie_walk_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Trie_getset[] = {
+    {"n_nodes", (getter)Trie_get_n_nodes, NULL, "number of trie nodes (the root included)", NULL},
+    {"n_tokens", (getter)Trie_get_n_tokens, NULL, "nodes that spell a token: the most one walk outputs", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyDoc_STRVAR(Trie_doc,
+"Trie(parent, byte, size, node_tok)\n\n"
+"The vocabulary trie in DFS preorder (int32 parent, uint8 byte, int32 subtree size, int32 token id or -1 per node;\n"
+"node 0 is the root). The arrays are copied and validated once; the object is immutable and thread-safe.");
+
+static PyTypeObject TrieType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dllm_constrain.constraints._native.Trie",
+    .tp_basicsize = sizeof(TrieObject),
+    .tp_dealloc = (destructor)Trie_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = Trie_doc,
+    .tp_methods = Trie_methods,
+    .tp_getset = Trie_getset,
+    .tp_new = Trie_new,
+};
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "dllm_constrain.constraints._native",
+    .m_doc = "Native token-trie walk of the token automaton (see _cwalk.py).",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    if (PyType_Ready(&TrieType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&native_module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&TrieType);
+    if (PyModule_AddObject(m, "Trie", (PyObject *)&TrieType) < 0) {
+        Py_DECREF(&TrieType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,18 @@
+"""Build of the native extension; every other piece of metadata lives in pyproject.toml.
+
+`dllm_constrain.constraints._native` is the token-trie walk of the constraint layer (the hot loop of mask
+computation). It is optional: without a C compiler the build goes on without it and the package uses its numpy
+walker instead (same results), so `pip install` never fails for want of a compiler.
+"""
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "dllm_constrain.constraints._native",
+            sources=["dllm_constrain/constraints/_native.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        )
+    ]
+)

@@ -1,0 +1,279 @@
+"""The native core of the token-trie walk (dllm_constrain.constraints._native, built by the package's build):
+it agrees with the numpy walker, releases the GIL while it works, expands lazy DFA rows through the DFA's own
+expand(), refuses malformed input with typed errors, and steps aside under DLLM_CONSTRAIN_NO_C=1."""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo, _cwalk
+from dllm_constrain.constraints.token_automaton import TokenAutomaton
+
+try:
+    from dllm_constrain.constraints import _native
+except ImportError:  # built without a C compiler: only the fallback tests apply
+    _native = None
+
+needs_native = pytest.mark.skipif(_native is None, reason="the native extension is not built (no C compiler at "
+                                  "install time): the numpy walker is the only one")
+
+
+@dataclass
+class LazyTableDFA:
+    """A lazy byte DFA over a hidden complete table (state 0 = DEAD): a row becomes visible in T only when expand()
+    computes it, and every `replace_every`-th expansion replaces the tables by larger copies, as DerivDFA does when
+    it grows, so a walk must read the tables afresh after expanding."""
+
+    full: np.ndarray  # int32 [n_states, 256]
+    replace_every: int = 0
+    T: np.ndarray = field(init=False)
+    expanded: np.ndarray = field(init=False)
+    accepting: np.ndarray = field(init=False)
+    expansions: int = 0
+
+    def __post_init__(self) -> None:
+        n = self.full.shape[0]
+        self.T = np.zeros((n, 256), dtype=np.int32)
+        self.expanded = np.zeros(n, dtype=bool)
+        self.expanded[0] = True
+        self.accepting = np.zeros(n, dtype=bool)
+
+    def expand(self, s: int) -> None:
+        if self.expanded[s]:
+            return
+        self.expansions += 1
+        if self.replace_every and self.expansions % self.replace_every == 0:
+            T = np.zeros((self.T.shape[0] + 3, 256), dtype=np.int32)
+            expanded = np.zeros(T.shape[0], dtype=bool)
+            T[: self.T.shape[0]] = self.T
+            expanded[: self.expanded.shape[0]] = self.expanded
+            self.T, self.expanded = T, expanded
+            self.accepting = np.zeros(T.shape[0], dtype=bool)
+        self.T[s] = self.full[s]
+        self.expanded[s] = True
+
+    def ensure_rows(self, ids: np.ndarray) -> None:
+        for s in np.unique(ids[~self.expanded[ids]]).tolist():
+            self.expand(s)
+
+
+@st.composite
+def vocabularies(draw) -> list[bytes | None]:
+    """Token byte strings over a small alphabet (shared prefixes, duplicates), with a few ids spelling nothing."""
+    alphabet = draw(st.sampled_from([b"ab", b"abc\xc3", b"a0-.\xe0\x80\xff"]))
+    word = st.lists(st.sampled_from(list(alphabet)), min_size=1, max_size=6).map(bytes)
+    toks: list[bytes | None] = draw(st.lists(st.one_of(word, st.none()), min_size=1, max_size=120))
+    return toks + [None, None]  # EOS, mask
+
+
+@st.composite
+def byte_tables(draw, max_states: int = 12) -> np.ndarray:
+    """A complete transition table: each state maps byte ranges to random states, DEAD (0) often."""
+    n = draw(st.integers(2, max_states))
+    full = np.zeros((n, 256), dtype=np.int32)
+    for s in range(1, n):
+        cuts = sorted(set(draw(st.lists(st.integers(1, 255), max_size=6))) | {0, 256})
+        for lo, hi in zip(cuts, cuts[1:]):
+            full[s, lo:hi] = draw(st.one_of(st.just(0), st.integers(0, n - 1)))
+    return full
+
+
+def automaton(full: np.ndarray, toks: list[bytes | None], use_c: bool, replace_every: int = 0) -> TokenAutomaton:
+    info = TokenizerInfo(toks, eos_id=len(toks) - 2, mask_id=len(toks) - 1)
+    return TokenAutomaton(LazyTableDFA(full, replace_every), info, use_c=use_c)
+
+
+def pairs(tok: np.ndarray, tgt: np.ndarray) -> list[tuple[int, int]]:
+    return sorted(zip(tok.tolist(), tgt.tolist()))
+
+
+@needs_native
+@settings(max_examples=150, deadline=None)
+@given(byte_tables(), vocabularies(), st.integers(0, 3))
+def test_native_walk_equals_the_numpy_walk_from_every_state(full, toks, replace_every):
+    native = automaton(full, toks, use_c=True, replace_every=replace_every)
+    fallback = automaton(full, toks, use_c=False)
+    assert native._cwalker is not None and fallback._cwalker is None
+    for s in range(1, full.shape[0]):
+        assert pairs(*native.walk_tokens(s)) == pairs(*fallback._walk_tokens_numpy(s))
+
+
+@needs_native
+@settings(max_examples=60, deadline=None)
+@given(byte_tables(), vocabularies())
+def test_native_walk_expands_only_the_states_the_walk_reaches(full, toks):
+    # a row is computed when a live trie node needs it, never for a state the walk does not reach
+    ta = automaton(full, toks, use_c=True)
+    ta.walk_tokens(1)
+    lazy = automaton(full, toks, use_c=False)
+    lazy._walk_tokens_numpy(1)
+    assert set(np.flatnonzero(ta.dfa.expanded)) - {1} == set(np.flatnonzero(lazy.dfa.expanded)) - {1}
+
+
+@needs_native
+def test_compiled_regex_masks_are_the_same_with_and_without_the_native_core():
+    toks = [b"a", b"ab", b"abc", b"b", b"c", b"{", b'"', b"1", b"11", b"}", b"a", None, None]
+    info = TokenizerInfo(toks, eos_id=11, mask_id=12)
+    masks = []
+    for use_c in (True, False):
+        cc = ConstraintCompiler(info, cache=False).compile_regex(r'(ab|c)*\{"1+"\}')
+        cc.ta._cwalker = cc.ta._cwalker if use_c else None
+        masks.append(cc.new_canvas_state(8).allowed_tokens([12] * 8, list(range(8))))
+    assert (masks[0] == masks[1]).all()
+
+
+def chain_walk(n: int):
+    """A trie that is one path of n - 1 nodes, each a token, and a DFA whose state 1 loops on every byte: a walk
+    from 1 visits every node (the longest walk a trie of n nodes has)."""
+    idx = np.arange(n, dtype=np.int32)
+    trie = _native.Trie(np.maximum(idx - 1, 0), np.full(n, 97, dtype=np.uint8), n - idx, idx - 1)
+    dfa = LazyTableDFA(np.ones((2, 256), dtype=np.int32))
+    dfa.expand(1)
+    scratch = (np.zeros(n, dtype=np.int32), np.zeros(n, dtype=np.int32), np.zeros(n, dtype=np.int32))
+    return trie, dfa, scratch
+
+
+@needs_native
+def test_a_long_native_walk_lets_other_python_threads_run():
+    # With a long switch interval a thread holding the GIL is never preempted between two bytecodes taken a few
+    # microseconds apart: a counter thread can advance between them only if the call in between released the GIL.
+    trie, dfa, (st_, out_tok, out_tgt) = chain_walk(1_000_000)
+    count = [0]
+    stop = threading.Event()
+
+    def counter() -> None:
+        while not stop.is_set():
+            count[0] += 1
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(0.05)
+    th = threading.Thread(target=counter)
+    th.start()
+    try:
+        advanced = []
+        for _ in range(20):
+            time.sleep(0.001)  # hand the GIL over, then take it back fresh (the counter thread waits again)
+            c0 = count[0]
+            n = trie.walk(dfa, 1, st_, out_tok, out_tgt)
+            advanced.append(count[0] - c0)
+            assert n == 999_999
+            if advanced[-1] > 0:
+                break
+    finally:
+        stop.set()
+        th.join()
+        sys.setswitchinterval(old)
+    assert advanced[-1] > 0, f"the counter thread never ran during a native walk: {advanced}"
+
+
+@needs_native
+def test_threads_walking_one_shared_trie_at_once_get_the_sequential_results():
+    rng = np.random.default_rng(0)
+    toks = list({bytes(rng.choice(list(b"abc\xc3"), size=rng.integers(1, 7)).tolist()) for _ in range(3000)})
+    toks += [None, None]
+    full = np.zeros((6, 256), dtype=np.int32)
+    for s in range(1, 6):
+        full[s, [97, 98, 99, 0xC3]] = rng.integers(0, 6, size=4)
+    want = {s: pairs(*automaton(full, toks, use_c=False)._walk_tokens_numpy(s)) for s in range(1, 6)}
+    got: dict[tuple[int, int], list] = {}
+
+    def worker(k: int) -> None:
+        ta = automaton(full, toks, use_c=True)  # own DFA and scratch; the native trie is the tokenizer's
+        for _ in range(20):
+            for s in range(1, 6):
+                got[(k, s)] = pairs(*ta._cwalker.walk(ta.dfa, s))
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert all(got[(k, s)] == want[s] for k in range(4) for s in range(1, 6))
+
+
+@needs_native
+def test_an_exception_of_expand_propagates_out_of_the_walk():
+    class Expired(Exception):
+        pass
+
+    class ExpiringDFA(LazyTableDFA):
+        def expand(self, s: int) -> None:
+            if s == 2:
+                raise Expired(s)
+            super().expand(s)
+
+    full = np.zeros((3, 256), dtype=np.int32)
+    full[1, 97], full[2, 97] = 2, 2
+    ta = TokenAutomaton(ExpiringDFA(full), TokenizerInfo([b"a", b"aa", None, None], eos_id=2, mask_id=3))
+    with pytest.raises(Expired):
+        ta.walk_tokens(1)
+    assert not ta.dfa.expanded[2]
+
+
+@needs_native
+def test_an_expand_that_computes_no_row_is_an_error_not_an_endless_walk():
+    class Forgetful(LazyTableDFA):
+        def expand(self, s: int) -> None:
+            pass
+
+    trie, _, (st_, out_tok, out_tgt) = chain_walk(8)
+    with pytest.raises(RuntimeError, match="did not compute the row"):
+        trie.walk(Forgetful(np.ones((2, 256), dtype=np.int32)), 1, st_, out_tok, out_tgt)
+
+
+@needs_native
+def test_a_malformed_trie_is_refused():
+    idx = np.arange(5, dtype=np.int32)
+    ok = dict(parent=np.maximum(idx - 1, 0), byte=np.zeros(5, dtype=np.uint8), size=5 - idx, node_tok=idx - 1)
+    _native.Trie(**ok)
+    with pytest.raises(ValueError, match="preorder"):
+        _native.Trie(**{**ok, "parent": np.array([0, 0, 3, 2, 3], dtype=np.int32)})  # a parent after its child
+    with pytest.raises(ValueError, match="preorder"):
+        _native.Trie(**{**ok, "size": np.array([5, 4, 3, 2, 2], dtype=np.int32)})  # a subtree past the end
+    with pytest.raises(TypeError, match="4-byte items"):
+        _native.Trie(**{**ok, "parent": ok["parent"].astype(np.int64)})
+
+
+@needs_native
+def test_walk_arguments_of_the_wrong_type_or_size_are_refused():
+    trie, dfa, (st_, out_tok, out_tgt) = chain_walk(8)
+    with pytest.raises(TypeError, match="writable"):
+        trie.walk(dfa, 1, bytes(32), out_tok, out_tgt)
+    with pytest.raises(ValueError, match="st: need 8"):
+        trie.walk(dfa, 1, st_[:4], out_tok, out_tgt)
+    with pytest.raises(ValueError, match="not a live DFA state"):
+        trie.walk(dfa, 0, st_, out_tok, out_tgt)
+    with pytest.raises(ValueError, match="not a live DFA state"):
+        trie.walk(dfa, 5, st_, out_tok, out_tgt)  # past the tables
+    dfa.T[1, 97] = -3
+    with pytest.raises(ValueError, match="not a state id"):
+        trie.walk(dfa, 1, st_, out_tok, out_tgt)
+    dfa.T[1, 97] = 1
+    dfa.T = dfa.T.astype(np.int64)
+    with pytest.raises(TypeError, match="dfa.T"):
+        trie.walk(dfa, 1, st_, out_tok, out_tgt)
+
+
+def test_no_c_environment_variable_selects_the_numpy_walker(monkeypatch):
+    monkeypatch.setenv(_cwalk.NO_C_ENV, "1")
+    assert _cwalk.load() is None
+    full = np.zeros((3, 256), dtype=np.int32)
+    full[1, 97], full[2, 98] = 2, 1
+    ta = automaton(full, [b"a", b"ab", b"b", None, None], use_c=True)
+    assert ta._cwalker is None
+    assert pairs(*ta.walk_tokens(1)) == [(0, 2), (1, 1)]
+
+
+@needs_native
+def test_without_the_environment_variable_the_native_core_is_used(monkeypatch):
+    monkeypatch.delenv(_cwalk.NO_C_ENV, raising=False)
+    assert _cwalk.load() is _native
+    ta = automaton(np.zeros((2, 256), dtype=np.int32), [b"a", None, None], use_c=True)
+    assert ta._cwalker is not None and ta._cwalker.core is ta.tok.preorder_trie().native(_native)
