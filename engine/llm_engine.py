@@ -8,7 +8,7 @@ One step (`LLMEngine._step`, shared by `generate` and the continuous `step()`):
   1. forward-free work per request (`_prepare_step`): step/time bound, close finished blocks, stop requests
      whose answer has ended (a committed EOS with everything left of it committed: the rest is filled with EOS
      and no more forwards are spent on it); the constraint masks of the active block's open positions, serially
-     here (mask_workers=0, or a block's first step) with the forced tokens committed at once, or handed to the
+     here (mask_workers=0, or a forced frontier) with the forced tokens committed at once, or handed to the
      loop's mask workers (see "Masks beside the forward");
   2. ONE forward for all running requests (`ModelRunner.forward_rows`): Refresh rows (whole sequence, KV cache
      entry rewritten) and Reuse rows (active block only, against the request's cached keys/values) of different
@@ -38,14 +38,15 @@ failure ends its request only, as on the serial path.
 
 Forced tokens (SamplingParams.forced_tokens, default True): a position whose mask allows a single token is
 committed without the model. On the serial path (mask_workers=0) they are committed before the forward, which
-then sees them, and a block they close costs no forward (`forwards_saved`). Beside the forward they are found in
-the same masks, on the same canvas, and committed after the forward, before the policy's commits (a forced token
-changes no other position's mask): valid, but the forward did not see them as context, so outputs may differ
-from the serial path's, and a block they close in its middle has spent that forward. The first step of a block
-stays serial, so a block the constraint fixes whole as soon as it is entered (and a cascade of such blocks)
-still needs no forward. With forced_tokens=False no position is forced: every commit goes through the policy,
-the masks are the same on both paths, and results are identical for mask_workers=0 and >= 1 (same seeds; a
-constraint call that hits its time limit answers by the clock, which no path can reproduce).
+then sees them, and a block they close costs no forward (`forwards_saved`). With mask workers, the mask of the
+block's leftmost open position is computed first, alone (cheap: a small part of the block's masks): when it is
+forced, the step stays serial as above (so every block forced tokens close, a cascade included, still costs no
+forward); otherwise the block's masks go beside the forward and their forced tokens (never the frontier) are
+committed after it, before the policy's commits (a forced token changes no other position's mask). Valid either
+way, but that forward did not see those forced tokens as context, so outputs may differ from the serial path's.
+With forced_tokens=False no position is forced: every commit goes through the policy, the masks are the same on
+both paths, and results are identical for mask_workers=0 and >= 1 (same seeds; a constraint call that hits its
+time limit answers by the clock, which no path reproduces).
 
 Threading: the engine is driven from one thread; a server drives `step()` from one thread and hands it
 `add_request` / `abort` calls through a queue (the loop state lives in `_Loop`, no global state). The only other
@@ -326,13 +327,13 @@ class LLMEngine:
         outputs, loop.pending = loop.pending, []
         loop.scheduler.schedule()
         running = [loop.states[e.request_id] for e in loop.scheduler.running]
+        beside: list[MaskItem] = []
         for s in running:
-            self._isolated(s, self._prepare_step, s, loop.timing, self._masks_beside(loop, s))
+            if self._isolated(s, self._prepare_step, s, loop.timing, loop.masks is not None):
+                beside.append(MaskItem(s, s.canvas_view(self.special.mask_id), s.open_in_block()))
         live = [s for s in running if not s.done]
         # every constraint call of the loop thread is done for this step until the join: the workers own the
         # constraints of the requests they were handed (engine.mask_workers)
-        beside = [MaskItem(s, s.canvas_view(self.special.mask_id), s.open_in_block())
-                  for s in live if self._masks_beside(loop, s)]
         batch = loop.masks.submit(beside) if beside and loop.masks is not None else None
         start = time.perf_counter()
         try:
@@ -358,12 +359,14 @@ class LLMEngine:
         return outputs
 
     @staticmethod
-    def _isolated(s: RequestState, fn: Callable[..., None], *args: Any) -> None:
-        """Run one request's part of a step; its typed failure ends that request only."""
+    def _isolated(s: RequestState, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run one request's part of a step (returning what it returns); its typed failure ends that request only
+        (None is returned)."""
         try:
-            fn(*args)
+            return fn(*args)
         except DllmConstrainError as err:
             s.fail(err)
+            return None
 
     def _stream_updates(self, loop: _Loop, outputs: list[RequestOutput]) -> list[StreamUpdate]:
         """Committed left prefixes that grew at this step (running requests) or ended (outputs)."""
@@ -418,30 +421,36 @@ class LLMEngine:
         finally:
             loop.close()
 
-    @staticmethod
-    def _masks_beside(loop: _Loop, s: RequestState) -> bool:
-        """Whether this step's masks of `s` are computed beside the forward (by the loop's mask workers) rather
-        than serially before it. Serially: without workers, and at the first step of a block when forced tokens
-        are on, so a block the constraint fixes whole as soon as it is entered (a cascade of fixed blocks
-        included) is still closed without a forward; later steps of a block take their forced tokens from the
-        masks computed beside the forward (see `_take_masks`)."""
-        return (loop.masks is not None and s.constraint is not None and not s.done
-                and not (s.params.forced_tokens and s.block_step == 0))
+    def _prepare_step(self, s: RequestState, timing: MaskTiming | None = None, workers: bool = False) -> bool:
+        """The forward-free part of a step: bound check, block/EOS bookkeeping, and the masks with the forced
+        tokens, serially, unless the loop has mask workers (`workers`) and this step's masks can wait for them:
+        then True is returned and the loop hands them to its workers, beside the forward.
 
-    def _prepare_step(self, s: RequestState, timing: MaskTiming | None = None, beside: bool = False) -> None:
-        """The forward-free part of a step: bound check, block/EOS bookkeeping, and, unless the masks are
-        computed beside the forward (`beside`), the masks and forced tokens."""
+        With forced tokens on, the mask of the block's leftmost open position (the frontier, decided exactly by
+        every constraint) is computed first, alone: a fraction of the block's masks, since the canvas' state sets
+        are shared by its rows. If it allows one token, the step stays serial (forced tokens committed before the
+        forward, which sees them, and a block they close, or a cascade of them, costs no forward); if not, the
+        block cannot close by forced tokens at this step and its masks go beside the forward."""
         self._check_step_bound(s)
         s.step += 1
         self._settle(s)
-        if s.done or s.constraint is None or beside:
-            return
+        if s.done or s.constraint is None:
+            return False
+        if workers and not (s.params.forced_tokens and self._frontier_forced(s, timing)):
+            return True
         if s.params.forced_tokens:
             self._commit_forced(s, timing)
         else:
             positions = s.open_in_block()
             s.allowed_cache = (positions, self._timed_allowed(s, s.canvas_view(self.special.mask_id), positions,
                                                               timing))
+        return False
+
+    def _frontier_forced(self, s: RequestState, timing: MaskTiming | None) -> bool:
+        """Whether the mask of the active block's leftmost open position allows a single token."""
+        frontier = s.open_in_block()[:1]
+        row = self._timed_allowed(s, s.canvas_view(self.special.mask_id), frontier, timing)
+        return bool(single_token_rows(row)[0])
 
     def _after_forward(self, s: RequestState, policy: CommitPolicy, hidden: torch.Tensor, offset: int,
                        logits_path: LogitsPath, masks: MaskResult | None = None,
@@ -575,9 +584,9 @@ class LLMEngine:
         The trade-off against the serial path: the forward of this step did not see this step's forced tokens as
         context (the serial path commits them before it), so the policy's picks, hence the outputs, may differ;
         they stay valid (a forced token never changes another position's mask, and the policy's commits are
-        verified jointly on the canvas with the forced tokens in). A block that forced tokens close in the middle
-        of the block costs its request one forward more than on the serial path; at a block's first step the
-        masks stay serial (`_masks_beside`), where a block the constraint fixes whole saves its forwards."""
+        verified jointly on the canvas with the forced tokens in). The frontier is not among them (a forced
+        frontier keeps the step serial, see `_prepare_step`), so they do not close the block, unless a constraint
+        answers the frontier differently in the two calls (then the forward was spent, none saved)."""
         if masks.error is not None:
             raise masks.error
         positions = s.open_in_block()

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from engine_fakes import EOS, MASK, DigitsConstraint, ScriptedModel
 
+from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.llm_engine import LLMEngine
 from dllm_constrain.engine.state import POLICY_NAMES, Request, SamplingParams
 
@@ -108,7 +109,11 @@ def test_every_policy_produces_valid_output_under_a_constraint_on_a_random_model
     (res,) = LLMEngine(tiny_llada, tiny_tokenizer).generate([req])
     assert constraint.accepts(res.token_ids), res.canvas_ids
     assert res.text.isdigit()
-    assert constraint.calls["allowed_tokens"] == res.nfe
+    # serially, one mask call per forward (mask workers add a one-position probe first: LLMEngine._prepare_step)
+    serial = DigitsConstraint(digits=digits, vocab_size=260)
+    (res,) = LLMEngine(tiny_llada, tiny_tokenizer, config=EngineConfig(mask_workers=0)).generate(
+        [Request(req.prompt_ids, req.params, serial)])
+    assert serial.accepts(res.token_ids) and serial.calls["allowed_tokens"] == res.nfe
 
 
 def _random_script(seed: int, n: int) -> list[dict[int, float]]:

@@ -17,6 +17,7 @@ import threading
 import time
 
 import pytest
+import torch
 from conftest import build_tiny_llada, build_tiny_tokenizer
 from engine_fakes import EOS, DigitsConstraint, ScriptedModel
 from hypothesis import given, settings
@@ -182,6 +183,35 @@ def test_with_forced_tokens_the_results_do_not_depend_on_the_worker_count(seed: 
     assert [r.canvas_ids for r in _generate(2, _requests(seed, True, policy))] == [r.canvas_ids for r in one]
     assert [r.canvas_ids for r in _generate(1, _requests(seed, True, policy))] == [r.canvas_ids for r in one]
     _assert_valid(one)
+
+
+def _scripted_run(workers: int, seed: int, n: int, block: int, policy: str, digits: list[int]):
+    gen = torch.Generator().manual_seed(seed)
+    script = []
+    for _ in range(n):  # per position a few of: digits, EOS, a non-digit, with random confidences
+        toks = torch.randperm(12, generator=gen)[:3] + 1
+        probs = 0.95 * torch.softmax(torch.rand(3, generator=gen) * 4, 0)
+        script.append({int(t): float(p) for t, p in zip(toks, probs) if int(t) not in (2, 3)})
+    model = ScriptedModel(script, prompt_len=1)
+    params = SamplingParams(max_new_tokens=n, block_length=block, policy=policy, threshold=0.5)
+    (res,) = LLMEngine(model).generate([Request([0], params, DigitsConstraint(digits=digits))],
+                                       config=EngineConfig(mask_workers=workers))
+    return res
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 10), block=st.integers(1, 10),
+       policy=st.sampled_from(POLICIES), few_digits=st.booleans())
+def test_with_a_model_blind_to_the_canvas_overlapped_forced_tokens_change_nothing(seed, n, block, policy,
+                                                                                  few_digits) -> None:
+    """Beside the forward, forced tokens off the frontier are committed after the forward instead of before:
+    the forward's context is the only difference, so a model that ignores the canvas gives the serial results,
+    forward counts and saved forwards included (a forced frontier keeps the step serial)."""
+    digits = [11] if few_digits else list(range(4, 14))
+    serial = _scripted_run(0, seed, n, block, policy, digits)
+    overlapped = _scripted_run(1, seed, n, block, policy, digits)
+    assert (overlapped.canvas_ids, overlapped.nfe, overlapped.forced_tokens, overlapped.forwards_saved) == \
+           (serial.canvas_ids, serial.nfe, serial.forced_tokens, serial.forwards_saved)
 
 
 def test_the_continuous_loop_overlaps_too_and_each_result_is_its_solo_one() -> None:

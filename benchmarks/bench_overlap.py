@@ -1,0 +1,154 @@
+"""Constraint masks beside the forward (EngineConfig.mask_workers) vs serially before it, forced tokens on and off.
+
+    OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/bench_overlap.py --runs 5          # examples/ + JSONSchemaBench
+    python benchmarks/bench_overlap.py --jsb 0 --runs 3                                  # examples/ only
+
+The bundled model generates one batch (one `LLMEngine.generate` call, the engine's scheduler) for every schema of
+examples/ and the first `--jsb` schemas of each `--subsets` file of ../shared/data/jsonschemabench (left out
+cleanly when that folder is absent; a schema that does not compile or fit the canvas is left out and counted),
+greedy, with the checkpoint's defaults (canvas 96, blocks of 32, policy threshold 0.9). Each configuration
+(mask_workers x forced_tokens) runs `--runs` times, the configurations alternating inside a run so the machine's
+load moves them alike; the figures are medians over the runs:
+
+  wall/forward     the call's wall time / its forwards (steps with a forward)
+  forward          the forward's own wall time per forward
+  mask/forward     mask computation time per forward (summed over requests; on workers or serial)
+  overlap          (mask time that ran while the forward was running) / (total mask time), from the mask jobs'
+                   start/end and the forward's start/end timestamps (`engine.mask_workers.MaskTiming`)
+  NFE              forwards summed over requests; forced: tokens committed as forced; saved: forwards_saved
+
+The outputs are checked: every answer is accepted by its compiled constraint, and with forced tokens off the
+outputs of mask_workers=0 and >= 1 are identical (the script prints how many are).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dllm_constrain.engine.config import EngineConfig
+from dllm_constrain.engine.llm_engine import LLMEngine
+from dllm_constrain.engine.state import Request
+from dllm_constrain.errors import DllmConstrainError
+
+ROOT = Path(__file__).resolve().parents[1]
+JSB = ROOT.parent / "shared" / "data" / "jsonschemabench"
+
+
+def load_schemas(jsb: int, subsets: list[str]) -> list[tuple[str, Any]]:
+    """(name, schema): examples/*.json, then the first `jsb` schemas of each JSONSchemaBench subset present."""
+    out = [(p.stem, json.loads(p.read_text())) for p in sorted((ROOT / "examples").glob("*.json"))]
+    if jsb <= 0:
+        return out
+    if not JSB.is_dir():
+        print(f"note: {JSB} is absent; examples/ only", file=sys.stderr)
+        return out
+    for subset in subsets:
+        path = JSB / f"{subset}.jsonl"
+        if not path.is_file():
+            print(f"note: {path} is absent; left out", file=sys.stderr)
+            continue
+        with path.open() as f:
+            for i, line in enumerate(f):
+                if i >= jsb:
+                    break
+                row = json.loads(line)
+                out.append((row.get("id", f"{subset}-{i}"), row["schema"]))
+    return out
+
+
+def build_requests(llm: Any, schemas: list[tuple[str, Any]], options: dict[str, Any]
+                   ) -> tuple[list[Request], list[Any], list[str]]:
+    """One request per schema that compiles and fits (the compiled constraints are kept for the checks)."""
+    from dllm_constrain.options import generate_options
+
+    requests, compiled, left_out = [], [], []
+    for name, schema in schemas:
+        prompt = f"Write a JSON value for the schema {name}."
+        try:
+            build, _, _ = llm._prepare(prompt, generate_options({"schema": schema, **options}))
+            [req] = build()
+            req.constraint_state()  # the fit check (ConstraintTooLongError) before the timed runs
+        except DllmConstrainError as err:
+            left_out.append(f"{name}: {type(err).__name__}")
+            continue
+        requests.append(req)
+        compiled.append(req.constraint)
+    return requests, compiled, left_out
+
+
+def run(llm: Any, requests: list[Request], workers: int, forced: bool) -> dict[str, Any]:
+    from dataclasses import replace
+
+    reqs = [Request(r.prompt_ids, replace(r.params, forced_tokens=forced), r.constraint) for r in requests]
+    engine = LLMEngine(llm.model, llm.tokenizer, config=llm.engine.config.with_overrides(mask_workers=workers))
+    t = time.perf_counter()
+    results = engine.generate(reqs, raise_errors=False)
+    wall = time.perf_counter() - t
+    timing = engine.mask_timing
+    return {"results": results, "wall": wall, "forwards": timing.forwards, "forward_s": timing.forward_seconds,
+            "mask_s": timing.mask_seconds, "overlap": timing.overlap_fraction, "mask_calls": timing.mask_calls}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jsb", type=int, default=4, help="schemas per JSONSchemaBench subset (0: examples/ only)")
+    ap.add_argument("--subsets", default="Github_easy,Glaiveai2K,Kubernetes",
+                    help="comma-separated JSONSchemaBench subsets")
+    ap.add_argument("--workers", default="0,1,2", help="comma-separated mask_workers values")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="canvas (default: the checkpoint's)")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+
+    from dllm_constrain.api import LLM
+
+    llm = LLM(None)
+    options = {"max_new_tokens": args.max_new_tokens, "temperature": 0.0, "seed": 0}
+    requests, compiled, left_out = build_requests(llm, load_schemas(args.jsb, args.subsets.split(",")), options)
+    if not requests:
+        print("no schema compiled and fit the canvas; nothing to measure")
+        return
+    workers = [int(w) for w in args.workers.split(",")]
+    configs = [(w, f) for f in (True, False) for w in workers]
+    runs: dict[tuple[int, bool], list[dict[str, Any]]] = {c: [] for c in configs}
+    run(llm, requests[:2], 1, True)  # warm-up: the automata of the first masks are built once, outside the timing
+    for _ in range(args.runs):
+        for w, f in configs:
+            runs[(w, f)].append(run(llm, requests, w, f))
+
+    print(f"{len(requests)} requests (batch of all; {len(left_out)} schemas left out: {'; '.join(left_out) or '-'})")
+    print(f"canvas {requests[0].params.max_new_tokens}, blocks of {requests[0].params.block_length}, policy "
+          f"{requests[0].params.policy}; medians over {args.runs} runs; torch threads {torch.get_num_threads()}")
+    print(f"{'workers':>7} {'forced':>6} {'wall/fwd ms':>11} {'fwd ms':>7} {'mask/fwd ms':>11} {'overlap':>7} "
+          f"{'wall s':>7} {'NFE':>5} {'forced':>6} {'saved':>5} {'valid':>7}")
+    med = statistics.median
+    for w, f in configs:
+        rs = runs[(w, f)]
+        first = rs[0]["results"]
+        valid = sum(c.accepts_tokens(r.token_ids) and r.error is None for c, r in zip(compiled, first))
+        print(f"{w:>7} {str(f):>6} {med(r['wall'] / r['forwards'] * 1e3 for r in rs):>11.1f} "
+              f"{med(r['forward_s'] / r['forwards'] * 1e3 for r in rs):>7.1f} "
+              f"{med(r['mask_s'] / r['forwards'] * 1e3 for r in rs):>11.1f} {med(r['overlap'] for r in rs):>7.1%} "
+              f"{med(r['wall'] for r in rs):>7.2f} {sum(r.nfe for r in first):>5} "
+              f"{sum(r.forced_tokens for r in first):>6} {sum(r.forwards_saved for r in first):>5} "
+              f"{valid:>3}/{len(first):<3}")
+    for w in workers:
+        if w == 0 or (0, False) not in runs:
+            continue
+        same = sum(a.canvas_ids == b.canvas_ids for a, b in zip(runs[(0, False)][0]["results"],
+                                                              runs[(w, False)][0]["results"]))
+        print(f"forced_tokens=False: mask_workers={w} gives the outputs of mask_workers=0 for {same}/{len(requests)}")
+        same = sum(a.canvas_ids == b.canvas_ids for a, b in zip(runs[(0, True)][0]["results"],
+                                                              runs[(w, True)][0]["results"]))
+        print(f"forced_tokens=True:  mask_workers={w} gives the outputs of mask_workers=0 for {same}/{len(requests)}")
+
+
+if __name__ == "__main__":
+    main()
