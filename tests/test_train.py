@@ -44,6 +44,33 @@ def test_heldout_split_uses_lead_phrasings_the_training_split_never_produces():
     assert set(HELDOUT.pairs).isdisjoint(TRAIN.pairs) and set(HELDOUT.leads).isdisjoint(TRAIN.leads)
 
 
+def test_simple_share_gives_flat_requests_of_one_to_three_short_fields():
+    examples = ExampleGenerator(5, plain_text_share=0.0, simple_share=1.0).examples(200)
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    for e in examples:
+        props = e["schema"]["properties"]
+        assert 1 <= len(props) <= 3
+        assert all(p["type"] in ("string", "integer", "boolean") for p in props.values())
+        jsonschema.Draft202012Validator(e["schema"], format_checker=checker).validate(json.loads(e["answer"]))
+        for value in e["stated"].values():
+            if isinstance(value, str):
+                assert value in e["request"]
+
+
+def test_copy_share_gives_copy_tasks_whose_answer_is_read_from_the_request():
+    examples = ExampleGenerator(6, copy_share=1.0).examples(100)
+    for e in examples:
+        assert e["schema"] is None
+        words = e["answer"].replace(",", "").replace("!", "").split()
+        assert all(w in e["request"] for w in words if w != "Hello")
+
+
+@pytest.mark.parametrize("share", ["plain_text_share", "simple_share", "copy_share"])
+def test_a_share_outside_zero_to_one_is_refused(share):
+    with pytest.raises(ValueError, match=share):
+        ExampleGenerator(0, **{share: 1.5})
+
+
 def test_values_come_from_open_distributions():
     """Hardly any stated string value repeats across 500 requests: the model cannot pick from a list."""
     strings = [v for e in ExampleGenerator(2, plain_text_share=0.0).examples(500) for v in e["stated"].values()

@@ -19,7 +19,7 @@ from typing import Any
 from dllm_constrain.prompting import format_prompt, schema_sketch
 from dllm_constrain.train import values as V
 from dllm_constrain.train.phrasing import HELDOUT, TRAIN, state_request
-from dllm_constrain.train.tasks import plain_task
+from dllm_constrain.train.tasks import copy_task, plain_task
 
 # Familiar keys with the value kind they usually hold; a share of every schema's keys are unseen (V.key).
 STRING_KEYS = {"name": "person", "full_name": "person", "author": "person", "owner": "person",
@@ -50,11 +50,18 @@ class FieldSpec:
 class ExampleGenerator:
     """Seeded source of (prompt, answer) pairs; the same seed and split always yield the same stream."""
 
-    def __init__(self, seed: int, plain_text_share: float = 0.2, split: str = "train") -> None:
+    def __init__(self, seed: int, plain_text_share: float = 0.2, split: str = "train",
+                 simple_share: float = 0.0, copy_share: float = 0.0) -> None:
         if split not in ("train", "heldout"):
             raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+        for name, share in (("plain_text_share", plain_text_share), ("simple_share", simple_share),
+                            ("copy_share", copy_share)):
+            if not 0.0 <= share <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {share!r}")
         self.rng = random.Random(seed)
         self.plain_text_share = plain_text_share
+        self.simple_share = simple_share
+        self.copy_share = copy_share
         self.phrasing = TRAIN if split == "train" else HELDOUT
 
     # ---- schema family --------------------------------------------------------------------------------
@@ -165,9 +172,41 @@ class ExampleGenerator:
         return [V.STRING_KINDS[item](r) for _ in range(n)]
 
     # ---- examples -------------------------------------------------------------------------------------
+    def _simple_fields(self) -> list[FieldSpec]:
+        """1-3 flat fields of short values (a one- or two-syllable word or name, a small integer, a boolean):
+        the copy skill in its plainest form, which a small model learns long before it can copy a uuid out of a
+        nested list."""
+        r = self.rng
+        specs: list[FieldSpec] = []
+        for _ in range(r.randint(1, 3)):
+            kind = r.choices(["person", "place", "word", "int", "bool"], [3, 3, 2, 3, 1])[0]
+            if kind == "int":
+                spec = FieldSpec(self._key(INT_KEYS), "int", {"type": "integer"})
+            elif kind == "bool":
+                spec = FieldSpec(self._key(BOOL_KEYS), "bool", {"type": "boolean"})
+            else:
+                pool = [k for k, v in STRING_KEYS.items() if v == kind] or list(STRING_KEYS)
+                spec = FieldSpec(self._key(pool), "short:" + kind, {"type": "string"})
+            if spec.name not in {s.name for s in specs}:
+                specs.append(spec)
+        return specs
+
+    def _short_value(self, spec: FieldSpec) -> Any:
+        r = self.rng
+        if spec.kind == "short:person":
+            return f"{V.word(r, 1, 2).capitalize()} {V.word(r, 1, 2).capitalize()}"
+        if spec.kind in ("short:place", "short:word"):
+            w = V.word(r, 1, 2)
+            return w.capitalize() if spec.kind == "short:place" else w
+        if spec.kind == "int":
+            return r.randint(0, r.choice([9, 99, 999]))
+        return self._value(spec)
+
     def _schema_example(self) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
         r = self.rng
-        fields = self._children(r.choices(range(1, 8), [3, 4, 4, 3, 2, 1.5, 1])[0], 0)
+        simple = r.random() < self.simple_share
+        fields = self._simple_fields() if simple else \
+            self._children(r.choices(range(1, 8), [3, 4, 4, 3, 2, 1.5, 1])[0], 0)
         required = [f.name for f in fields if r.random() < 0.75] or [fields[0].name]
         schema: dict[str, Any] = {"type": "object", "properties": {f.name: f.schema for f in fields},
                                   "required": required}
@@ -181,7 +220,7 @@ class ExampleGenerator:
             is_required = f.name in required
             if not is_required and r.random() < 0.5:
                 continue  # optional and not mentioned: omitted from the answer
-            value = self._value(f)
+            value = self._short_value(f) if simple else self._value(f)
             answer[f.name] = value
             if not is_required or r.random() < 0.95:
                 stated[f.name] = value
@@ -190,6 +229,10 @@ class ExampleGenerator:
 
     def example(self) -> dict[str, Any]:
         """One example: prompt text (formatted), answer text, and the schema/stated values for scoring."""
+        if self.copy_share and self.rng.random() < self.copy_share:
+            request, answer = copy_task(self.rng)
+            return {"prompt": format_prompt(request, None), "answer": answer, "schema": None, "stated": {},
+                    "request": request}
         if self.rng.random() < self.plain_text_share:
             request, answer = plain_task(self.rng)
             return {"prompt": format_prompt(request, None), "answer": answer, "schema": None, "stated": {},

@@ -70,6 +70,8 @@ class TrainConfig:
     save_every: int = 250
     eval_every: int = 250
     eval_batches: int = 4
+    simple_share: float = 0.0  # share of schema examples with 1-3 flat short fields (a copy-skill curriculum)
+    copy_share: float = 0.0  # share of examples that are pure copy tasks (echo a span of the request)
 
 
 def build_model(cfg: TrainConfig) -> LLaDAModel:
@@ -186,12 +188,17 @@ def _optimizer(model: LLaDAModel, cfg: TrainConfig) -> tuple[torch.optim.Optimiz
     return opt, sched
 
 
+def _generator(cfg: TrainConfig) -> ExampleGenerator:
+    """The training stream: its mix (simple and copy shares) may change between sittings of one run."""
+    return ExampleGenerator(cfg.seed, simple_share=cfg.simple_share, copy_share=cfg.copy_share)
+
+
 def _new_run(cfg: TrainConfig) -> _Run:
     corpus = ExampleGenerator(cfg.seed + 1).examples(cfg.tokenizer_corpus)
     tok = train_tokenizer((e["prompt"] + e["answer"] for e in corpus), cfg.vocab_size)
     model = build_model(cfg)
     opt, sched = _optimizer(model, cfg)
-    return _Run(model, tok, opt, sched, ExampleGenerator(cfg.seed), random.Random(cfg.seed),
+    return _Run(model, tok, opt, sched, _generator(cfg), random.Random(cfg.seed),
                 torch.Generator().manual_seed(cfg.seed), pending=[])
 
 
@@ -217,7 +224,7 @@ def _load_state(cfg: TrainConfig, run_dir: Path) -> _Run:
     opt, sched = _optimizer(model, cfg)
     opt.load_state_dict(state["opt"])
     sched.load_state_dict(state["sched"])
-    data = ExampleGenerator(cfg.seed)
+    data = _generator(cfg)
     data.rng.setstate(state["data_rng"])
     rng = random.Random()
     rng.setstate(state["rng"])
