@@ -81,10 +81,10 @@ class ThreadRecording(DigitsConstraint):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.threads: list[str] = []
+        self.threads: list[threading.Thread] = []
 
     def allowed_tokens(self, canvas, positions):
-        self.threads.append(threading.current_thread().name)
+        self.threads.append(threading.current_thread())
         return super().allowed_tokens(canvas, positions)
 
 
@@ -93,11 +93,11 @@ def test_masks_run_on_the_loops_worker_threads_which_end_with_the_call() -> None
     params = SamplingParams(max_new_tokens=6, block_length=6, forced_tokens=False)
     (res,) = _generate(1, [Request([40, 41], params, constraint)])
     assert constraint.accepts(res.token_ids)
-    assert constraint.threads and all(name.startswith("dllm-masks") for name in constraint.threads)
-    assert not [t for t in threading.enumerate() if t.name.startswith("dllm-masks")]
+    assert constraint.threads and all(t.name.startswith("dllm-masks") for t in constraint.threads)
+    assert not any(t.is_alive() for t in constraint.threads)
     serial = ThreadRecording(digits=DIGITS, vocab_size=260)
     _generate(0, [Request([40, 41], params, serial)])
-    assert set(serial.threads) == {threading.current_thread().name}
+    assert set(serial.threads) == {threading.current_thread()}
 
 
 class SlowMasks(DigitsConstraint):
