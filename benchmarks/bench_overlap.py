@@ -13,6 +13,8 @@ load moves them alike; the figures are medians over the runs:
   wall/forward     the call's wall time / its forwards (steps with a forward)
   forward          the forward's own wall time per forward
   mask/forward     mask computation time per forward (summed over requests; on workers or serial)
+  probe/forward    of it, the one-position frontier probes that decide whether a step stays serial (forced
+                   tokens on, mask workers >= 1)
   overlap          (mask time that ran while the forward was running) / (total mask time), from the mask jobs'
                    start/end and the forward's start/end timestamps (`engine.mask_workers.MaskTiming`)
   NFE              forwards summed over requests; forced: tokens committed as forced; saved: forwards_saved
@@ -93,7 +95,8 @@ def run(llm: Any, requests: list[Request], workers: int, forced: bool) -> dict[s
     wall = time.perf_counter() - t
     timing = engine.mask_timing
     return {"results": results, "wall": wall, "forwards": timing.forwards, "forward_s": timing.forward_seconds,
-            "mask_s": timing.mask_seconds, "overlap": timing.overlap_fraction, "mask_calls": timing.mask_calls}
+            "mask_s": timing.mask_seconds, "overlap": timing.overlap_fraction, "mask_calls": timing.mask_calls,
+            "probe_s": timing.probe_seconds}
 
 
 def main() -> None:
@@ -126,8 +129,8 @@ def main() -> None:
     print(f"{len(requests)} requests (batch of all; {len(left_out)} schemas left out: {'; '.join(left_out) or '-'})")
     print(f"canvas {requests[0].params.max_new_tokens}, blocks of {requests[0].params.block_length}, policy "
           f"{requests[0].params.policy}; medians over {args.runs} runs; torch threads {torch.get_num_threads()}")
-    print(f"{'workers':>7} {'forced':>6} {'wall/fwd ms':>11} {'fwd ms':>7} {'mask/fwd ms':>11} {'overlap':>7} "
-          f"{'wall s':>7} {'NFE':>5} {'forced':>6} {'saved':>5} {'valid':>7}")
+    print(f"{'workers':>7} {'forced':>6} {'wall/fwd ms':>11} {'fwd ms':>7} {'mask/fwd ms':>11} {'probe':>5} "
+          f"{'overlap':>7} {'wall s':>7} {'NFE':>5} {'forced':>6} {'saved':>5} {'valid':>7}")
     med = statistics.median
     for w, f in configs:
         rs = runs[(w, f)]
@@ -135,7 +138,8 @@ def main() -> None:
         valid = sum(c.accepts_tokens(r.token_ids) and r.error is None for c, r in zip(compiled, first))
         print(f"{w:>7} {str(f):>6} {med(r['wall'] / r['forwards'] * 1e3 for r in rs):>11.1f} "
               f"{med(r['forward_s'] / r['forwards'] * 1e3 for r in rs):>7.1f} "
-              f"{med(r['mask_s'] / r['forwards'] * 1e3 for r in rs):>11.1f} {med(r['overlap'] for r in rs):>7.1%} "
+              f"{med(r['mask_s'] / r['forwards'] * 1e3 for r in rs):>11.1f} "
+              f"{med(r['probe_s'] / r['forwards'] * 1e3 for r in rs):>5.1f} {med(r['overlap'] for r in rs):>7.1%} "
               f"{med(r['wall'] for r in rs):>7.2f} {sum(r.nfe for r in first):>5} "
               f"{sum(r.forced_tokens for r in first):>6} {sum(r.forwards_saved for r in first):>5} "
               f"{valid:>3}/{len(first):<3}")

@@ -449,7 +449,7 @@ class LLMEngine:
     def _frontier_forced(self, s: RequestState, timing: MaskTiming | None) -> bool:
         """Whether the mask of the active block's leftmost open position allows a single token."""
         frontier = s.open_in_block()[:1]
-        row = self._timed_allowed(s, s.canvas_view(self.special.mask_id), frontier, timing)
+        row = self._timed_allowed(s, s.canvas_view(self.special.mask_id), frontier, timing, probe=True)
         return bool(single_token_rows(row)[0])
 
     def _after_forward(self, s: RequestState, policy: CommitPolicy, hidden: torch.Tensor, offset: int,
@@ -476,12 +476,12 @@ class LLMEngine:
             raise GenerationTimeoutError(f"request {s.index} did not finish within its timeout of {timeout} s")
 
     def _timed_allowed(self, s: RequestState, view: list[int], positions: list[int],
-                       timing: MaskTiming | None) -> torch.Tensor:
+                       timing: MaskTiming | None, probe: bool = False) -> torch.Tensor:
         """`_allowed` computed on the loop thread (serially), its time recorded in `timing`."""
         start = time.perf_counter()
         allowed = self._allowed(s, view, positions)
         if timing is not None:
-            timing.add_mask(start, time.perf_counter())
+            timing.add_mask(start, time.perf_counter(), probe=probe)
         return allowed
 
     def _allowed(self, s: RequestState, view: list[int], positions: list[int]) -> torch.Tensor:

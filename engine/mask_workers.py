@@ -44,9 +44,11 @@ class MaskTiming:
     """Measured cost of a loop's masks: wall seconds spent computing them, the part of it that ran while a
     forward was running, and the forwards' own wall time (for per-forward figures)."""
 
-    mask_calls: int = 0  # mask computations (one per request and step, plus rare recomputations)
+    mask_calls: int = 0  # mask computations (one per request and step, plus rare recomputations and probes)
     mask_seconds: float = 0.0
     overlapped_seconds: float = 0.0  # mask seconds inside a forward's [start, end)
+    probe_calls: int = 0  # of mask_calls: one-position frontier probes (LLMEngine._prepare_step)
+    probe_seconds: float = 0.0  # of mask_seconds
     forwards: int = 0
     forward_seconds: float = 0.0
 
@@ -55,9 +57,13 @@ class MaskTiming:
         """(mask time that ran while the forward was running) / (total mask time); 0 without mask work."""
         return self.overlapped_seconds / self.mask_seconds if self.mask_seconds > 0 else 0.0
 
-    def add_mask(self, start: float, end: float, forward: tuple[float, float] | None = None) -> None:
+    def add_mask(self, start: float, end: float, forward: tuple[float, float] | None = None,
+                 probe: bool = False) -> None:
         self.mask_calls += 1
         self.mask_seconds += end - start
+        if probe:
+            self.probe_calls += 1
+            self.probe_seconds += end - start
         if forward is not None:
             self.overlapped_seconds += max(0.0, min(end, forward[1]) - max(start, forward[0]))
 
