@@ -12,11 +12,15 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..constraints import CompiledConstraint, ConstraintCompiler, TokenizerInfo
+from ..constraints.canvas import CanvasState
+from ..constraints.set_algebra import START_BIT, SetAlgebra
 from ..constraints.compiler import COMPILE_CACHE, CompileCache
 from ..errors import ConstraintError
 from ..serve.constraint_fields import JSON_OBJECT_SCHEMA, choice_regex
@@ -143,23 +147,37 @@ class RequestConstraint:
     its left and every later position open. The mask for the next position is the constraint's
     per-position mask there (`allowed_tokens(canvas, [k])`), so the answer is valid *and* fits in
     max_tokens: the layer only offers a token when a valid completion of the remaining length exists.
+
+    The state's calls run without the layer's per-call deadline (`timeout_s=None`) by default: when a call
+    hits it, the layer answers the frontier from its left-to-right prefix check, an over-approximation that
+    our own engine verifies before committing (select_commits) but that vLLM's sampler would draw from
+    directly, and a drawn token with no completion in the positions left ends the answer unfinished (seen
+    near the end of 128-token answers with the random tiny Llama's long strings). Exact rows cost the
+    occasional slow step instead (docs/vllm.md, "Figures").
     """
 
-    def __init__(self, compiled: CompiledConstraint, max_tokens: int, logits_width: int):
+    def __init__(self, compiled: CompiledConstraint, max_tokens: int, logits_width: int,
+                 timeout_s: float | None = None):
         self.compiled = compiled
         self.n = int(max_tokens)
         self.width = int(logits_width)
-        self.state = compiled.new_canvas_state(self.n)  # ConstraintTooLongError when nothing fits
+        # ConstraintTooLongError when nothing fits
+        self.state = compiled.new_canvas_state(self.n, timeout_s=timeout_s)
         self.mask_id = compiled.mask_id
         self.steps = 0
+        self.left_to_right = (_LeftToRight(self.state.alg, self.n, self.state.vocab_size)
+                              if timeout_s is None and isinstance(self.state, CanvasState) else None)
 
     def next_row(self, output_ids: Sequence[int]) -> torch.Tensor | None:
         """Bool [width]: the tokens allowed at the next position, or None when the canvas is full."""
         k = len(output_ids)
         if k >= self.n:
             return None
-        canvas = list(output_ids) + [self.mask_id] * (self.n - k)
-        row = self.state.allowed_tokens(canvas, [k])[0]
+        if self.left_to_right is not None:
+            row = self.left_to_right.row(output_ids)
+        else:
+            canvas = list(output_ids) + [self.mask_id] * (self.n - k)
+            row = self.state.allowed_tokens(canvas, [k])[0]
         self.steps += 1
         if row.shape[0] != self.width:
             out = torch.zeros(self.width, dtype=torch.bool)
@@ -170,3 +188,34 @@ class RequestConstraint:
 
     def accepts(self, output_ids: Sequence[int]) -> bool:
         return self.compiled.accepts_tokens(output_ids)
+
+
+@dataclass
+class _LeftToRight:
+    """The frontier row of a canvas that is open everywhere right of its frontier, from the layer's own set
+    algebra: the row `CanvasState.allowed_tokens(canvas, [k])` answers without a deadline (forward set F[k],
+    then B[k] and B[k+1] as the members that can finish in the positions left, and the row between them), but
+    with F carried along token by token instead of recomputed over the canvas, and without the backward pass
+    over the committed prefix that a diffusion canvas needs and an autoregressive one does not (every token of
+    it was drawn from such a row). The algebra caches sets and rows, so once a request's states are known a
+    step costs a few dict lookups instead of O(k) work (docs/vllm.md, "Figures")."""
+
+    alg: SetAlgebra
+    n: int
+    vocab_size: int
+    forward: int = START_BIT
+    folded: int = 0  # tokens folded into `forward`
+
+    def row(self, output_ids: Sequence[int]) -> torch.Tensor:
+        if len(output_ids) < self.folded:  # not expected (outputs only grow); start over
+            self.forward, self.folded = START_BIT, 0
+        alg = self.alg
+        for t in output_ids[self.folded:]:
+            self.forward = alg.step_tok(self.forward, int(t))
+        k = self.folded = len(output_ids)
+        here = alg.finishers(self.forward, self.n - k)
+        after = alg.finishers(alg.step_open(self.forward), self.n - k - 1)
+        if not (here and after):
+            return torch.zeros(self.vocab_size, dtype=torch.bool)
+        bits = np.unpackbits(alg.row(here, after, self.vocab_size), count=self.vocab_size, bitorder="little")
+        return torch.from_numpy(bits.astype(bool))
