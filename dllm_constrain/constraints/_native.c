@@ -30,7 +30,8 @@ typedef struct {
     int32_t n_tokens;  /* nodes with a token: the most a walk can output */
 } TrieObject;
 
-/* A buffer of `itemsize`-byte items, C-contiguous; writable if asked. On failure a Python error is set. */
+/* A C-contiguous buffer of int32 (itemsize 4) or bytes (itemsize 1); writable if asked. On failure a Python error
+ * is set. */
 static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writable, const char *name) {
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, view, flags) < 0) {
@@ -39,9 +40,15 @@ static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int w
                      writable ? " writable" : "", itemsize);
         return -1;
     }
-    if (view->itemsize != itemsize) {
-        PyErr_Format(PyExc_TypeError, "%s: expected %zd-byte items, got %zd-byte items (format %s)", name, itemsize,
-                     view->itemsize, view->format ? view->format : "B");
+    /* 4-byte items are signed integers (int32), 1-byte items any byte or bool: a float or unsigned table is refused
+     * rather than read as something it is not */
+    const char *fmt = view->format ? view->format : "B";
+    char kind = fmt[0] ? fmt[strlen(fmt) - 1] : 'B';
+    int ok = view->itemsize == itemsize &&
+             (itemsize == 4 ? (kind == 'i' || kind == 'l') : (kind == 'B' || kind == 'b' || kind == '?' || kind == 'c'));
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "%s: expected %s, got %zd-byte items of format '%s'", name,
+                     itemsize == 4 ? "4-byte items of int32" : "1-byte items (uint8 or bool)", view->itemsize, fmt);
         PyBuffer_Release(view);
         return -1;
     }
