@@ -7,8 +7,10 @@ Specifications:
     request; an untyped one is a fault of the step and is raised, as on the serial path;
   * forced_tokens=False commits no forced token and still gives valid output;
   * with forced_tokens=False, mask_workers=0 (serial) and >= 1 give identical results for the same seeds (the
-    masks are the same masks of the same canvas, only computed elsewhere); with forced_tokens on, the results
-    do not depend on the number of workers (>= 1) and a run is reproducible for its seeds;
+    masks are the same masks of the same canvas, only computed elsewhere) when no constraint call is cut by the
+    clock; with forced_tokens on, the results do not depend on the number of workers (>= 1) and a run is
+    reproducible for its seeds; with a model blind to the canvas, forced tokens on, serial and overlapped
+    results are identical too (the forward's context is the only difference between the paths);
   * a canvas the constraint fixes whole still needs no forward (the first step of a block stays serial).
 """
 from __future__ import annotations
@@ -43,10 +45,12 @@ POLICIES = ("quota", "threshold", "entropy", "margin")
 
 def _requests(seed: int, forced: bool, policy: str = "quota") -> list[Request]:
     """A mixed batch: two requests sharing one compiled regex, a JSON schema, a hand-built constraint and an
-    unconstrained request, sampled with their own seeds."""
+    unconstrained request, sampled with their own seeds. Their constraint calls are unbounded in time
+    (constraint_timeout=None): a bounded mask call also stops exploring new transitions after a few milliseconds
+    of wall time (constraints.canvas.EXPAND_S), and a clock is reproducible by no path, serial or not."""
     def params(n: int, block: int, offset: int) -> SamplingParams:
         return SamplingParams(max_new_tokens=n, block_length=block, temperature=0.9, seed=seed + offset,
-                              policy=policy, threshold=0.3, forced_tokens=forced)
+                              policy=policy, threshold=0.3, forced_tokens=forced, constraint_timeout=None)
     return [
         Request([60, 61, 62], params(8, 4, 0), REGEX),
         Request([70, 71], params(12, 6, 1), SCHEMA),
