@@ -117,7 +117,8 @@ class SlowMasks(DigitsConstraint):
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_call_deadline_firing_on_a_worker_ends_only_its_request(workers: int) -> None:
-    params = SamplingParams(max_new_tokens=6, block_length=3, forced_tokens=False, seed=1, temperature=0.5)
+    params = SamplingParams(max_new_tokens=6, block_length=3, forced_tokens=False, seed=1, temperature=0.5,
+                            constraint_timeout=None)
     others = [Request([50, 51], params, REGEX), Request([52], params, DigitsConstraint(digits=DIGITS,
                                                                                        vocab_size=260))]
     alone = _generate(workers, others)
