@@ -26,8 +26,11 @@ memoised per compiled constraint, so a canvas that changes by a few commits per 
 Expansion budget. The successors of a state over "any token" need its token transitions (one trie walk).
 Large schemas reach tens of thousands of DFA states within a 32-token open block, so each call may
 compute at most `expand_budget` new token transitions and spend at most `expand_time_s` on them
-(defaults: 128 computations, no time limit, so the result does not depend on the machine's speed;
-left to right: the positions next to the committed frontier first). States whose transitions are not known yet are not followed: the sets are
+(defaults: 128 computations; under a call deadline also at most EXPAND_S seconds, since at 128K tokens one
+transition costs milliseconds; left to right: the positions next to the committed frontier first). Sets cut
+short keep the members still unknown, and later calls resume from those (set_algebra.py); rows other than the
+left frontier's are computed until ROWS_S into the call, and the backward sets right of the last committed
+position only for the rows computed. States whose transitions are not known yet are not followed: the sets are
 then the states reachable through known states only, a subset of the exact ones, so every allowed token
 is still part of a valid completion (sound), and select_commits verifies in the same system. One state of
 minimal distance to acceptance is always followed (a "spine"). The left frontier (the first open position) is
@@ -40,6 +43,7 @@ small constraints) they are exact from the first call.
 """
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -50,7 +54,7 @@ from dllm_constrain.kernels.bitmask import bitmask_bytes, row_allows, row_tokens
 
 from ..errors import ConstraintTimeoutError, InvalidRequestError
 from .canvas_frontier import FrontierMemo, FrontierSearch, last_committed
-from .deadline import CallDeadline, activate
+from .deadline import CallDeadline, activate, fire_active
 from .json_pointer import json_pointer_of_prefix
 from .set_algebra import (  # noqa: F401  (re-exported: canvas.py was their home)
     ENDED,
@@ -64,23 +68,42 @@ from .set_algebra import (  # noqa: F401  (re-exported: canvas.py was their home
 )
 
 # Per-call time limit (seconds) of every canvas call of a request (allowed_tokens, select_commits,
-# is_completable, forced_tokens) and of min_tokens / the fit check of new_canvas_state: 0.5 s, so that with the
-# salvage allowance below one call never holds the engine loop (and every other request) past ~0.75 s, while
-# normal calls (median well under 1 ms, p99 tens of ms) never meet it. Work done before a timeout (DFA rows,
-# token transitions) stays cached in the shared automaton, so the next call on the same canvas gets further.
+# is_completable, forced_tokens) and of min_tokens / the fit check of new_canvas_state: 0.5 s. The salvage
+# allowance below comes out of it (the main work stops at limit - salvage), so one call holds the engine loop (and
+# every other request) for at most the limit plus one check interval. Work done before a timeout (DFA rows, token
+# transitions) stays cached in the shared automaton, so the next call on the same canvas gets further.
 DEFAULT_CALL_TIMEOUT_S = 0.5
-# time allowed, after the call's deadline fired, for the cheap left-to-right answer at the frontier
+# time kept, within the call's limit, for the cheap left-to-right answer at the frontier once the main work ran out
 SALVAGE_S = 0.25
+# New token transitions one call may compute, in seconds: beyond it the sets go on through known transitions only
+# (sound subsets). At 128K tokens one transition (a trie walk, plus the DFA rows it reaches) costs 1-10 ms, and a
+# cold spec-semantics canvas reaches thousands of states: spending half the limit on them made every call of such a
+# fill last the whole limit. A small per-call allowance spreads the exploration over the calls (it is cached), and
+# the left frontier stays exact (canvas_frontier.py), so the engine always has a position to commit.
+EXPAND_S = 0.01
+# Soft time of a mask call: past it, open positions other than the left frontier keep an empty row (sound: no token
+# is offered there this step) instead of computing theirs; the frontier's row is always computed (first).
+ROWS_S = 0.02
+# Time for the can-finish decisions of the frontier row (canvas_frontier.py): near the end of a wide canvas, refuting
+# a state walked the token transitions of hundreds of states; past it, undecided states are left out (sound).
+FRONTIER_S = 0.03
 
 
 class Analysis:
-    __slots__ = ("canvas", "F", "B", "H")
+    """The sets of one call on canvas c: F[0..] forward (extended on demand), B[0..H] backward. B[i] for i <= J + 1
+    (J the last committed position) is computed at once (the backward chain needs it); right of it every position
+    is open and B[i] is `finishers(F[i], n - i)`, a property of F[i] alone, computed when a row asks for it
+    (`CanvasState._b`): a mask call that defers the far rows (ROWS_S) no longer decides, for every state of their
+    forward sets, whether it can finish."""
 
-    def __init__(self, canvas: tuple, F: list, B: list, H: int):
+    __slots__ = ("canvas", "F", "B", "H", "J")
+
+    def __init__(self, canvas: tuple, F: list, B: list, H: int, J: int = -1):
         self.canvas = canvas
         self.F = F
-        self.B = B
+        self.B = B  # None: not computed yet (only right of J + 1)
         self.H = H
+        self.J = J
 
 
 class CanvasState:
@@ -98,6 +121,8 @@ class CanvasState:
         self.kind = kind
         self.deadline_hits = 0  # calls whose deadline fired (answered from what they had, or raised)
         self.prefix_fallbacks = 0  # frontier masks answered by the left-to-right prefix check after a timeout
+        self.rows_deferred = 0  # open non-frontier rows left empty by a mask call past ROWS_S
+        self.frontier_cuts = 0  # frontier rows whose can-finish decisions ran past FRONTIER_S (sound, maybe smaller)
         # sound rows of the last mask call: (canvas, {position: mask row}); a token in one is verified. The rows
         # are bool (allowed_tokens) or packed bitmask bytes (fill_token_bitmask); kernels.bitmask.row_allows reads both
         self._certified: tuple[tuple, dict[int, np.ndarray]] | None = None
@@ -114,6 +139,7 @@ class CanvasState:
         self._frontier_memo = FrontierMemo()  # the exact frontier's memo, kept across calls (canvas_frontier.py)
         self._fwd: list[int] = [START_BIT]
         self._fwd_ok: list[bool] = [True]
+        self._no_certified = [0] * (self.n + 2)  # backward sets of no state (a witness search without certificates)
 
     # ------------------------------------------------------------------ helpers
     def _norm(self, canvas: Sequence[int]) -> tuple:
@@ -125,13 +151,16 @@ class CanvasState:
         m = self.mask_id
         return tuple(None if (c == m) else int(c) for c in canvas)
 
-    def _forward(self, c: tuple, upto: int) -> list[int]:
+    def _forward(self, c: tuple, upto: int, extend: bool = False) -> list[int]:
         """F[0..upto] for canvas c, reusing the previous call's prefix (up to the first entry that was
-        computed under a budget cut, so that sets grow back to exact as transitions become known)."""
+        computed under a budget cut, so that sets grow back to exact as transitions become known).
+        extend=True: the same call asks further on the same canvas: the entries it has are kept as they are."""
         prev = self._fwd_canvas
         F = self._fwd
         ok = self._fwd_ok
-        if prev is not None:
+        if extend and prev is c:
+            pass
+        elif prev is not None:
             k = 0
             lim = min(len(F) - 1, upto)
             while k < lim and prev[k] == c[k] and ok[k + 1]:
@@ -160,13 +189,15 @@ class CanvasState:
     def _analyze(self, c: tuple, horizon: int) -> Analysis:
         J = self._last_committed(c)
         H = min(max(J + 1, horizon), self.n)
-        F = self._forward(c, H)
+        F = self._forward(c, J + 1)
         alg = self.alg
-        B = [0] * (H + 1)
+        B: list[int | None] = [None] * (H + 1)
+        for i in range(J + 1):
+            B[i] = 0
         # right of the last committed position everything is open: membership in B is "can finish in
-        # the positions left", a property of the state alone (no backward chain needed)
-        for i in range(H, J, -1):
-            B[i] = alg.finishers(F[i], self.n - i, self._budget)
+        # the positions left", a property of the state alone (no backward chain needed); B[i] for i > J + 1 is
+        # computed on demand (_b)
+        B[J + 1] = alg.finishers(F[J + 1], self.n - J - 1, self._budget)
         back_open, back_tok = alg.back_open, alg.back_tok
         for i in range(J, -1, -1):
             nb = B[i + 1]
@@ -174,7 +205,20 @@ class CanvasState:
                 break  # B[<=i] all empty
             ci = c[i]
             B[i] = back_open(F[i], nb, self._budget) if ci is None else back_tok(F[i], ci, nb)
-        return Analysis(c, F, B, H)
+        return Analysis(c, F, B, H, J)
+
+    def _b(self, an: Analysis, i: int) -> int:
+        """B[i] of the analysis, computed now if it is right of J + 1 and not yet known."""
+        v = an.B[i]
+        if v is None:
+            F = self._forward(an.canvas, i, extend=True)
+            an.F = F
+            v = an.B[i] = self.alg.finishers(F[i], self.n - i, self._budget)
+        return v
+
+    def _all_b(self, an: Analysis) -> list[int]:
+        """Every B[0..H] of the analysis (computing those not known yet)."""
+        return [self._b(an, i) for i in range(an.H + 1)]
 
     def _completable(self, c: tuple) -> bool:
         if c in self._proven:
@@ -184,6 +228,30 @@ class CanvasState:
         rem = self.n - H
         can = self.alg.can_finish
         ok = any(can(q, rem, self._budget) for q in self.alg.members(F[H]))
+        if ok:
+            self._prove(c)
+        return ok
+
+    def _completable_exact(self, c: tuple) -> bool:
+        """Whether canvas c is completable, exactly: the forward set at the left frontier f (every position before
+        it committed: exact and cheap), then a depth-first search for one completion from its states
+        (canvas_frontier.FrontierSearch, memoised across calls). The forward sets through the open positions, which
+        the exact answer used to compute whole, reach thousands of states on wide schemas, each needing its token
+        transitions; one witness needs the states of one path."""
+        if c in self._proven:
+            return True
+        alg = self.alg
+        f = next((i for i, x in enumerate(c) if x is None), None)
+        F = START_BIT
+        for i in range(self.n if f is None else f):
+            F = alg.step_tok(F, c[i])
+            if not F:
+                return False
+        if f is None:
+            ok = alg.any_accepting(F)
+        else:
+            search = FrontierSearch(alg, self.n, c, self._no_certified, -1, self._frontier_memo.for_canvas(c))
+            ok = any(search.good(q, f) for q in alg.members(F))
         if ok:
             self._prove(c)
         return ok
@@ -201,14 +269,22 @@ class CanvasState:
         else:
             secs = self.expand_time_s
             if self.timeout_s is not None and self.expand_budget is not None:
-                # stop computing new transitions at half the call's time: the rest finishes the sets
-                secs = 0.5 * self.timeout_s if secs is None else min(secs, 0.5 * self.timeout_s)
+                # stop computing new transitions after EXPAND_S (and before half the call's time): the rest
+                # finishes the sets with known transitions; the next calls take the exploration further
+                cap = min(EXPAND_S, 0.5 * self.timeout_s)
+                secs = cap if secs is None else min(secs, cap)
             self._budget = Budget(self.expand_budget, secs)
 
     # ------------------------------------------------------------------ time bounds
-    def _call(self, operation: str, c: tuple | None = None, limit: float | None = -1.0) -> CallDeadline:
+    def _call(self, operation: str, c: tuple | None = None, limit: float | None = -1.0,
+              stop_s: float | None = None) -> CallDeadline:
         where = (lambda: self._where(c)) if c is not None else None
-        return CallDeadline(self.timeout_s if limit == -1.0 else limit, self.kind, operation, where)
+        return CallDeadline(self.timeout_s if limit == -1.0 else limit, self.kind, operation, where, stop_s)
+
+    def _main_stop(self) -> float | None:
+        """When a mask call's main work stops: the call's limit less the salvage allowance, so that a salvaged call
+        still ends within its limit."""
+        return None if self.timeout_s is None else self.timeout_s - self._salvage_limit()
 
     def _where(self, c: tuple) -> str:
         """The request-level location for a timeout message: the canvas frontier and, for JSON, the instance
@@ -224,7 +300,7 @@ class CanvasState:
         return s
 
     def _salvage_limit(self) -> float | None:
-        return None if self.timeout_s is None else min(SALVAGE_S, 0.5 * self.timeout_s)
+        return None if self.timeout_s is None else min(SALVAGE_S, 0.4 * self.timeout_s)
 
     def _prefix_row(self, c: tuple, frontier: int) -> np.ndarray:
         """The left-to-right prefix check at the frontier: every token that keeps the committed prefix a prefix
@@ -272,7 +348,7 @@ class CanvasState:
                 raise IndexError(f"position {p} outside the canvas of length {self.n}")
         frontier = next((i for i, x in enumerate(c) if x is None), None)
         done: dict[int, bool] = {}  # row index -> its row is final and sound
-        with activate(self._call("allowed_tokens", c)):
+        with activate(self._call("allowed_tokens", c, stop_s=self._main_stop())):
             try:
                 self._allowed_into(c, positions, frontier, o, done)
             except ConstraintTimeoutError as err:
@@ -293,45 +369,61 @@ class CanvasState:
 
     def _allowed_into(self, c: tuple, positions: list[int], frontier: int | None, o: np.ndarray,
                       done: dict[int, bool]) -> None:
+        """The rows, the left frontier's first (exact: every token of every valid completion is allowed there, so the
+        engine always has a position to commit and a wanted token is never lost to the budget), then the other open
+        positions' (sound, possibly missing tokens under the budget) until ROWS_S into the call: those left after it
+        stay empty this call (sound; `rows_deferred` counts them) and are filled by later calls, which find more of
+        the automaton known (in exact mode, without a budget, every row is computed)."""
+        t_call = time.perf_counter()
         self._new_budget()
+        # exact mode (no budget: expand_budget=None, expand_time_s=None) computes every row
+        soft_end = None if self._budget is None else t_call + ROWS_S
         an = self._analyze(c, max(positions) + 1)
         B = an.B
         if B[0]:
             self._prove(c)
+        b = self._b
         V = self.vocab_size
-        redo = None
-        for j, p in enumerate(positions):
+        order = sorted(range(len(positions)), key=lambda j: positions[j] != frontier)  # the frontier first (stable)
+        for j in order:
+            p = positions[j]
             if c[p] is not None:
                 # committed position: only its own token keeps the canvas as it is
                 if B[0] and 0 <= c[p] < V:
                     set_token(o[j], c[p])
                 done[j] = True
                 continue
-            bi, bn = B[p], B[p + 1]
+            if p != frontier and soft_end is not None and time.perf_counter() > soft_end:
+                self.rows_deferred += 1
+                continue
+            bi = b(an, p)
+            bn = b(an, p + 1) if bi else 0
             if bi and bn:
                 write_row(o[j], self.alg.row(bi, bn, V))
+                done[j] = True  # sound; at the frontier it stands if the exact decision below runs out of time
             if p == frontier and self._budget is not None and (self._budget.cuts or not o[j].any()):
-                # the budget cut part of the sets: the frontier row may miss tokens; decided exactly below, after
-                # every other row is safe (until then the sound budgeted row stands, if it is not empty)
-                redo = j
-                if not o[j].any():
-                    continue
-            done[j] = True
-        if redo is not None:
-            # the left frontier's mask is exact: every token of every valid completion is allowed there (the
-            # engine always has a position to commit, and a wanted token is never lost to the budget; further
-            # open positions may miss tokens or stay empty under the budget: sound, filled in later calls)
-            self.exact_fallbacks += 1
-            bi, bn = self._frontier_sets(c, frontier, an)
-            write_row(o[redo], self.alg.row(bi, bn, V) if (bi and bn) else None)
-            if bi and bn:
-                self._prove(c)
-            done[redo] = True
+                # the budget cut part of the sets: the frontier row may miss tokens; decided exactly
+                self.exact_fallbacks += 1
+                bi, bn = self._frontier_sets(c, frontier, an)
+                write_row(o[j], self.alg.row(bi, bn, V) if (bi and bn) else None)
+                if bi and bn:
+                    self._prove(c)
+                done[j] = True
+            done.setdefault(j, True)
 
     def _frontier_sets(self, c: tuple, f: int, an: Analysis) -> tuple[int, int]:
-        """Exact (B[f], B[f+1]) at the left frontier f (canvas_frontier.py)."""
-        search = FrontierSearch(self.alg, self.n, c, an.B, an.H, self._frontier_memo.for_canvas(c))
-        return search.sets(an.F[f], f)
+        """(B[f], B[f+1]) at the left frontier f (canvas_frontier.py): exact, unless its can-finish decisions ran
+        past FRONTIER_S (then sound, without the states left undecided). When that leaves the frontier without a
+        token, the call's deadline fires now (the left-to-right prefix check answers) instead of at its limit."""
+        known = [0 if x is None else x for x in an.B]  # sets not computed certify nothing (the search decides)
+        budget = None if self._budget is None else Budget(256, FRONTIER_S)
+        search = FrontierSearch(self.alg, self.n, c, known, an.H, self._frontier_memo.for_canvas(c), budget)
+        bi, bn = search.sets(an.F[f], f)
+        if search.undecided:
+            self.frontier_cuts += 1
+            if not (bi and bn):
+                fire_active("deciding the left frontier's mask (its can-finish searches ran out of time)")
+        return bi, bn
 
     def is_completable(self, canvas: Sequence[int]) -> bool:
         """Under the call's deadline; a canvas already proven completable (by select_commits or a mask) answers at
@@ -346,9 +438,9 @@ class CanvasState:
                     return True
                 if self._budget is None:
                     return False
-                self._budget = None  # "not completable" decides a backtrack: make sure, exactly
+                # "not completable" decides a backtrack: make sure, exactly
                 self.exact_fallbacks += 1
-                return self._completable(c)
+                return self._completable_exact(c)
             except ConstraintTimeoutError:
                 self.deadline_hits += 1
                 raise
@@ -367,9 +459,8 @@ class CanvasState:
                 self._greedy_commits(c, proposals, order, False, kept)
                 if not kept and self._budget is not None and proposals:
                     # nothing certified within the budget: decide the proposals exactly, best first, until one holds
-                    self._budget = None
                     self.exact_fallbacks += 1
-                    self._greedy_commits(c, proposals, order, True, kept)
+                    self._greedy_commits(c, proposals, order, True, kept, exact=True)
             except ConstraintTimeoutError:
                 self.deadline_hits += 1
                 if not kept:
@@ -397,9 +488,10 @@ class CanvasState:
         return []
 
     def _greedy_commits(self, c: list, proposals: Sequence[tuple[int, int, float]], order: list[int],
-                        first_only: bool, kept: list[tuple[int, int]]) -> list[tuple[int, int]]:
+                        first_only: bool, kept: list[tuple[int, int]], exact: bool = False) -> list[tuple[int, int]]:
         """Commit the proposals in `order` onto c, each kept (appended to `kept` at once, so that a deadline
-        leaves the verified ones) iff the canvas stays completable."""
+        leaves the verified ones) iff the canvas stays completable (`exact`: decided by the witness search)."""
+        completable = self._completable_exact if exact else self._completable
         for k in order:
             p, t, _ = proposals[k]
             p, t = int(p), int(t)
@@ -407,7 +499,7 @@ class CanvasState:
                 continue
             c[p] = t
             try:
-                ok = self._completable(tuple(c))
+                ok = completable(tuple(c))
             except BaseException:
                 c[p] = None
                 raise
@@ -432,7 +524,7 @@ class CanvasState:
     def _forced(self, c: tuple) -> dict[int, int]:
         self._new_budget()
         an = self._analyze(c, self.n)
-        B = an.B
+        B = self._all_b(an)
         out: dict[int, int] = {}
         if not B[0]:
             return out
@@ -454,12 +546,13 @@ class CanvasState:
         c = self._norm(canvas)
         self._new_budget()
         an = self._analyze(c, self.n)
+        B = self._all_b(an)
         res: list[set[int] | None] = []
         for i in range(self.n):
             if c[i] is not None:
                 res.append(None)
-            elif not an.B[i] or not an.B[i + 1]:
+            elif not B[i] or not B[i + 1]:
                 res.append(set())
             else:
-                res.append(set(row_tokens(self.alg.row(an.B[i], an.B[i + 1], self.vocab_size)).tolist()))
+                res.append(set(row_tokens(self.alg.row(B[i], B[i + 1], self.vocab_size)).tolist()))
         return res

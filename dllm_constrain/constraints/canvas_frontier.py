@@ -12,7 +12,10 @@ depth-first search over (state, position) with exact token transitions that stop
   * Answers are memoised by position across calls while c[i:] is unchanged (`FrontierMemo`).
 
 A state without a completion is refuted only by exhausting what it reaches before the committed tokens stop it:
-at worst the exact forward sets, at best (the frequent case) one path per state.
+at worst the exact forward sets, at best (the frequent case) one path per state. Right of the last committed
+position the refutation is a can-finish search, which near the end of a wide canvas (few positions left, every
+state a nested structure still to close) had to walk the token transitions of hundreds of states; a mask call
+bounds it (`budget`): a state it leaves undecided is left out of the row (sound), and the caller learns it.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from collections.abc import Iterator
 
 from .deadline import check_active
 from .deriv import DEAD
-from .set_algebra import ENDED, ENDED_BIT, SetAlgebra
+from .set_algebra import ENDED, ENDED_BIT, Budget, SetAlgebra
 
 
 def last_committed(c: tuple) -> int:
@@ -59,7 +62,7 @@ class FrontierSearch:
     B, H: the call's (budgeted) backward sets and their horizon; memo: `FrontierMemo.for_canvas(c)`."""
 
     def __init__(self, alg: SetAlgebra, n: int, c: tuple, B: list[int], H: int,
-                 memo: dict[int, dict[int, bool]]) -> None:
+                 memo: dict[int, dict[int, bool]], budget: Budget | None = None) -> None:
         self.alg = alg
         self.ta = alg.ta
         self.dfa = alg.dfa  # its arrays are reallocated as it grows: read dfa.accepting / dfa.dist at each use
@@ -72,6 +75,10 @@ class FrontierSearch:
         self.eos_tail = eos_tail
         self.memo = memo
         self.visits = 0
+        # bounds the can-finish decisions right of the last committed position (None: exact). A state left undecided
+        # counts as not completing (a sound, smaller answer) and is not remembered; `undecided` tells the caller
+        self.budget = budget
+        self.undecided = False
 
     def quick(self, v: int, i: int) -> bool | None:
         """Whether state v before position i completes the canvas, when known without searching (else None)."""
@@ -88,7 +95,10 @@ class FrontierSearch:
             if r is not None:
                 return r
         if i > self.J:
-            r = self.alg.can_finish(v, self.n - i)
+            r = self.alg.finish3(v, self.n - i, self.budget)
+            if r is None:  # only a budget leaves it undecided
+                self.undecided = True
+                return False
             self.memo.setdefault(i, {})[v] = r
             return r
         ci = self.c[i]
@@ -155,7 +165,8 @@ class FrontierSearch:
                 for u, k, _ in stack:
                     memo.setdefault(k, {})[u] = True
                 return True
-            memo.setdefault(i, {})[v] = False
+            if not self.undecided:  # a refutation that met an undecided state is not one
+                memo.setdefault(i, {})[v] = False
             stack.pop()
         return False
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import json
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -44,6 +45,12 @@ from .token_automaton import TokenAutomaton
 from .tokenizer_info import TokenizerInfo
 
 DEFAULT_TIMEOUT_S = 10.0
+# Time (seconds) min_tokens' search may spend on new token transitions before answering a lower bound (not
+# memoised: the next call goes on from the transitions cached), and new_canvas_state's fit check before answering
+# "fits". Every request asks both; at 128K tokens a transition costs milliseconds, and the previous bounds (256
+# transitions; half the call's limit) made them the slowest calls of a wide schema's first request.
+MIN_TOKENS_S = 0.04
+FIT_S = 0.04
 _COMPILER_DEFAULT: Any = object()  # compile_*(timeout_s=...) not given: the compiler's timeout_s
 
 
@@ -62,6 +69,9 @@ class CompiledConstraint:
         self.dfa.deadline = None
         self.dfa.terms.deadline = None
         self.ta = TokenAutomaton(self.dfa, tok)
+        # the tokenizer's token set (longest-match tokenization in the can-finish search): built once per tokenizer,
+        # here rather than inside the first request's call that needs it (about 0.15 s at 128K tokens)
+        tok.byte_set()
         self.algebra = SetAlgebra(self.ta)
         self._min_tokens: int | None = None
         self._lock = threading.Lock()
@@ -103,13 +113,14 @@ class CompiledConstraint:
         with self._lock:
             if self._min_tokens is None:
                 with activate(CallDeadline(timeout_s, self.kind, "min_tokens")):
-                    r, exact = self._compute_min_tokens()
+                    r, exact = self._compute_min_tokens(
+                        search_s=None if timeout_s is None else min(MIN_TOKENS_S, timeout_s))
                 if not exact:
                     return r
                 self._min_tokens = r
         return self._min_tokens
 
-    def _compute_min_tokens(self, budget: int = 256) -> tuple[int, bool]:
+    def _compute_min_tokens(self, budget: int = 256, search_s: float | None = None) -> tuple[int, bool]:
         """Breadth-first search over token successors. Exact when it finishes within `budget` token-
         transition computations (memoised); otherwise a lower bound (so that a request that fits is never
         refused). A call deadline firing gives the lower bound reached so far (not memoised: (bound, False))."""
@@ -122,19 +133,26 @@ class CompiledConstraint:
         L = max(1, ta.max_token_len)
         seen_k = [0, {START}]
         try:
-            return self._min_tokens_bfs(budget, bound, L, seen_k), True
+            r = self._min_tokens_bfs(budget, bound, L, seen_k, search_s)
+            return r[0], r[1]
         except ConstraintTimeoutError:
             k, frontier = seen_k
             lb = max(k, -(-int(min(dfa.dist[x] for x in frontier)) // L) + k - 1) if frontier else k
             return max(1, min(lb, bound)), False
 
-    def _min_tokens_bfs(self, budget: int, bound: int, L: int, seen_k: list) -> int:
+    def _min_tokens_bfs(self, budget: int, bound: int, L: int, seen_k: list,
+                        search_s: float | None = None) -> tuple[int, bool]:
+        """Breadth first over token successors, within `budget` new token-transition computations and `search_s`
+        seconds (None: no time bound; each new transition costs milliseconds at 128K tokens): (the answer, exact)
+        where a search cut short answers a lower bound. A successor that cannot beat `bound` even with the longest
+        tokens is not followed."""
         dfa, ta = self.dfa, self.ta
         frontier = {START}
         seen = {START}
         k = 0
         spent = 0
-        while frontier and k < bound:
+        t_end = None if search_s is None else time.perf_counter() + search_s
+        while frontier and k + 1 < bound:
             seen_k[0], seen_k[1] = k, frontier
             k += 1
             nxt = set()
@@ -142,17 +160,23 @@ class CompiledConstraint:
                 if s not in ta.succ_bits:
                     spent += 1
                     if spent > budget:
-                        # lower bound: k tokens so far, and no token is longer than L bytes
+                        # lower bound: k tokens so far, and no token is longer than L bytes (exact in the sense of
+                        # the budget: the same search gives the same bound, so it is memoised as before)
                         lb = max(k, -(-int(min(dfa.dist[x] for x in frontier)) // L) + k - 1)
-                        return min(lb, bound)
+                        return min(lb, bound), True
+                    if t_end is not None and time.perf_counter() > t_end:
+                        lb = max(k, -(-int(min(dfa.dist[x] for x in frontier)) // L) + k - 1)
+                        return min(lb, bound), False  # out of time: a lower bound, not memoised
                 for u in ta.succ(s):
                     if u not in seen:
                         if dfa.accepting[u]:
-                            return k
+                            return k, True
                         seen.add(u)
+                        if k + max(1, -(-int(dfa.dist[u]) // L)) >= bound:
+                            continue  # cannot finish in fewer tokens than the bound
                         nxt.add(u)
             frontier = nxt
-        return bound if bound < INF else INF
+        return (bound if bound < INF else INF), True
 
     def fits(self, canvas_len: int, timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S) -> bool:
         """False only when provably no accepted text fits in canvas_len tokens (undecided within timeout_s:
@@ -164,10 +188,10 @@ class CompiledConstraint:
             return True
         from .canvas import Budget
 
-        limit = 2.0 if timeout_s is None else min(2.0, timeout_s)
+        limit = 2.0 if timeout_s is None else min(FIT_S, 0.5 * timeout_s)
         try:
             with activate(CallDeadline(timeout_s, self.kind, f"checking that an output fits {n} tokens")):
-                r = self.algebra.finish3(START, n, Budget(4000, 0.5 * limit))
+                r = self.algebra.finish3(START, n, Budget(4000, limit))
         except ConstraintTimeoutError:
             return True
         return r is None or bool(r)

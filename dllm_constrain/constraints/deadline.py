@@ -34,13 +34,17 @@ class Deadline:
 class CallDeadline:
     """The time limit of one constraint call. `kind`/`operation` name the constraint and what the call computes;
     `where` (a callable returning a string, evaluated only when the deadline fires) adds the request-level
-    location (e.g. the JSON pointer at the canvas frontier); the automaton adds the DFA state it was expanding."""
+    location (e.g. the JSON pointer at the canvas frontier); the automaton adds the DFA state it was expanding.
+    `stop_s` (at most `limit_s`) fires it earlier than the limit it reports: a call that keeps part of its limit for
+    an answer after the main work (canvas.py's salvage) stops that work at stop_s."""
 
     __slots__ = ("limit_s", "t_end", "kind", "operation", "where")
 
-    def __init__(self, limit_s: float | None, kind: str = "constraint", operation: str = "", where=None):
+    def __init__(self, limit_s: float | None, kind: str = "constraint", operation: str = "", where=None,
+                 stop_s: float | None = None):
         self.limit_s = limit_s
-        self.t_end = None if limit_s is None else time.perf_counter() + limit_s
+        span = limit_s if stop_s is None or limit_s is None else min(stop_s, limit_s)
+        self.t_end = None if span is None else time.perf_counter() + span
         self.kind = kind
         self.operation = operation
         self.where = where
@@ -77,6 +81,15 @@ def check_active(state: int | None = None, detail: str = "", *args: object) -> N
     d = _local.d
     if d is not None and d.t_end is not None and time.perf_counter() > d.t_end:
         raise d.error(state, detail % args if args else detail)
+
+
+def fire_active(detail: str = "") -> None:
+    """Fire this thread's active call deadline now (ConstraintTimeoutError, as if its time had passed): a call whose
+    bounded work came out inconclusive takes its timeout answer at once instead of at the limit."""
+    d = _local.d
+    if d is None:
+        raise ConstraintTimeoutError(location=detail)
+    raise d.error(None, detail)
 
 
 class activate:

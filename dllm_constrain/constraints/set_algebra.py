@@ -31,9 +31,12 @@ START_BIT = 1 << START
 
 
 class Budget:
-    """How many new token-transition computations one call may still do, and until when."""
+    """How many new token-transition computations one call may still do, and until when; and how many steps of the
+    can-finish search through known transitions (`visits`, and the same time: an undecided search is not remembered
+    across calls, so without a bound a call near the end of a wide canvas re-walked thousands of (state, length)
+    pairs each time)."""
 
-    __slots__ = ("left", "t_end", "undecided", "finish_left", "cuts")
+    __slots__ = ("left", "t_end", "undecided", "finish_left", "cuts", "visits")
 
     def __init__(self, n: int | None = None, seconds: float | None = None, finish: int | None = None):
         self.left = UNLIMITED if n is None else n
@@ -41,18 +44,29 @@ class Budget:
         self.undecided: set[tuple[int, int]] = set()  # (state, m) found undecided in this call
         # the can-finish search has its own allowance (it decides which tokens are allowed at all)
         self.finish_left = UNLIMITED if n is None else (8 * n if finish is None else finish)
+        self.visits = UNLIMITED if n is None else 16 * max(n, 128)
         # set-level results this call computed through part of their members only (budget cuts): while 0, every
         # set of the call is exact. Per call, not on the shared SetAlgebra, which other requests (and threads) use.
         self.cuts = 0
 
+    def past_time(self) -> bool:
+        """Whether the budget's time is over (the search through known transitions checks it now and then)."""
+        return self.t_end is not None and time.perf_counter() > self.t_end
+
+    def _out_of_time(self) -> bool:
+        if self.t_end is not None and time.perf_counter() > self.t_end:
+            self.left = self.finish_left = 0  # spent for good: later asks answer without reading the clock
+            return True
+        return False
+
     def take(self) -> bool:
-        if self.left <= 0 or (self.t_end is not None and time.perf_counter() > self.t_end):
+        if self.left <= 0 or self._out_of_time():
             return False
         self.left -= 1
         return True
 
     def take_finish(self) -> bool:
-        if self.finish_left <= 0 or (self.t_end is not None and time.perf_counter() > self.t_end):
+        if self.finish_left <= 0 or self._out_of_time():
             return False
         self.finish_left -= 1
         return True
@@ -84,6 +98,11 @@ class SetAlgebra:
         self._open: dict[int, int] = {}
         self._tok: dict[tuple[int, int], int] = {}
         self._back_open: dict[tuple[int, int], int] = {}
+        # sets computed through part of their members (a budget left some unknown): the result so far and the
+        # members still to look at, so that a later call only looks at those (the transition cache only grows)
+        self._open_part: dict[int, tuple[int, bool, list[int]]] = {}
+        self._back_part: dict[tuple[int, int], tuple[int, list[int]]] = {}
+        self._fin_part: dict[tuple[int, int], tuple[int, list[int]]] = {}
         self._back_tok: dict[tuple[int, int, int], int] = {}
         # can-finish memo per state: (largest m known False, smallest m known True)
         self._fin_false: dict[int, int] = {}
@@ -137,38 +156,52 @@ class SetAlgebra:
         r = self._open.get(F)
         if r is not None:
             return r
-        r = 0
-        acc = self.dfa.accepting
-        ended = bool(F & ENDED_BIT)
-        partial = False
+        part = self._open_part.get(F)
+        if part is None:
+            # first visit: every member; ENDED joins when F holds ENDED or an accepting state
+            acc = self.dfa.accepting
+            ended = bool(F & ENDED_BIT) or any(acc[q] for q in self.members(F) if q != ENDED)
+            r, todo = 0, [q for q in self.members(F) if q != ENDED]
+        else:
+            # a set met before through part of its members: only those still unknown then are looked at again
+            r, ended, todo = part
         unknown: list[int] = []
         sget = self.ta.succ_bits.get
-        for chunk in checked_chunks(self.members(F)):
+        for chunk in checked_chunks(todo):
             for q in chunk:
-                if q == ENDED:
-                    continue
-                if not ended and acc[q]:
-                    ended = True
                 sb = sget(q)
                 if sb is None:
+                    if budget is not None and budget.left <= 0:
+                        unknown.append(q)  # the budget is spent: no new transitions this call
+                        continue
                     sb = self._expand(q, budget)
                     if sb is None:
-                        partial = True
                         unknown.append(q)
                         continue
                 r |= sb
-        if partial:  # only a budget leaves members unknown
+        if unknown:  # only a budget leaves members unknown
             budget.cuts += 1
-        if partial and not r and not ended:
-            # keep a spine: follow the member closest to acceptance even past the budget
-            dist = self.dfa.dist
-            q = min(unknown, key=lambda x: int(dist[x]))
-            r |= self.ta.trans(q).succ_bits
+            self._remember_part(self._open_part, F, (r, ended, unknown))
+            if not r and not ended:
+                # keep a spine: follow the member closest to acceptance even past the budget (not remembered with
+                # the set: the next call re-reads it from the transition cache)
+                dist = self.dfa.dist
+                q = min(unknown, key=lambda x: int(dist[x]))
+                r = self.ta.trans(q).succ_bits
+        else:
+            self._open_part.pop(F, None)
         if ended:
             r |= ENDED_BIT
-        if not partial:
+        if not unknown:
             self._open[F] = r
         return r
+
+    @staticmethod
+    def _remember_part(memo: dict, key, value) -> None:
+        """Keep a result computed through part of its members (with the members still to look at), bounded."""
+        if len(memo) > 50_000:
+            memo.clear()
+        memo[key] = value
 
     def step_tok(self, F: int, t: int) -> int:
         key = (F, t)
@@ -194,34 +227,44 @@ class SetAlgebra:
     # ------------------------------------------------------------------ backward
     def back_open(self, F: int, X: int, budget: Budget | None = None) -> int:
         """{q in F : an open position takes q into X} (through known transitions; a member whose transitions are
-        unknown counts as a cut of `budget`'s call)."""
+        unknown counts as a cut of `budget`'s call, and is the only one looked at again when (F, X) comes back)."""
         key = (F, X)
         r = self._back_open.get(key)
         if r is not None:
             return r
         sget = self.ta.succ_bits.get
-        acc = self.dfa.accepting
-        ended_ok = bool(X & ENDED_BIT)
-        r = 0
-        partial = False
-        for chunk in checked_chunks(self.members(F)):
+        part = self._back_part.get(key)
+        if part is None:
+            acc = self.dfa.accepting
+            ended_ok = bool(X & ENDED_BIT)
+            r = 0
+            todo: list[int] = []
+            for chunk in checked_chunks(self.members(F)):
+                for q in chunk:
+                    if q == ENDED:
+                        if ended_ok:
+                            r |= ENDED_BIT
+                    elif ended_ok and acc[q]:
+                        r |= 1 << q
+                    else:
+                        todo.append(q)
+        else:
+            r, todo = part
+        unknown: list[int] = []
+        for chunk in checked_chunks(todo):
             for q in chunk:
-                if q == ENDED:
-                    if ended_ok:
-                        r |= ENDED_BIT
-                    continue
-                if ended_ok and acc[q]:
-                    r |= 1 << q
-                    continue
                 sb = sget(q)
                 if sb is None:
-                    partial = True
+                    unknown.append(q)
                 elif sb & X:
                     r |= 1 << q
-        if not partial:
+        if not unknown:
+            self._back_part.pop(key, None)
             self._back_open[key] = r
-        elif budget is not None:
-            budget.cuts += 1
+        else:
+            self._remember_part(self._back_part, key, (r, unknown))
+            if budget is not None:
+                budget.cuts += 1
         return r
 
     def back_tok(self, F: int, t: int, X: int) -> int:
@@ -274,8 +317,15 @@ class SetAlgebra:
         if self.greedy_tokens_to_accept(q) <= m:
             self._fin_true[q] = min(m, self._fin_true.get(q, INF))
             return True
-        if budget is not None and (q, m) in budget.undecided:
-            return None
+        if budget is not None:
+            if (q, m) in budget.undecided:
+                return None
+            budget.visits -= 1
+            if budget.visits < 0 or (not budget.visits & 63 and budget.past_time()):
+                # this call's search steps (or its time) are spent: undecided (sound: q is left out)
+                budget.visits = -1
+                budget.undecided.add((q, m))
+                return None
         check_active(q, "deciding whether it can finish")
         L = max(1, self.ta.max_token_len)
         if -(-int(self.dfa.dist[q]) // L) > m:  # not even with the longest tokens
@@ -293,6 +343,8 @@ class SetAlgebra:
                 return True
             if r is None:
                 undecided = True
+                if budget is not None and budget.visits < 0:
+                    break  # out of search steps: the other successors would answer undecided one by one
         if undecided:
             budget.undecided.add((q, m))
             return None
@@ -376,27 +428,38 @@ class SetAlgebra:
         return r
 
     def finishers(self, F: int, m: int, budget: Budget | None = None) -> int:
+        """{q in F : q can finish within m positions}; members left undecided by the budget are the only ones
+        decided again when (F, m) comes back."""
         key = (F, m)
         r = self._fin_sets.get(key)
         if r is not None:
             return r
-        r = 0
-        dist = self.dfa.dist
-        acc = self.dfa.accepting
-        easy = self.ta.single_byte_complete
-        complete = True
-        for q in self.members(F):
-            if q == ENDED or acc[q] or (easy and int(dist[q]) <= m):
-                r |= 1 << q
-            else:
-                f3 = self.finish3(q, m, budget)
-                if f3 is True:
+        part = self._fin_part.get(key)
+        if part is None:
+            r = 0
+            dist = self.dfa.dist
+            acc = self.dfa.accepting
+            easy = self.ta.single_byte_complete
+            todo: list[int] = []
+            for q in self.members(F):
+                if q == ENDED or acc[q] or (easy and int(dist[q]) <= m):
                     r |= 1 << q
-                elif f3 is None:  # undecided within the budget (a proven False keeps the set complete)
-                    complete = False
-        if complete:
+                else:
+                    todo.append(q)
+        else:
+            r, todo = part
+        undecided: list[int] = []
+        for q in todo:
+            f3 = self.finish3(q, m, budget)
+            if f3 is True:
+                r |= 1 << q
+            elif f3 is None:  # undecided within the budget (a proven False keeps the set complete)
+                undecided.append(q)
+        if not undecided:
+            self._fin_part.pop(key, None)
             self._fin_sets[key] = r
         else:  # only a budget leaves a member undecided
+            self._remember_part(self._fin_part, key, (r, undecided))
             budget.cuts += 1
         return r
 

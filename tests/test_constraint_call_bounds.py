@@ -1,0 +1,252 @@
+"""What one call of a regular canvas does when its allowances run out, and that its answers stay sound.
+
+A call computes new token transitions for at most EXPAND_S, rows for positions other than the left frontier until
+ROWS_S, the frontier's can-finish decisions for FRONTIER_S, and a bounded number of can-finish search steps; sets cut
+short are resumed by later calls from the members still unknown. The tests force each allowance to run out (the
+module constants set to 0, tiny budgets) on small automata with brute-force oracles (tests/constraint_support.py).
+"""
+from __future__ import annotations
+
+import random
+import re
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from constraint_support import brute_force_allowed, brute_force_completable, regex_accepts, tiny_info
+from dllm_constrain.constraints import ConstraintCompiler
+from dllm_constrain.constraints import canvas as canvas_mod
+from dllm_constrain.constraints import compiler as compiler_mod
+from dllm_constrain.constraints.canvas_frontier import FrontierSearch
+from dllm_constrain.constraints.deadline import CallDeadline, activate, fire_active
+from dllm_constrain.constraints.deriv import DEAD, START
+from dllm_constrain.constraints.set_algebra import ENDED_BIT, START_BIT, Budget
+from dllm_constrain.errors import ConstraintTimeoutError
+
+TOKENS = [b"a", b"b", b"ab", b"ba", b"abab"]
+PATTERN = r"(ab|ba)*(a|bb)?b{0,2}"
+EOS, MASK = len(TOKENS), len(TOKENS) + 1
+
+
+def compile_fresh(pattern: str = PATTERN, tokens: list[bytes] = TOKENS):
+    return ConstraintCompiler(tiny_info(tokens), cache=False).compile_regex(pattern)
+
+
+def random_canvas(rng: random.Random, n: int, opens: int) -> list[int]:
+    """A canvas of n positions with `opens` open ones and random committed tokens (EOS among them)."""
+    canvas = [rng.choice(range(len(TOKENS) + 1)) for _ in range(n)]
+    for p in rng.sample(range(n), opens):
+        canvas[p] = MASK
+    return canvas
+
+
+def exact_successors(alg, F: int) -> int:
+    """The step over an open position computed member by member, without any memo."""
+    r = 0
+    acc = alg.dfa.accepting
+    for q in alg.members(F):
+        if q == 0:
+            r |= ENDED_BIT
+            continue
+        r |= alg.ta.trans(q).succ_bits
+        if acc[q]:
+            r |= ENDED_BIT
+    return r
+
+
+# ---------------------------------------------------------------- sets cut by the budget are resumed
+def test_a_forward_set_cut_by_the_budget_keeps_its_unknown_members_and_comes_back_exact() -> None:
+    cc = compile_fresh()
+    alg = cc.algebra
+    F1 = alg.step_open(START_BIT)  # exact: only the start's transitions were needed
+    assert len(alg.members(F1)) >= 3
+    cut = alg.step_open(F1, Budget(1))
+    remaining = alg._open_part[F1][2]
+    assert remaining and all(q not in alg.ta.succ_bits for q in remaining)
+    full = alg.step_open(F1)  # resumed from the members left unknown
+    assert full == exact_successors(alg, F1)
+    assert cut & ~full == 0  # the cut set was a subset (sound)
+    assert F1 not in alg._open_part
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000))
+def test_masks_under_a_one_transition_budget_are_sound_and_grow_back_to_exact(seed: int) -> None:
+    rng = random.Random(seed)
+    n = rng.randint(2, 4)
+    canvas = random_canvas(rng, n, rng.randint(1, min(3, n)))
+    oracle = brute_force_allowed(canvas, TOKENS, EOS, MASK, regex_accepts(PATTERN))
+    opens = sorted(oracle)
+    cc = compile_fresh()
+    st_ = cc.new_canvas_state(n, expand_budget=1, timeout_s=None)
+    frontier = opens[0]
+    for _ in range(40):  # each call computes one new transition at most; the cut sets are resumed
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(canvas_mod, "ROWS_S", 60.0)  # no row deferred: only the transition budget cuts
+            masks = st_.allowed_tokens(canvas, opens)
+        rows = {p: set(masks[j].nonzero().flatten().tolist()) for j, p in enumerate(opens)}
+        for p in opens:
+            assert rows[p] <= oracle[p], (canvas, p)
+        assert rows[frontier] == oracle[frontier]  # the left frontier is exact under any budget
+        if rows == oracle:
+            break
+    assert rows == oracle
+
+
+# ---------------------------------------------------------------- rows past ROWS_S
+def test_rows_past_the_soft_time_stay_empty_and_the_frontier_row_is_exact(monkeypatch) -> None:
+    monkeypatch.setattr(canvas_mod, "ROWS_S", -1.0)  # every row after the frontier's is past it
+    canvas = [MASK] * 4
+    oracle = brute_force_allowed(canvas, TOKENS, EOS, MASK, regex_accepts(PATTERN))
+    st_ = compile_fresh().new_canvas_state(4)
+    masks = st_.allowed_tokens(canvas, [0, 1, 2, 3])
+    assert set(masks[0].nonzero().flatten().tolist()) == oracle[0]
+    assert not masks[1:].any()
+    assert st_.rows_deferred == 3
+    assert st_.select_commits(canvas, [(0, TOKENS.index(b"ab"), 1.0)]) == [(0, 2)]  # the exact row certifies
+
+
+def test_exact_mode_computes_every_row_whatever_the_soft_time(monkeypatch) -> None:
+    monkeypatch.setattr(canvas_mod, "ROWS_S", -1.0)
+    canvas = [MASK] * 4
+    oracle = brute_force_allowed(canvas, TOKENS, EOS, MASK, regex_accepts(PATTERN))
+    st_ = compile_fresh().new_canvas_state(4, expand_budget=None, timeout_s=None)
+    masks = st_.allowed_tokens(canvas, [0, 1, 2, 3])
+    assert [set(m.nonzero().flatten().tolist()) for m in masks] == [oracle[p] for p in range(4)]
+    assert st_.rows_deferred == 0
+
+
+# ---------------------------------------------------------------- exact completability by a witness search
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000))
+def test_select_commits_and_is_completable_decide_exactly_when_the_budget_proves_nothing(seed: int) -> None:
+    rng = random.Random(seed)
+    n = rng.randint(2, 5)
+    canvas = random_canvas(rng, n, rng.randint(1, min(3, n)))
+    accepts = regex_accepts(PATTERN)
+    cc = compile_fresh()
+    st_ = cc.new_canvas_state(n, expand_budget=0, timeout_s=None)  # the budgeted check proves nothing new
+    assert st_.is_completable(canvas) == brute_force_completable(canvas, TOKENS, EOS, MASK, accepts)
+    p = rng.choice([i for i, c in enumerate(canvas) if c == MASK])
+    t = rng.randrange(len(TOKENS) + 1)
+    after = list(canvas)
+    after[p] = t
+    want = brute_force_completable(after, TOKENS, EOS, MASK, accepts)
+    assert st_.select_commits(canvas, [(p, t, 1.0)]) == ([(p, t)] if want else [])
+
+
+# ---------------------------------------------------------------- the can-finish search's bounds
+FAR_TOKENS = [b"a", b"b", b"bbbbbbbb"]  # the long token makes "ceil(distance / longest token)" a weak bound
+FAR = r"a{6}|b"
+FAR_MASK = len(FAR_TOKENS) + 1
+
+
+def test_a_can_finish_search_out_of_steps_is_undecided_never_refuted() -> None:
+    cc = compile_fresh(FAR, FAR_TOKENS)
+    alg = cc.algebra
+    w = cc.ta.delta(START, 0)  # after "a": five more needed
+    spent = Budget(128)
+    spent.visits = 0
+    assert alg.finish3(w, 2, spent) is None
+    assert w not in alg._fin_false  # nothing remembered from an undecided search
+    assert alg.finish3(w, 2) is False and alg.can_finish(w, 5) is True
+
+
+def test_the_frontier_leaves_out_undecided_states_and_does_not_remember_them_as_refuted() -> None:
+    cc = compile_fresh(FAR, FAR_TOKENS)
+    alg, n = cc.algebra, 3
+    c = (None,) * n
+    spent = Budget(128)
+    spent.visits = 0
+    memo: dict = {}
+    bounded = FrontierSearch(alg, n, c, [0] * (n + 2), -1, memo, spent)
+    bi, bn = bounded.sets(START_BIT, 0)
+    assert bounded.undecided
+    w_a, w_b = cc.ta.delta(START, 0), cc.ta.delta(START, 1)
+    assert (bn >> w_b) & 1 and not (bn >> w_a) & 1
+    assert memo.get(1, {}).get(w_a) is None
+    exact = FrontierSearch(alg, n, c, [0] * (n + 2), -1, {}, None)
+    assert exact.sets(START_BIT, 0) == (bi, bn) and not exact.undecided
+
+
+def test_a_frontier_left_empty_by_undecided_states_answers_from_the_prefix_check_at_once(monkeypatch) -> None:
+    cc = compile_fresh(r"a{6}", FAR_TOKENS)
+    st_ = cc.new_canvas_state(7, timeout_s=5.0)
+    real = type(cc.algebra).finish3
+
+    def spent_search(self, q, m, budget=None):  # every bounded can-finish decision comes out undecided
+        if budget is not None and not (q == 0 or self.dfa.accepting[q]):
+            return None
+        return real(self, q, m, budget)
+
+    monkeypatch.setattr(type(cc.algebra), "finish3", spent_search)
+    canvas = [FAR_MASK] * 7
+    t0 = time.perf_counter()
+    masks = st_.allowed_tokens(canvas, [0])
+    assert time.perf_counter() - t0 < 5.0  # not held to the call's limit
+    assert st_.deadline_hits == 1 and st_.prefix_fallbacks == 1 and st_.frontier_cuts == 1
+    assert set(masks[0].nonzero().flatten().tolist()) == {0}  # the tokens that keep a prefix of the language
+    assert st_.select_commits(canvas, [(0, 1, 1.0)]) == []  # never an unverified commit
+    assert st_.select_commits(canvas, [(0, 0, 1.0)]) == [(0, 0)]  # verified exactly
+
+
+# ---------------------------------------------------------------- min_tokens and the fit check
+def shortest_in_tokens(cc, tokens: list[bytes]) -> int:
+    """Plain breadth-first search over token walks of the DFA (no bounds, no pruning)."""
+    dfa = cc.dfa
+    seen, level, k = {START}, [START], 0
+    while level:
+        if any(dfa.accepting[s] for s in level):
+            return k
+        nxt = []
+        for s in level:
+            for b in tokens:
+                u = dfa.walk(s, b)
+                if u != DEAD and u not in seen:
+                    seen.add(u)
+                    nxt.append(u)
+        level, k = nxt, k + 1
+    return 1 << 30
+
+
+@pytest.mark.parametrize("pattern", [PATTERN + "c", r"(abab|b){2,5}a", r"a{6}|b{3}", r"(ab){4}(ba){2}"])
+def test_min_tokens_is_the_shortest_token_path(pattern: str) -> None:
+    tokens = TOKENS + [b"c"]
+    cc = ConstraintCompiler(tiny_info(tokens), cache=False).compile_regex(pattern)
+    assert cc.min_tokens(timeout_s=None) == shortest_in_tokens(cc, tokens)
+
+
+def test_min_tokens_out_of_search_time_is_a_lower_bound_and_not_remembered(monkeypatch) -> None:
+    monkeypatch.setattr(compiler_mod, "MIN_TOKENS_S", 0.0)
+    cc = compile_fresh(r"(ab){4}(ba){2}")
+    lb = cc.min_tokens(timeout_s=0.5)
+    exact = shortest_in_tokens(cc, TOKENS)
+    assert 1 <= lb <= exact
+    assert cc.min_tokens(timeout_s=None) == exact  # the unbounded call is not cut by the search time
+
+
+def test_the_tokenizer_token_set_is_built_at_compile_time() -> None:
+    info = tiny_info(TOKENS)
+    assert info._byte_set is None
+    ConstraintCompiler(info, cache=False).compile_regex(PATTERN)
+    assert info._byte_set is not None  # not in the first request's call
+
+
+# ---------------------------------------------------------------- deadlines
+def test_a_deadline_stopped_early_reports_the_call_limit() -> None:
+    d = CallDeadline(30.0, "regex", "allowed_tokens", stop_s=0.0)
+    with activate(d), pytest.raises(ConstraintTimeoutError) as info:
+        time.sleep(0.001)
+        from dllm_constrain.constraints.deadline import check_active
+
+        check_active()
+    assert info.value.timeout_s == 30.0 and info.value.operation == "allowed_tokens"
+
+
+def test_fire_active_raises_the_active_call_deadline_error() -> None:
+    with activate(CallDeadline(0.5, "json_schema", "select_commits")), pytest.raises(ConstraintTimeoutError) as info:
+        fire_active("deciding the frontier")
+    err = info.value
+    assert err.kind == "json_schema" and err.operation == "select_commits" and "deciding the frontier" in str(err)
