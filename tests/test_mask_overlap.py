@@ -7,8 +7,8 @@ Specifications:
     request; an untyped one is a fault of the step and is raised, as on the serial path;
   * forced_tokens=False commits no forced token and still gives valid output;
   * with forced_tokens=False, mask_workers=0 (serial) and >= 1 give identical results for the same seeds (the
-    masks are the same masks of the same canvas, only computed elsewhere) when no constraint call is cut by the
-    clock; with forced_tokens on, the results do not depend on the number of workers (>= 1) and a run is
+    masks are the same masks of the same canvas, only computed elsewhere) when no mask is cut by the clock
+    (exact canvas states); with forced_tokens on, the results do not depend on the number of workers (>= 1) and a run is
     reproducible for its seeds; with a model blind to the canvas, forced tokens on, serial and overlapped
     results are identical too (the forward's context is the only difference between the paths);
   * a canvas the constraint fixes whole still needs no forward (the first step of a block stays serial).
@@ -43,18 +43,24 @@ SCHEMA = COMPILER.compile_json_schema({"type": "object", "properties": {"n": {"t
 POLICIES = ("quota", "threshold", "entropy", "margin")
 
 
-def _requests(seed: int, forced: bool, policy: str = "quota") -> list[Request]:
+def _exact(compiled, n: int):
+    """A canvas state whose masks no clock cuts: no per-call exploration budget nor time limit. (A bounded call
+    answers from what it computed in its time, soundly: its masks then depend on the wall clock, on any path.)"""
+    return compiled.new_canvas_state(n, expand_budget=None, expand_time_s=None, timeout_s=None)
+
+
+def _requests(seed: int, forced: bool, policy: str = "quota", exact: bool = True) -> list[Request]:
     """A mixed batch: two requests sharing one compiled regex, a JSON schema, a hand-built constraint and an
-    unconstrained request, sampled with their own seeds. Their constraint calls are unbounded in time
-    (constraint_timeout=None): a bounded mask call also stops exploring new transitions after a few milliseconds
-    of wall time (constraints.canvas.EXPAND_S), and a clock is reproducible by no path, serial or not."""
+    unconstrained request, sampled with their own seeds, with exact masks (`_exact`) or the engine's default
+    canvas states (exact=False: per-call budgets and time limits)."""
+    state = _exact if exact else (lambda compiled, n: compiled)
     def params(n: int, block: int, offset: int) -> SamplingParams:
         return SamplingParams(max_new_tokens=n, block_length=block, temperature=0.9, seed=seed + offset,
-                              policy=policy, threshold=0.3, forced_tokens=forced, constraint_timeout=None)
+                              policy=policy, threshold=0.3, forced_tokens=forced)
     return [
-        Request([60, 61, 62], params(8, 4, 0), REGEX),
-        Request([70, 71], params(12, 6, 1), SCHEMA),
-        Request([80], params(6, 3, 2), REGEX),
+        Request([60, 61, 62], params(8, 4, 0), state(REGEX, 8)),
+        Request([70, 71], params(12, 6, 1), state(SCHEMA, 12)),
+        Request([80], params(6, 3, 2), state(REGEX, 6)),
         Request([90, 91], params(6, 2, 3), DigitsConstraint(digits=DIGITS, vocab_size=260)),
         Request([100, 101], params(6, 3, 4)),
     ]
@@ -73,8 +79,9 @@ def _assert_valid(results) -> None:
 
 @pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("forced", [True, False])
-def test_constrained_outputs_are_valid_with_masks_beside_the_forward(workers: int, forced: bool) -> None:
-    results = _generate(workers, _requests(5, forced))
+@pytest.mark.parametrize("exact", [True, False])
+def test_constrained_outputs_are_valid_with_masks_beside_the_forward(workers: int, forced: bool, exact: bool) -> None:
+    results = _generate(workers, _requests(5, forced, exact=exact))
     _assert_valid(results)
     if not forced:
         assert all(r.forced_tokens == 0 for r in results)
@@ -117,10 +124,9 @@ class SlowMasks(DigitsConstraint):
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_call_deadline_firing_on_a_worker_ends_only_its_request(workers: int) -> None:
-    params = SamplingParams(max_new_tokens=6, block_length=3, forced_tokens=False, seed=1, temperature=0.5,
-                            constraint_timeout=None)
-    others = [Request([50, 51], params, REGEX), Request([52], params, DigitsConstraint(digits=DIGITS,
-                                                                                       vocab_size=260))]
+    params = SamplingParams(max_new_tokens=6, block_length=3, forced_tokens=False, seed=1, temperature=0.5)
+    others = [Request([50, 51], params, _exact(REGEX, 6)), Request([52], params, DigitsConstraint(digits=DIGITS,
+                                                                                                  vocab_size=260))]
     alone = _generate(workers, others)
     bad = Request([40, 41], params, SlowMasks(digits=DIGITS, vocab_size=260))
     results = LLMEngine(MODEL, TOKENIZER).generate([others[0], bad, others[1]], raise_errors=False,
