@@ -45,8 +45,10 @@ forward); otherwise the block's masks go beside the forward and their forced tok
 committed after it, before the policy's commits (a forced token changes no other position's mask). Valid either
 way, but that forward did not see those forced tokens as context, so outputs may differ from the serial path's.
 With forced_tokens=False no position is forced: every commit goes through the policy, the masks are the same on
-both paths, and results are identical for mask_workers=0 and >= 1 (same seeds; a constraint call that hits its
-time limit answers by the clock, which no path reproduces).
+both paths, and results are identical for mask_workers=0 and >= 1 (same seeds), as long as no mask is cut by the
+clock: a canvas state with a per-call time allowance or limit answers (soundly) from what it computed in its time,
+so its masks follow the wall clock on any path (exact states, made with no budget and no limit, do not; on one
+core a mask job shares the core with the forward, so its calls run longer in wall time).
 
 Threading: the engine is driven from one thread; a server drives `step()` from one thread and hands it
 `add_request` / `abort` calls through a queue (the loop state lives in `_Loop`, no global state). The only other
