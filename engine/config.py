@@ -35,7 +35,9 @@ once to token / probability / entropy / margin (`kernels.masked_row_stats`), the
 Masks beside the forward (`mask_workers`, engine.mask_workers): the constraint masks of a step depend only on the
 canvas before its forward, so with mask_workers >= 1 they are computed on that many worker threads while the
 forward runs, and the forced tokens they show are committed after it (see engine.llm_engine, "Forced tokens");
-mask_workers=0 computes them serially before the forward. More than one worker helps only when the batch holds
+mask_workers=0 computes them serially before the forward; None (the default) picks 1 on CUDA and 0 on CPU, where
+a forward's small ops and the masks' Python share the cores and the GIL and the overlap measured slower
+(benchmarks/bench_overlap.py). More than one worker helps only when the batch holds
 requests of different compiled constraints (requests of one compiled constraint share a worker).
 """
 from __future__ import annotations
@@ -61,7 +63,10 @@ class EngineConfig:
     max_logit_rows: int | None = None  # optional hard cap on rows per logits chunk
     budgeted_logits: bool = True  # False: one unchunked projection + reduction per request (tests, benchmarks)
     backend: str = "auto"  # kernels' backend: "auto" (Triton on CUDA, torch elsewhere) | "triton" | "torch"
-    mask_workers: int = 1  # threads computing constraint masks beside the forward; 0: serially before it
+    # threads computing constraint masks beside the forward; 0: serially before it; None: 1 when the model runs on
+    # CUDA (the host is idle during the forward), 0 on CPU (the forward's own ops want the cores and the GIL:
+    # measured slower overlapped, docs/constraints.md)
+    mask_workers: int | None = None
 
     def validate(self) -> "EngineConfig":
         """Raise InvalidRequestError naming the first bad field; returns self."""
@@ -81,8 +86,9 @@ class EngineConfig:
                                       f"got {self.logits_budget_bytes!r}")
         if self.max_logit_rows is not None and (not isinstance(self.max_logit_rows, int) or self.max_logit_rows < 1):
             raise InvalidRequestError(f"max_logit_rows must be an integer >= 1 (or None), got {self.max_logit_rows!r}")
-        if not isinstance(self.mask_workers, int) or isinstance(self.mask_workers, bool) or self.mask_workers < 0:
-            raise InvalidRequestError(f"mask_workers must be an integer >= 0, got {self.mask_workers!r}")
+        if self.mask_workers is not None and (not isinstance(self.mask_workers, int) or isinstance(
+                self.mask_workers, bool) or self.mask_workers < 0):
+            raise InvalidRequestError(f"mask_workers must be an integer >= 0 (or None), got {self.mask_workers!r}")
         if self.backend not in BACKENDS:
             raise InvalidRequestError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         return self

@@ -30,7 +30,8 @@ Termination: every step commits at least one position (or bans one (position, to
 bound (and the optional per-request `SamplingParams.timeout`) ends a request with GenerationTimeoutError rather
 than looping forever.
 
-Masks beside the forward (EngineConfig.mask_workers >= 1, the default 1; engine.mask_workers): a step's masks
+Masks beside the forward (EngineConfig.mask_workers >= 1; the default None: 1 on CUDA, 0 on CPU;
+engine.mask_workers): a step's masks
 depend only on the canvas before its forward, so the loop hands them to its worker threads and runs the forward
 meanwhile; it joins every job before any commit decision, so a request's constraint is used by one thread at a
 time, and requests of one compiled constraint share a job (its automata grow in the loop's order). A job's typed
@@ -190,7 +191,10 @@ class LLMEngine:
 
     def _new_loop(self, config: EngineConfig, scheduler_config: SchedulerConfig) -> _Loop:
         self._setup_call(config)
-        masks = MaskWorkers(config.mask_workers, self._allowed) if config.mask_workers > 0 else None
+        workers = config.mask_workers
+        if workers is None:
+            workers = 1 if self.runner.device.type == "cuda" else 0
+        masks = MaskWorkers(workers, self._allowed) if workers > 0 else None
         return _Loop(Scheduler(scheduler_config), self.runner, self.logits_path, masks=masks, timing=self.mask_timing)
 
     # ------------------------------------------------------------------ set-up

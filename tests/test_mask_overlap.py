@@ -111,6 +111,17 @@ def test_masks_run_on_the_loops_worker_threads_which_end_with_the_call() -> None
     assert set(serial.threads) == {threading.current_thread()}
 
 
+def test_by_default_a_model_on_the_cpu_computes_its_masks_serially() -> None:
+    """The default (mask_workers=None) picks the serial path on CPU, where the overlap measured slower, and one
+    worker on CUDA."""
+    constraint = ThreadRecording(digits=DIGITS, vocab_size=260)
+    params = SamplingParams(max_new_tokens=6, block_length=6, forced_tokens=False)
+    assert EngineConfig().mask_workers is None
+    (res,) = LLMEngine(MODEL, TOKENIZER).generate([Request([40, 41], params, constraint)])
+    assert constraint.accepts(res.token_ids)
+    assert set(constraint.threads) == {threading.current_thread()}
+
+
 class SlowMasks(DigitsConstraint):
     """Every mask call runs under a 1 ms call deadline (as compiled constraints do with constraint_timeout) and
     takes longer than that: the deadline, activated on the thread that makes the call, fires there."""
