@@ -2,16 +2,19 @@
 """Per-call time bounds on the constraint path: random canvas fills of JSONSchemaBench schemas under the per-call
 deadline (`constraint_timeout`), in both semantics (strict: generate()'s default options; spec: strict=False).
 
-    python benchmarks/bench_deadline.py --limit 40 --timeout 0.5
+    OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/bench_deadline.py --limit 200 --timeout 0.5 --progress
 
 Per schema and semantics (cold compiler cache): compile (own limit, --compile-timeout), new_canvas_state(n) for a
 random n in [16, 128], then a random denoising: semi-AR blocks of 32, each step asks allowed_tokens() for the
 block's open positions, proposes up to 4 random allowed tokens (the left frontier always among them), verifies
 them with select_commits(); with none kept it commits the best one as the engine does and asks is_completable()
 (undo on False). Every constraint call is timed (new_canvas_state, allowed_tokens, select_commits,
-is_completable). Reported: max / p99 / p50 per-call time, how often the deadline fired (calls answering from what
-they had, and runs ended by ConstraintTimeoutError), and invalid outputs (a filled canvas that the compiled
-automaton or jsonschema rejects). A run is cut after --run-cap seconds (counted; never an output).
+is_completable; min_tokens and compile too, compile apart since it has its own limit). Reported: max / p99 / p50
+per-call time over all request-time calls and per call kind, how often the deadline fired (calls answering from
+what they had, and runs ended by ConstraintTimeoutError), the slowest calls with their schema, and invalid outputs
+(a filled canvas that the compiled automaton or jsonschema rejects). A run is cut after --run-cap seconds (counted;
+never an output). --offset/--count run a chunk of the sample and --merge joins the --json files of chunks;
+--ids runs named schemas (profiling).
 """
 from __future__ import annotations
 

@@ -250,3 +250,11 @@ def test_fire_active_raises_the_active_call_deadline_error() -> None:
         fire_active("deciding the frontier")
     err = info.value
     assert err.kind == "json_schema" and err.operation == "select_commits" and "deciding the frontier" in str(err)
+
+
+def test_the_fit_check_out_of_time_lets_the_request_in_and_decides_when_unbounded(monkeypatch) -> None:
+    monkeypatch.setattr(compiler_mod, "FIT_S", 0.0)  # the check stops at once
+    cc = compile_fresh(r"(ab){4}(ba){2}")  # 12 bytes: at least 3 tokens ("abab" twice, then "ba" twice: 4)
+    assert cc.fits(2, timeout_s=0.5) is True  # undecided: never refuses what might fit
+    assert cc.fits(2, timeout_s=None) is False
+    assert cc.fits(4, timeout_s=None) is True

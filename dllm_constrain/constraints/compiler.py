@@ -112,9 +112,11 @@ class CompiledConstraint:
             return self._min_tokens
         with self._lock:
             if self._min_tokens is None:
-                with activate(CallDeadline(timeout_s, self.kind, "min_tokens")):
-                    r, exact = self._compute_min_tokens(
-                        search_s=None if timeout_s is None else min(MIN_TOKENS_S, timeout_s))
+                search_s = None if timeout_s is None else min(MIN_TOKENS_S, timeout_s)
+                # the search stops at twice its time (its loops check the deadline): a lower bound then
+                stop = None if search_s is None else 2 * search_s
+                with activate(CallDeadline(timeout_s, self.kind, "min_tokens", stop_s=stop)):
+                    r, exact = self._compute_min_tokens(search_s=search_s)
                 if not exact:
                     return r
                 self._min_tokens = r
@@ -190,7 +192,10 @@ class CompiledConstraint:
 
         limit = 2.0 if timeout_s is None else min(FIT_S, 0.5 * timeout_s)
         try:
-            with activate(CallDeadline(timeout_s, self.kind, f"checking that an output fits {n} tokens")):
+            # stopped at twice its budget's time: the shortest-continuation tokenization it starts with expands DFA
+            # states outside the budget (undecided: "fits")
+            with activate(CallDeadline(timeout_s, self.kind, f"checking that an output fits {n} tokens",
+                                       stop_s=None if timeout_s is None else 2 * limit)):
                 r = self.algebra.finish3(START, n, Budget(4000, limit))
         except ConstraintTimeoutError:
             return True
