@@ -43,7 +43,9 @@ def test_a_format_with_length_bounds_compiles_fast_and_every_text_validates(fmt,
     finally:
         if gc_was:
             gc.enable()
-    assert dt < 0.1, (s, dt)
+    # milliseconds when nothing is built eagerly; the eager product took 2.4 s. The bound leaves room for a
+    # loaded CI machine and still fails that product.
+    assert dt < 1.0, (s, dt)
     dfa = DerivDFA(node)
     v = validator(s)
     texts = random_texts(dfa, random.Random(0), n=30, max_len=300)
