@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 from dllm_constrain.engine.models.llada import LLaDAConfig, LLaDAModel
 from dllm_constrain.prompting import schema_sketch
 from dllm_constrain.train.data import ExampleGenerator
+from dllm_constrain.train.heldout import HELDOUT_SEED
 from dllm_constrain.train.phrasing import HELDOUT, TRAIN
 from dllm_constrain.train.tokenizer import BOS, EOS, MASK, PAD, SPECIALS, train_tokenizer
 from dllm_constrain.train.trainer import TrainConfig, train
@@ -187,3 +188,14 @@ def test_answers_that_do_not_fit_the_canvas_are_dropped_not_truncated():
 def test_the_exported_model_has_a_context_of_2048_tokens(micro_run):
     out, _ = micro_run
     assert json.loads((out / "config.json").read_text())["max_sequence_length"] >= 2048
+
+
+def test_the_copy_probe_scores_every_stated_scalar_value_of_the_held_out_requests(micro_run):
+    from dllm_constrain.train.heldout import copy_probe
+
+    out, _ = micro_run
+    probe = copy_probe(str(out), n=6)
+    stated = [v for e in ExampleGenerator(HELDOUT_SEED, plain_text_share=0.0, split="heldout").examples(6)
+              for v in e["stated"].values() if isinstance(v, (str, int, float)) and not isinstance(v, bool)]
+    assert probe["values"] == len(stated) and probe["value_tokens"] >= len(stated)
+    assert 0.0 <= probe["token_accuracy"] <= 1.0 and 0.0 <= probe["whole_value_accuracy"] <= 1.0

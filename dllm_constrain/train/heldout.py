@@ -2,6 +2,7 @@
 
 python -m dllm_constrain.train.heldout [--model DIR] [--n 200] [--seed 10007] [--schema-constrained]
 python -m dllm_constrain.train.heldout --demos
+python -m dllm_constrain.train.heldout --copy-probe [--n 60]
 python -m dllm_constrain.train.heldout --prompt-fit ../shared/data/jsonschemabench [--max-new-tokens 256]
 
 Held-out requests come from the generator's held-out split (phrasings the training split never produces) at a
@@ -10,6 +11,10 @@ seed training never used, so every stated value is new too. Reports: valid-JSON 
 that appear, exactly, under the right key in the answer), mean NFE, tokens committed per forward, seconds per
 sample. Unconstrained: the prompt carries the schema's field sketch, as in training, and nothing constrains
 the output; `--schema-constrained` passes each schema as the constraint.
+
+`--copy-probe` asks whether the model can copy at all, apart from decoding order: for each stated string or
+number of a held-out request, the reference answer goes in whole except that value's tokens (masked), and one
+forward's argmax must give them back; it reports the share of value tokens and of whole values recovered.
 
 `--demos` runs the README's examples (schema, regex, grammars) and prints each answer. `--prompt-fit` counts
 the JSONSchemaBench schemas whose prompt (a short request and the schema's field sketch) plus a canvas of
@@ -116,6 +121,43 @@ def evaluate(model: str | None = None, n: int = 200, seed: int = HELDOUT_SEED, c
     return report, records
 
 
+def copy_probe(model: str | None = None, n: int = 60, seed: int = HELDOUT_SEED) -> dict[str, Any]:
+    """Teacher-forced copy accuracy: each stated scalar value of n held-out requests masked alone in the
+    reference answer, predicted in one forward (argmax), compared token by token."""
+    import torch
+
+    from dllm_constrain.api import LLM
+
+    llm = LLM(model)
+    net, backend = llm.model, llm.tokenizer.backend
+    mask_id, eos_id = llm.tokenizer.mask_id, llm.tokenizer.eos_id
+    tokens_hit = tokens_total = values_hit = values_total = 0
+    for e in ExampleGenerator(seed, plain_text_share=0.0, split="heldout").examples(n):
+        prompt = llm.encode(llm.format(e["request"], e["schema"]))
+        encoded = backend.encode(e["answer"], add_special_tokens=False)
+        ids = torch.tensor([prompt + encoded.ids + [eos_id] * 4])
+        for value in e["stated"].values():
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                continue
+            text = value if isinstance(value, str) else json.dumps(value)
+            start = e["answer"].find(text)
+            if start < 0:
+                continue
+            span = [len(prompt) + j for j, (a, b) in enumerate(encoded.offsets) if a < start + len(text) and b > start]
+            noisy = ids.clone()
+            noisy[0, span] = mask_id
+            with torch.inference_mode():
+                hidden = net.hidden_states(noisy)
+                guess = net.logits(hidden[0, span]).argmax(-1)
+            right = guess == ids[0, span]
+            tokens_hit += int(right.sum())
+            tokens_total += len(span)
+            values_hit += bool(right.all())
+            values_total += 1
+    return {"n": n, "values": values_total, "value_tokens": tokens_total,
+            "token_accuracy": tokens_hit / max(1, tokens_total), "whole_value_accuracy": values_hit / max(1, values_total)}
+
+
 def demos(model: str | None = None) -> list[tuple[str, str, str]]:
     """(prompt, constraint, answer) for each README demo, generated with the checkpoint's defaults."""
     from dllm_constrain.api import LLM
@@ -158,6 +200,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--schema-constrained", action="store_true", help="pass each schema as a constraint")
     parser.add_argument("--demos", action="store_true", help="run the README demos and print the answers")
+    parser.add_argument("--copy-probe", action="store_true",
+                        help="teacher-forced copy accuracy of stated values (one masked value per forward)")
     parser.add_argument("--prompt-fit", metavar="DIR", help="JSONSchemaBench folder: count prompts that fit")
     parser.add_argument("--out", default=None, help="write per-request records as JSONL here")
     args = parser.parse_args(argv)
@@ -167,6 +211,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.demos:
         for prompt, constraint, answer in demos(args.model):
             print(f"{prompt!r} {constraint} -> {answer!r}")
+        return
+    if args.copy_probe:
+        print(json.dumps(copy_probe(args.model, args.n, args.seed)))
         return
     if args.prompt_fit:
         print(json.dumps(prompt_fit(args.prompt_fit, args.model, args.max_new_tokens or 256)))
