@@ -3,7 +3,7 @@
 Why: the masks a step needs (one bitmask row per open position of each constrained request's active block) depend
 only on the canvas as it is before the step's forward, and the forward does not read them. Computed serially on
 the loop's thread they add their whole time to every step; computed on worker threads they run while the forward
-runs (torch ops and the constraint's C trie walker, called through ctypes, release the GIL; the pure-Python
+runs (torch ops and the constraint's native trie walk, constraints/_native.c, release the GIL; the pure-Python
 parts of a mask still take turns with the forward's Python glue).
 
 Safety:
