@@ -79,10 +79,11 @@ def encode(tok: Tokenizer, info: TokenizerInfo, text: str) -> list[int]:
 
 def accepted_token_by_token(cg, ids: list[int]) -> bool:
     """Commit ids one by one at the frontier of a canvas one longer than the text; each must be allowed by
-    the frontier mask, and EOS must be allowed after the last one."""
+    the frontier mask, and EOS must be allowed after the last one. The calls run without a time limit: what
+    the grammar accepts must not depend on the machine's load (the limit's answers: test_grammar_deadline)."""
     n = len(ids) + 1
     mask_id, eos = cg.mask_id, cg.eos_id
-    state = cg.new_canvas_state(n)
+    state = cg.new_canvas_state(n, timeout_s=None)
     canvas = [mask_id] * n
     for i, t in enumerate(ids):
         if not bool(state.allowed_tokens(canvas, [i])[0, t]):
@@ -173,5 +174,5 @@ def test_shipped_grammars_with_the_shared_32k_tokenizer(name) -> None:
     for text in NEAR_MISSES[name][:3]:
         assert not accepted_token_by_token(cg, encode(tok, info, text)), (name, text)
     # a mask over the whole vocabulary at the first position is non-trivial and well-formed
-    row = cg.new_canvas_state(16).allowed_tokens([cg.mask_id] * 16, [0])[0].numpy()
+    row = cg.new_canvas_state(16, timeout_s=None).allowed_tokens([cg.mask_id] * 16, [0])[0].numpy()
     assert 0 < int(np.count_nonzero(row)) < info.vocab_size
