@@ -1,8 +1,9 @@
 """What one call of a regular canvas does when its allowances run out, and that its answers stay sound.
 
 A call computes new token transitions for at most EXPAND_S, rows for positions other than the left frontier until
-ROWS_S, the frontier's can-finish decisions for FRONTIER_S, and a bounded number of can-finish search steps; sets cut
-short are resumed by later calls from the members still unknown. The tests force each allowance to run out (the
+ROWS_S, the frontier's can-finish decisions until FRONTIER_S into the call (then it keeps the completions it found),
+and a bounded number of can-finish search steps; sets cut short are resumed by later calls from the members still
+unknown. The tests force each allowance to run out (the
 module constants set to 0, tiny budgets) on small automata with brute-force oracles (tests/constraint_support.py).
 """
 from __future__ import annotations
@@ -190,6 +191,48 @@ def test_a_frontier_left_empty_by_undecided_states_answers_from_the_prefix_check
     assert set(masks[0].nonzero().flatten().tolist()) == {0}  # the tokens that keep a prefix of the language
     assert st_.select_commits(canvas, [(0, 1, 1.0)]) == []  # never an unverified commit
     assert st_.select_commits(canvas, [(0, 0, 1.0)]) == [(0, 0)]  # verified exactly
+
+
+def test_the_frontier_past_its_time_keeps_the_completions_it_found_and_leaves_the_rest_out() -> None:
+    cc = compile_fresh()
+    alg, n = cc.algebra, 4
+    c = (None,) * n
+    exact = FrontierSearch(alg, n, c, [0] * (n + 2), -1, {}, None)
+    ebi, ebn = exact.sets(START_BIT, 0)
+    assert len(alg.members(ebn)) >= 2
+    late = Budget(128, -1.0)  # the search's time is over before it starts
+    bounded = FrontierSearch(alg, n, c, [0] * (n + 2), -1, {}, late)
+    bi, bn = bounded.sets(START_BIT, 0)
+    assert bn and bn & ~ebn == 0 and bi & ~ebi == 0  # a witness, and nothing the exact search refutes
+    assert bn != ebn and bounded.undecided  # the other successors were left out, and that is reported
+
+
+def test_a_mask_call_past_the_frontier_time_still_offers_a_valid_token_there(monkeypatch) -> None:
+    monkeypatch.setattr(canvas_mod, "FRONTIER_S", -1.0)
+    monkeypatch.setattr(canvas_mod, "FRONTIER_MIN_S", 0.0)
+    monkeypatch.setattr(canvas_mod, "EXPAND_S", 0.0)  # the budget cuts: the frontier takes the exact search
+    canvas = [MASK] * 4
+    oracle = brute_force_allowed(canvas, TOKENS, EOS, MASK, regex_accepts(PATTERN))
+    st_ = compile_fresh().new_canvas_state(4, timeout_s=5.0)
+    row = set(st_.allowed_tokens(canvas, [0])[0].nonzero().flatten().tolist())
+    assert row and row <= oracle[0]
+
+
+def test_finishers_past_their_stop_time_leave_members_undecided_and_resume_them() -> None:
+    alg = compile_fresh(r"a{6}", [b"a", b"aaa"]).algebra  # the start needs 6 bytes, 2 tokens: not decided by length
+    assert alg.finishers(START_BIT, 2, Budget(128), stop_at=0.0) == 0  # past at once: left out, not refuted
+    assert (START_BIT, 2) in alg._fin_part and START not in alg._fin_false
+    assert alg.finishers(START_BIT, 2, Budget(128)) == START_BIT  # resumed: decided now
+    assert alg.finishers(START_BIT, 1, None) == 0
+
+
+def test_a_cold_shortest_continuation_past_the_budget_time_gives_no_bound_and_is_not_remembered() -> None:
+    cc = compile_fresh(FAR, FAR_TOKENS)
+    alg = cc.algebra
+    w = cc.ta.delta(START, 0)  # after "a": five more
+    assert alg.greedy_tokens_to_accept(w, Budget(128, -1.0)) >= 1 << 30
+    assert w not in alg._greedy
+    assert alg.greedy_tokens_to_accept(w) == 5
 
 
 # ---------------------------------------------------------------- min_tokens and the fit check

@@ -50,7 +50,7 @@ def walk_left_to_right(cc, ids: list[int], eos: int, mask: int) -> bool:
     """Commit ids left to right on a canvas of len(ids) + 2, checking each against its mask; then the
     EOS tail. True iff every token was allowed and the final canvas is completable."""
     n = len(ids) + 2
-    st = cc.new_canvas_state(n)
+    st = cc.new_canvas_state(n, timeout_s=None)  # acceptance, not timing: no time allowance may cut the frontier
     canvas = [mask] * n
     for i, t in enumerate(ids + [eos, eos]):
         m = st.allowed_tokens(canvas, [i])

@@ -84,9 +84,13 @@ EXPAND_S = 0.01
 # Soft time of a mask call: past it, open positions other than the left frontier keep an empty row (sound: no token
 # is offered there this step) instead of computing theirs; the frontier's row is always computed (first).
 ROWS_S = 0.02
-# Time for the can-finish decisions of the frontier row (canvas_frontier.py): near the end of a wide canvas, refuting
-# a state walked the token transitions of hundreds of states; past it, undecided states are left out (sound).
+# When the can-finish decisions of the frontier row (canvas_frontier.py) end, in seconds into the mask call: near the
+# end of a wide canvas, refuting a state walked the token transitions of hundreds of states; past it, undecided
+# states are left out (sound). Counted from the call's start, not the search's, so that the phases of one call do
+# not add up (expansion, sets, then the frontier's own allowance used to make a cold call last 50-60 ms); the search
+# gets at least FRONTIER_MIN_S however long the sets took.
 FRONTIER_S = 0.03
+FRONTIER_MIN_S = 0.005
 
 
 class Analysis:
@@ -207,13 +211,14 @@ class CanvasState:
             B[i] = back_open(F[i], nb, self._budget) if ci is None else back_tok(F[i], ci, nb)
         return Analysis(c, F, B, H, J)
 
-    def _b(self, an: Analysis, i: int) -> int:
-        """B[i] of the analysis, computed now if it is right of J + 1 and not yet known."""
+    def _b(self, an: Analysis, i: int, stop_at: float | None = None) -> int:
+        """B[i] of the analysis, computed now if it is right of J + 1 and not yet known. stop_at (a perf_counter
+        time; rows other than the frontier's): past it, the members not decided yet are left out (sound)."""
         v = an.B[i]
         if v is None:
             F = self._forward(an.canvas, i, extend=True)
             an.F = F
-            v = an.B[i] = self.alg.finishers(F[i], self.n - i, self._budget)
+            v = an.B[i] = self.alg.finishers(F[i], self.n - i, self._budget, stop_at)
         return v
 
     def _all_b(self, an: Analysis) -> list[int]:
@@ -376,8 +381,9 @@ class CanvasState:
         the automaton known (in exact mode, without a budget, every row is computed)."""
         t_call = time.perf_counter()
         self._new_budget()
-        # exact mode (no budget: expand_budget=None, expand_time_s=None) computes every row
-        soft_end = None if self._budget is None else t_call + ROWS_S
+        # exact mode (no budget: expand_budget=None, expand_time_s=None) computes every row; without a call deadline
+        # (timeout_s=None) the time allowances are off too (only the work budget bounds the call: reproducible)
+        soft_end = None if self._budget is None or self.timeout_s is None else t_call + ROWS_S
         an = self._analyze(c, max(positions) + 1)
         B = an.B
         if B[0]:
@@ -396,27 +402,30 @@ class CanvasState:
             if p != frontier and soft_end is not None and time.perf_counter() > soft_end:
                 self.rows_deferred += 1
                 continue
-            bi = b(an, p)
-            bn = b(an, p + 1) if bi else 0
+            stop_at = None if p == frontier else soft_end
+            bi = b(an, p, stop_at)
+            bn = b(an, p + 1, stop_at) if bi else 0
             if bi and bn:
                 write_row(o[j], self.alg.row(bi, bn, V))
                 done[j] = True  # sound; at the frontier it stands if the exact decision below runs out of time
             if p == frontier and self._budget is not None and (self._budget.cuts or not o[j].any()):
                 # the budget cut part of the sets: the frontier row may miss tokens; decided exactly
                 self.exact_fallbacks += 1
-                bi, bn = self._frontier_sets(c, frontier, an)
+                bi, bn = self._frontier_sets(c, frontier, an, t_call)
                 write_row(o[j], self.alg.row(bi, bn, V) if (bi and bn) else None)
                 if bi and bn:
                     self._prove(c)
                 done[j] = True
             done.setdefault(j, True)
 
-    def _frontier_sets(self, c: tuple, f: int, an: Analysis) -> tuple[int, int]:
+    def _frontier_sets(self, c: tuple, f: int, an: Analysis, t_call: float) -> tuple[int, int]:
         """(B[f], B[f+1]) at the left frontier f (canvas_frontier.py): exact, unless its can-finish decisions ran
-        past FRONTIER_S (then sound, without the states left undecided). When that leaves the frontier without a
-        token, the call's deadline fires now (the left-to-right prefix check answers) instead of at its limit."""
+        past FRONTIER_S into the call (t_call its start; then sound, without the states left undecided). When that
+        leaves the frontier without a token, the call's deadline fires now (the left-to-right prefix check answers)
+        instead of at its limit."""
         known = [0 if x is None else x for x in an.B]  # sets not computed certify nothing (the search decides)
-        budget = None if self._budget is None else Budget(256, FRONTIER_S)
+        secs = None if self.timeout_s is None else max(FRONTIER_MIN_S, t_call + FRONTIER_S - time.perf_counter())
+        budget = None if self._budget is None else Budget(256, secs)
         search = FrontierSearch(self.alg, self.n, c, known, an.H, self._frontier_memo.for_canvas(c), budget)
         bi, bn = search.sets(an.F[f], f)
         if search.undecided:

@@ -190,6 +190,11 @@ class FrontierSearch:
                 bn |= cert
                 ok = True
             for w in alg.members(sb & ~cert):
+                if bn and not (bn >> w) & 1 and self.budget is not None and self.budget.past_time():
+                    # the row has a token of a valid completion already and the search's time is over: the states
+                    # not decided yet are left out (sound, a smaller row; later calls find more of them memoised)
+                    self.undecided = True
+                    break
                 if not (bn >> w) & 1 and self.good(w, f + 1):
                     bn |= 1 << w
                     ok = True

@@ -49,8 +49,8 @@ DEFAULT_TIMEOUT_S = 10.0
 # memoised: the next call goes on from the transitions cached), and new_canvas_state's fit check before answering
 # "fits". Every request asks both; at 128K tokens a transition costs milliseconds, and the previous bounds (256
 # transitions; half the call's limit) made them the slowest calls of a wide schema's first request.
-MIN_TOKENS_S = 0.04
-FIT_S = 0.04
+MIN_TOKENS_S = 0.015
+FIT_S = 0.015
 _COMPILER_DEFAULT: Any = object()  # compile_*(timeout_s=...) not given: the compiler's timeout_s
 
 

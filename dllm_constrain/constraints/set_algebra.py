@@ -314,14 +314,14 @@ class SetAlgebra:
         f = self._fin_false.get(q)
         if f is not None and f >= m:
             return False
-        if self.greedy_tokens_to_accept(q) <= m:
+        if self.greedy_tokens_to_accept(q, budget) <= m:
             self._fin_true[q] = min(m, self._fin_true.get(q, INF))
             return True
         if budget is not None:
             if (q, m) in budget.undecided:
                 return None
             budget.visits -= 1
-            if budget.visits < 0 or (not budget.visits & 63 and budget.past_time()):
+            if budget.visits < 0 or budget.past_time():
                 # this call's search steps (or its time) are spent: undecided (sound: q is left out)
                 budget.visits = -1
                 budget.undecided.add((q, m))
@@ -351,13 +351,16 @@ class SetAlgebra:
         self._fin_false[q] = max(m, self._fin_false.get(q, -1))
         return False
 
-    def greedy_tokens_to_accept(self, q: int) -> int:
+    def greedy_tokens_to_accept(self, q: int, budget: Budget | None = None) -> int:
         """An upper bound on the tokens q needs: the shortest byte continuation (lowest byte first at each
         step), tokenized by longest match. Needs DFA rows only, no token transitions.
 
         The continuation is a function of the state (path(q) = b + path(next)), so after the longest token
         t that prefixes path(q) the rest is path(state after t): greedy(q) = 1 + greedy(that state), memoised
-        per state (each state looks at most max_token_len bytes ahead instead of tokenizing its whole path)."""
+        per state (each state looks at most max_token_len bytes ahead instead of tokenizing its whole path).
+
+        With a budget whose time is over, a walk that still needs new DFA rows stops and answers INF (no bound, not
+        memoised; the steps it took stay cached): one cold state's continuation can be hundreds of DFA rows."""
         memo = self._greedy
         r = memo.get(q)
         if r is not None:
@@ -372,6 +375,8 @@ class SetAlgebra:
                 break
             if not len(chain) & 63:
                 check_active(s, "tokenizing its shortest continuation")
+            if budget is not None and not len(chain) & 7 and budget.past_time():
+                return INF
             if dfa.accepting[s]:
                 r = memo[s] = 0
                 break
@@ -427,9 +432,11 @@ class SetAlgebra:
             self._succ_sorted[q] = r
         return r
 
-    def finishers(self, F: int, m: int, budget: Budget | None = None) -> int:
+    def finishers(self, F: int, m: int, budget: Budget | None = None, stop_at: float | None = None) -> int:
         """{q in F : q can finish within m positions}; members left undecided by the budget are the only ones
-        decided again when (F, m) comes back."""
+        decided again when (F, m) comes back. stop_at (a perf_counter time, with a budget): past it, the members not
+        looked at yet stay undecided too: each may first need its shortest continuation tokenized (DFA rows never
+        expanded), and a wide set near the end of a cold canvas has thousands of them."""
         key = (F, m)
         r = self._fin_sets.get(key)
         if r is not None:
@@ -449,7 +456,10 @@ class SetAlgebra:
         else:
             r, todo = part
         undecided: list[int] = []
-        for q in todo:
+        for k, q in enumerate(todo):
+            if stop_at is not None and budget is not None and not k & 15 and time.perf_counter() > stop_at:
+                undecided.extend(todo[k:])
+                break
             f3 = self.finish3(q, m, budget)
             if f3 is True:
                 r |= 1 << q
