@@ -6,6 +6,9 @@ parameters and constraint) to `submit`, which only puts it on a thread-safe queu
 loop thread (started lazily, a daemon, stopped by `close`):
 
   - idle: blocks on the queue (no polling);
+  - builds each call's requests (compiles its constraint, encodes its prompts) on one builder thread beside the
+    loop, so a schema whose compilation takes seconds never holds the batch: the loop keeps stepping the other
+    requests, and admits the call when its build comes back (calls are built, hence admitted, in submission order);
   - admits each call's requests (`engine.add_request`), so requests of different calls, with different sampling
     parameters and constraints, share the continuous batch (each row computes what it computes alone);
   - calls `engine.step()` while anything is unfinished and resolves each call's `concurrent.futures.Future` with its
@@ -29,7 +32,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,7 +62,7 @@ class GenerationAbortedError(DllmConstrainError):
 
 @dataclass(eq=False)
 class _Call:
-    build: Callable[[], Sequence[Request]]  # runs on the loop thread (compiles constraints, makes the requests)
+    build: Callable[[], Sequence[Request]]  # runs on the loop's builder thread (compiles constraints, makes requests)
     config: EngineConfig | None
     progress: ProgressCallback | None
     on_stream: StreamCallback | None
@@ -116,6 +119,8 @@ class EngineLoop:
         # loop-thread state
         self._owner: dict[int, tuple[_Call, int]] = {}  # engine request id -> (call, index in the call)
         self._live: list[_Call] = []  # calls with requests in the engine, in submission order
+        self._building: list[_Call] = []  # calls handed to the builder thread, not back yet
+        self._builder: ThreadPoolExecutor | None = None  # one thread: builds run one at a time, in order
 
     # ------------------------------------------------------------------ any thread
     @property
@@ -169,6 +174,7 @@ class EngineLoop:
                         self._abort(call, error)
                     except BaseException:  # noqa: BLE001 - the engine may be the broken part
                         self._fail(call, error)
+                self._stop_builder(error)
                 self._drain(error)
 
     def _serve(self) -> None:
@@ -179,11 +185,14 @@ class EngineLoop:
                 command = self._queue.get_nowait() if busy else self._queue.get(timeout=self.idle_exit)
             except queue.Empty:
                 command = None
-                if not busy:
+                if not busy and not self._building:
                     with self._lock:  # idle for idle_exit seconds: end the thread (a later submit starts one)
                         if self._queue.empty():
                             if self._thread is threading.current_thread():
                                 self._thread = None
+                            if self._builder is not None:
+                                self._builder.shutdown(wait=False)
+                                self._builder = None
                             return
             while command is not None:
                 if command[0] == "stop":
@@ -205,16 +214,41 @@ class EngineLoop:
                     self._abort(call, GenerationAbortedError("the engine lost the call's requests"))
 
     def _handle(self, command: tuple[Any, ...]) -> None:
-        kind, call = command
+        kind, call = command[0], command[1]
         if kind == "abort":
             self._abort(call, GenerationAbortedError("the generation was aborted"))
         elif kind == "submit" and not call.aborted and call.future.set_running_or_notify_cancel():
-            self._admit(call)  # its future is running now: `future.cancel()` no longer races the loop (use abort)
+            # its future is running now: `future.cancel()` no longer races the loop (use abort)
+            self._start_build(call)
+        elif kind == "built":
+            if call in self._building:
+                self._building.remove(call)
+            if call.aborted or call.done:
+                return  # aborted (or the loop closed) while it was being built: its requests never join
+            requests, error = command[2], command[3]
+            if error is not None:
+                self._fail(call, error)
+            else:
+                self._admit(call, requests)
 
-    def _admit(self, call: _Call) -> None:
+    def _start_build(self, call: _Call) -> None:
+        """Hand the call's build to the builder thread; its result comes back through the queue as "built"."""
+        if self._builder is None:
+            self._builder = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}-build")
+        self._building.append(call)
+        self._builder.submit(self._build, call)
+
+    def _build(self, call: _Call) -> None:
+        """On the builder thread: the call's requests, or the error that is its answer (typed or not)."""
+        try:
+            requests, error = list(call.build()), None
+        except BaseException as exc:  # noqa: BLE001 - the call's own failure is its answer
+            requests, error = None, exc
+        self._queue.put(("built", call, requests, error))
+
+    def _admit(self, call: _Call, requests: list[Request]) -> None:
         engine = self.engine
         try:
-            requests = list(call.build())
             if (call.config is not None and call.config != engine.config) or is_block_diffusion(engine.model):
                 self._run_alone(call, requests)
                 return
@@ -332,6 +366,17 @@ class EngineLoop:
         except InvalidStateError:  # it already ended, or a queued call's future was cancelled meanwhile
             pass
 
+    def _stop_builder(self, error: BaseException) -> None:
+        """Fail the calls still being built (their builds finish on the builder thread and are dropped) and let the
+        builder thread end."""
+        for call in list(self._building):
+            call.aborted = True
+            self._fail(call, error)
+        self._building.clear()
+        if self._builder is not None:
+            self._builder.shutdown(wait=False)
+            self._builder = None
+
     def _drain(self, error: BaseException) -> None:
         """Fail the calls still queued."""
         while True:
@@ -346,6 +391,7 @@ class EngineLoop:
         error = GenerationAbortedError("the engine loop was closed")
         for call in list(self._live):
             self._abort(call, error)
+        self._stop_builder(error)
         self._drain(error)
         while self.engine.has_unfinished():  # deliver the aborted requests' outputs, freeing their slots
             try:

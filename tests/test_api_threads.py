@@ -277,3 +277,69 @@ def test_a_failure_of_the_loop_itself_fails_its_calls_instead_of_leaving_them_wa
     own.close()  # the failed thread is gone: nothing to stop, and no stop left queued for the next one
     assert _call(own, 2, "llm").token_ids == reference[2]
     own.close()
+
+
+def _llm_with_a_held_compile(gated_regex: str) -> tuple[dc.LLM, threading.Event, threading.Event]:
+    """An LLM of its own whose compilation of `gated_regex` waits for the returned gate (a compile of seconds);
+    the second event is set once that compilation started."""
+    own = dc.LLM()
+    gate, compiling = threading.Event(), threading.Event()
+    real = own.compile_constraint
+
+    def held_compile(constraint: Any) -> Any:
+        if getattr(constraint, "regex", None) == gated_regex:
+            compiling.set()
+            assert gate.wait(WAIT)
+        return real(constraint)
+
+    own.compile_constraint = held_compile  # type: ignore[method-assign]
+    return own, gate, compiling
+
+
+def test_a_slow_compilation_does_not_hold_the_requests_already_running(reference: list[list[int]]) -> None:
+    own, gate, compiling = _llm_with_a_held_compile("[0-9]{3}")
+    try:
+        stepping = threading.Event()
+        job = dict(JOBS[1])
+        running = own.submit(job.pop("prompt"), max_new_tokens=MAX_NEW, progress=lambda e: stepping.set(), **job)
+        assert stepping.wait(WAIT)
+        slow = own.submit("Give three digits", regex="[0-9]{3}", max_new_tokens=8)
+        assert compiling.wait(WAIT)
+        assert running.result(WAIT)[0].token_ids == reference[1]  # finished while the compilation was held
+        assert not slow.done()
+        gate.set()
+        [r] = slow.result(WAIT)
+        assert len(r.text) == 3 and r.text.isdigit()
+    finally:
+        gate.set()
+        own.close()
+
+
+def test_a_call_aborted_while_its_constraint_compiles_fails_and_never_joins_the_batch() -> None:
+    own, gate, compiling = _llm_with_a_held_compile("[a-z]{4}")
+    try:
+        slow = own.submit("Give a word", regex="[a-z]{4}", max_new_tokens=8)
+        assert compiling.wait(WAIT)
+        slow.abort()
+        with pytest.raises(GenerationAbortedError):
+            slow.result(WAIT)  # at once: the build is still held
+        gate.set()
+        [r] = own.generate(["What is 3 plus 4?"], regex="[0-9]+", max_new_tokens=8)
+        assert r.text.isdigit()
+        assert not own.engine.has_unfinished()
+    finally:
+        gate.set()
+        own.close()
+
+
+def test_closing_the_loop_fails_a_call_whose_constraint_is_compiling() -> None:
+    own, gate, compiling = _llm_with_a_held_compile("[a-z]{5}")
+    try:
+        slow = own.submit("Give a word", regex="[a-z]{5}", max_new_tokens=8)
+        assert compiling.wait(WAIT)
+        own.close()
+        with pytest.raises(GenerationAbortedError):
+            slow.result(WAIT)
+    finally:
+        gate.set()
+        own.close()
