@@ -3,7 +3,9 @@ the engine, calls share its continuous batch), and each result equals the single
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -279,9 +281,10 @@ def test_a_failure_of_the_loop_itself_fails_its_calls_instead_of_leaving_them_wa
     own.close()
 
 
-def _llm_with_a_held_compile(gated_regex: str) -> tuple[dc.LLM, threading.Event, threading.Event]:
-    """An LLM of its own whose compilation of `gated_regex` waits for the returned gate (a compile of seconds);
-    the second event is set once that compilation started."""
+@contextlib.contextmanager
+def _llm_with_a_held_compile(gated_regex: str) -> Iterator[tuple[dc.LLM, threading.Event, threading.Event]]:
+    """An LLM of its own whose compilation of `gated_regex` waits for the yielded gate (a compile of seconds); the
+    second event is set once that compilation started. On exit the gate opens and the LLM's loop is closed."""
     own = dc.LLM()
     gate, compiling = threading.Event(), threading.Event()
     real = own.compile_constraint
@@ -293,12 +296,15 @@ def _llm_with_a_held_compile(gated_regex: str) -> tuple[dc.LLM, threading.Event,
         return real(constraint)
 
     own.compile_constraint = held_compile  # type: ignore[method-assign]
-    return own, gate, compiling
+    try:
+        yield own, gate, compiling
+    finally:
+        gate.set()
+        own.close()
 
 
 def test_a_slow_compilation_does_not_hold_the_requests_already_running(reference: list[list[int]]) -> None:
-    own, gate, compiling = _llm_with_a_held_compile("[0-9]{3}")
-    try:
+    with _llm_with_a_held_compile("[0-9]{3}") as (own, gate, compiling):
         stepping = threading.Event()
         job = dict(JOBS[1])
         running = own.submit(job.pop("prompt"), max_new_tokens=MAX_NEW, progress=lambda e: stepping.set(), **job)
@@ -310,14 +316,10 @@ def test_a_slow_compilation_does_not_hold_the_requests_already_running(reference
         gate.set()
         [r] = slow.result(WAIT)
         assert len(r.text) == 3 and r.text.isdigit()
-    finally:
-        gate.set()
-        own.close()
 
 
 def test_a_call_aborted_while_its_constraint_compiles_fails_and_never_joins_the_batch() -> None:
-    own, gate, compiling = _llm_with_a_held_compile("[a-z]{4}")
-    try:
+    with _llm_with_a_held_compile("[a-z]{4}") as (own, gate, compiling):
         slow = own.submit("Give a word", regex="[a-z]{4}", max_new_tokens=8)
         assert compiling.wait(WAIT)
         slow.abort()
@@ -327,19 +329,12 @@ def test_a_call_aborted_while_its_constraint_compiles_fails_and_never_joins_the_
         [r] = own.generate(["What is 3 plus 4?"], regex="[0-9]+", max_new_tokens=8)
         assert r.text.isdigit()
         assert not own.engine.has_unfinished()
-    finally:
-        gate.set()
-        own.close()
 
 
 def test_closing_the_loop_fails_a_call_whose_constraint_is_compiling() -> None:
-    own, gate, compiling = _llm_with_a_held_compile("[a-z]{5}")
-    try:
+    with _llm_with_a_held_compile("[a-z]{5}") as (own, _gate, compiling):
         slow = own.submit("Give a word", regex="[a-z]{5}", max_new_tokens=8)
         assert compiling.wait(WAIT)
         own.close()
         with pytest.raises(GenerationAbortedError):
             slow.result(WAIT)
-    finally:
-        gate.set()
-        own.close()
