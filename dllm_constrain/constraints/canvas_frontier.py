@@ -79,6 +79,11 @@ class FrontierSearch:
         # counts as not completing (a sound, smaller answer) and is not remembered; `undecided` tells the caller
         self.budget = budget
         self.undecided = False
+        # (position, state) pairs this search explored without finding a witness while some state was left
+        # undecided: not memoised across calls (a later call may decide them), but never explored twice in this
+        # one, whose budget can only be more spent (without this, an exhausted budget made the search re-walk the
+        # same subtrees once per path reaching them)
+        self.failed: set[tuple[int, int]] = set()
 
     def quick(self, v: int, i: int) -> bool | None:
         """Whether state v before position i completes the canvas, when known without searching (else None)."""
@@ -94,6 +99,8 @@ class FrontierSearch:
             r = m.get(v)
             if r is not None:
                 return r
+        if (i, v) in self.failed:
+            return False
         if i > self.J:
             r = self.alg.finish3(v, self.n - i, self.budget)
             if r is None:  # only a budget leaves it undecided
@@ -167,6 +174,8 @@ class FrontierSearch:
                 return True
             if not self.undecided:  # a refutation that met an undecided state is not one
                 memo.setdefault(i, {})[v] = False
+            else:
+                self.failed.add((i, v))
             stack.pop()
         return False
 
