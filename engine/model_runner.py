@@ -121,6 +121,7 @@ class ModelRunner:
         self.device = model_device(model)
         self.shift = int(getattr(model, "kv_query_shift", 0))
         self.packed = supports_packed_forward(model)
+        self.neighbors = bool(getattr(model, "uses_neighbor_tokens", False))
         self.cached = config.kv_cache == "dual" and supports_kv_cache(model)
         self.cache: KVCache | None = KVCache(config.keep_ratio, config.backend) if self.cached else None
         self.meta: dict[int, RowMeta] = {}
@@ -216,11 +217,18 @@ class ModelRunner:
         rows = max(total, MIN_PACKED_ROWS)
         ids = torch.full((1, rows), self.pad_id, dtype=torch.long)
         pos = torch.zeros((1, rows), dtype=torch.long)
+        # each row's neighbours in its own sequence, for models whose input mixes them in (LLaDA's token shift)
+        neighbors = torch.full((1, rows, 2), -1, dtype=torch.long) if self.neighbors else None
         for seg in segments:
             s = seg.state
             seq = torch.cat([torch.tensor(s.prompt_ids, dtype=torch.long), s.canvas.cpu()])
-            ids[0, seg.rows] = seq[seg.first:seg.first + seg.length]
-            pos[0, seg.rows] = torch.arange(seg.first, seg.first + seg.length)
+            a, b = seg.first, seg.first + seg.length
+            ids[0, seg.rows] = seq[a:b]
+            pos[0, seg.rows] = torch.arange(a, b)
+            if neighbors is not None:
+                padded = torch.cat([torch.tensor([-1]), seq, torch.tensor([-1])])  # padded[i + 1] = seq[i]
+                neighbors[0, seg.rows, 0] = padded[a:b]
+                neighbors[0, seg.rows, 1] = padded[a + 2:b + 2]
         cache = self.cache
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -240,7 +248,8 @@ class ModelRunner:
                     out[:, :, r] = bidirectional_attention(qs, ks, vs, None)
             return out
 
-        hidden = self.model.hidden_states_cached(ids.to(self.device), pos.to(self.device), attend)
+        kwargs = {} if neighbors is None else {"neighbor_ids": neighbors.to(self.device)}
+        hidden = self.model.hidden_states_cached(ids.to(self.device), pos.to(self.device), attend, **kwargs)
         return hidden[0, :total]
 
     def forward_rows(self, states: Sequence[RequestState]) -> list[Row]:

@@ -24,6 +24,14 @@ def llada(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="module")
+def llada_shift(tmp_path_factory: pytest.TempPathFactory):
+    """LLaDA with the input token shift: a span forward's first and last tokens mix in neighbours outside it."""
+    folder = tmp_path_factory.mktemp("llada_shift_kv") / "ckpt"
+    build_llada(folder, max_sequence_length=256, input_token_shift=True)
+    return load_checkpoint(folder)
+
+
+@pytest.fixture(scope="module")
 def dream(tmp_path_factory: pytest.TempPathFactory):
     folder = tmp_path_factory.mktemp("dream_kv") / "ckpt"
     build_dream(folder)
@@ -39,12 +47,12 @@ def _commit_some(state, positions: list[int], token: int = 40) -> None:
     state.commit(positions, [token] * len(positions))
 
 
-@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize("family", ["llada", "llada-shift", "dream"])
 @pytest.mark.parametrize("packed", [False, True])
-def test_reuse_right_after_refresh_equals_the_full_forward(family, packed, llada, dream) -> None:
+def test_reuse_right_after_refresh_equals_the_full_forward(family, packed, llada, llada_shift, dream) -> None:
     """Same canvas, no commit in between: the Reuse forward of the block (with Dream's extra left query) gives the
     hidden states the full forward gives at the block's positions, in a left-padded batch at different blocks."""
-    loaded = llada if family == "llada" else dream
+    loaded = {"llada": llada, "llada-shift": llada_shift, "dream": dream}[family]
     model = loaded.model
     assert supports_kv_cache(model)
     engine = LLMEngine(model, loaded.tokenizer, config=EngineConfig(kv_cache="none"))
@@ -94,11 +102,14 @@ def _run(model, tokenizer, prompts, config: EngineConfig, **params):
     dict(temperature=0.0, policy="threshold", threshold=0.3),
     dict(temperature=0.7, seed=3),
 ], ids=["greedy-quota", "greedy-threshold", "sampled-quota"])
-def test_refresh_every_step_is_the_full_recompute(llada, sampling) -> None:
+@pytest.mark.parametrize("shift", [False, True], ids=["plain", "token-shift"])
+def test_refresh_every_step_is_the_full_recompute(llada, llada_shift, sampling, shift) -> None:
     """Refreshing at every forward makes the cached path a full recompute: the same canvases, token for token."""
+    loaded = llada_shift if shift else llada
     prompts = [[10, 11, 12, 13], [20, 21]]
-    full, _ = _run(llada.model, llada.tokenizer, prompts, EngineConfig(kv_cache="none"), **sampling)
-    every, _ = _run(llada.model, llada.tokenizer, prompts, EngineConfig(refresh="steps", refresh_steps=1), **sampling)
+    full, _ = _run(loaded.model, loaded.tokenizer, prompts, EngineConfig(kv_cache="none"), **sampling)
+    every, _ = _run(loaded.model, loaded.tokenizer, prompts, EngineConfig(refresh="steps", refresh_steps=1),
+                    **sampling)
     assert [r.canvas_ids for r in every] == [r.canvas_ids for r in full]
     assert all(r.refreshes == r.nfe for r in every)
 

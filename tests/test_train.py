@@ -169,6 +169,20 @@ def test_the_log_holds_every_step_once_and_held_out_losses(tmp_path):
     assert [r["step"] for r in evals] == [4, 8]
 
 
+def test_a_token_shift_run_exports_a_checkpoint_the_engine_serves(tmp_path):
+    """--token-shift trains LLaDA with the input token shift; the export carries the flag and its two tensors, and
+    the loader and the engine's cached forward serve it."""
+    import dllm_constrain as dc
+
+    train(_micro_config(tmp_path, steps=2, token_shift=True))
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    tensors = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert config["input_token_shift"] is True
+    assert {"model.transformer.shift_prev.weight", "model.transformer.shift_next.weight"} <= set(tensors)
+    [result] = dc.LLM(str(tmp_path / "out")).generate(["Request: x\nAnswer: "], max_new_tokens=8, block_length=4)
+    assert len(result.canvas_ids) == 8
+
+
 def test_resume_refuses_a_different_architecture(tmp_path):
     train(_micro_config(tmp_path, steps=1))
     with pytest.raises(ValueError, match="d_model"):
@@ -199,3 +213,4 @@ def test_the_copy_probe_scores_every_stated_scalar_value_of_the_held_out_request
               for v in e["stated"].values() if isinstance(v, (str, int, float)) and not isinstance(v, bool)]
     assert probe["values"] == len(stated) and probe["value_tokens"] >= len(stated)
     assert 0.0 <= probe["token_accuracy"] <= 1.0 and 0.0 <= probe["whole_value_accuracy"] <= 1.0
+    assert 0.0 <= probe["left_to_right_value_accuracy"] <= 1.0

@@ -123,7 +123,9 @@ def evaluate(model: str | None = None, n: int = 200, seed: int = HELDOUT_SEED, c
 
 def copy_probe(model: str | None = None, n: int = 60, seed: int = HELDOUT_SEED) -> dict[str, Any]:
     """Teacher-forced copy accuracy: each stated scalar value of n held-out requests masked alone in the
-    reference answer, predicted in one forward (argmax), compared token by token."""
+    reference answer, predicted in one forward (argmax), compared token by token; and decoded left to right
+    (one forward per token, each argmax committed before the next: how the threshold policy usually meets a
+    value once its first token is in), counted as whole values."""
     import torch
 
     from dllm_constrain.api import LLM
@@ -131,7 +133,7 @@ def copy_probe(model: str | None = None, n: int = 60, seed: int = HELDOUT_SEED) 
     llm = LLM(model)
     net, backend = llm.model, llm.tokenizer.backend
     mask_id, eos_id = llm.tokenizer.mask_id, llm.tokenizer.eos_id
-    tokens_hit = tokens_total = values_hit = values_total = 0
+    tokens_hit = tokens_total = values_hit = values_total = left_to_right_hit = 0
     for e in ExampleGenerator(seed, plain_text_share=0.0, split="heldout").examples(n):
         prompt = llm.encode(llm.format(e["request"], e["schema"]))
         encoded = backend.encode(e["answer"], add_special_tokens=False)
@@ -154,8 +156,18 @@ def copy_probe(model: str | None = None, n: int = 60, seed: int = HELDOUT_SEED) 
             tokens_total += len(span)
             values_hit += bool(right.all())
             values_total += 1
+            ok = True
+            with torch.inference_mode():
+                for p in span:
+                    token = int(net.logits(net.hidden_states(noisy)[0, p]).argmax())
+                    if token != int(ids[0, p]):
+                        ok = False
+                        break
+                    noisy[0, p] = token
+            left_to_right_hit += ok
     return {"n": n, "values": values_total, "value_tokens": tokens_total,
-            "token_accuracy": tokens_hit / max(1, tokens_total), "whole_value_accuracy": values_hit / max(1, values_total)}
+            "token_accuracy": tokens_hit / max(1, tokens_total), "whole_value_accuracy": values_hit / max(1, values_total),
+            "left_to_right_value_accuracy": left_to_right_hit / max(1, values_total)}
 
 
 def demos(model: str | None = None) -> list[tuple[str, str, str]]:

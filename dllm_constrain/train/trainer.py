@@ -54,6 +54,7 @@ class TrainConfig:
     n_layers: int = 6
     n_heads: int = 8
     mlp_hidden_size: int = 768
+    token_shift: bool = False  # LLaDA's input token shift (engine/models/llada.py): neighbours' ids in each input
     max_canvas: int = 96
     batch_size: int = 32
     accumulate: int = 1
@@ -80,7 +81,7 @@ def build_model(cfg: TrainConfig) -> LLaDAModel:
         d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_heads,
         mlp_hidden_size=cfg.mlp_hidden_size, vocab_size=cfg.vocab_size, embedding_size=cfg.vocab_size,
         mask_token_id=MASK, eos_token_id=EOS, pad_token_id=PAD, bos_token_id=BOS, rope_theta=10000.0,
-        max_sequence_length=CONTEXT,
+        max_sequence_length=CONTEXT, input_token_shift=cfg.token_shift,
     )
     torch.manual_seed(cfg.seed)
     model = LLaDAModel(model_cfg)
@@ -214,8 +215,8 @@ def _save_state(run: _Run, cfg: TrainConfig, run_dir: Path) -> None:
 
 def _load_state(cfg: TrainConfig, run_dir: Path) -> _Run:
     state = torch.load(run_dir / "train_state.pt", weights_only=False)
-    saved = TrainConfig(**state["config"])
-    for f in ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_hidden_size", "seed"):
+    saved = TrainConfig(**{"token_shift": False, **state["config"]})
+    for f in ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_hidden_size", "token_shift", "seed"):
         if getattr(saved, f) != getattr(cfg, f):
             raise ValueError(f"--resume: {f} is {getattr(cfg, f)} but the saved run has {getattr(saved, f)}")
     tok = Tokenizer.from_str(state["tokenizer"])

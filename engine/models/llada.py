@@ -3,6 +3,14 @@
 Tensor names follow the released checkpoints (`model.transformer.wte`, `...blocks.{i}.q_proj`, ...,
 `model.transformer.ln_f`, `model.transformer.ff_out`), so LLaDA-8B and our bundled model load the same way.
 Math: pre-norm blocks, x += attn_out(Attn(RoPE(q), RoPE(k), v)); x += ff_out(silu(ff_proj(h)) * up_proj(h)).
+
+Input token shift (config `input_token_shift`, our extension; off in released LLaDA checkpoints): the input of
+position i is x_i = wte[t_i] + P wte[t_(i-1)] + N wte[t_(i+1)] (tensors `model.transformer.shift_prev` and
+`shift_next`, no bias), the neighbour terms zero at the ends of a sequence. It hands every position its neighbours'
+identity from the first layer on, so copying a span ("the token after the one that follows my left neighbour")
+is one attention lookup instead of a two-layer induction circuit that a small model trained on a CPU learns late
+or never (RWKV's token shift and the "smeared keys" of the induction-head studies are the same idea). A span
+forward (`hidden_states_cached`) gets its boundary neighbours from the caller (`neighbor_ids`).
 """
 from __future__ import annotations
 
@@ -71,6 +79,7 @@ class LLaDAConfig:
     rms_norm_eps: float = 1e-5
     max_sequence_length: int = 4096
     include_qkv_bias: bool = False
+    input_token_shift: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -101,10 +110,22 @@ class LLaDAConfig:
     def to_dict(self) -> dict[str, Any]:
         """A config.json in the released LLaDA layout."""
         out = {k: v for k, v in dataclasses.asdict(self).items() if k != "extra"}
+        if not self.input_token_shift:
+            del out["input_token_shift"]  # a released LLaDA config has no such field
         out.update({"model_type": "llada", "architectures": ["LLaDAModelLM"], "activation_type": "silu",
                     "block_type": "llama", "layer_norm_type": "rms", "rope": True, "alibi": False,
                     "weight_tying": False, "include_bias": False})
         return out
+
+
+def row_neighbor_ids(input_ids: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
+    """[B, L, 2] left and right neighbour ids of every position of whole rows (-1 at the ends of a row's real
+    tokens: padding is nobody's neighbour)."""
+    none = torch.full_like(input_ids[:, :1], -1)
+    ids = input_ids if key_padding_mask is None else input_ids.masked_fill(~key_padding_mask, -1)
+    prev = torch.cat([none, ids[:, :-1]], dim=1)
+    nxt = torch.cat([ids[:, 1:], none], dim=1)
+    return torch.stack([prev, nxt], dim=-1)
 
 
 class LLaDABlock(nn.Module):
@@ -162,6 +183,9 @@ class LLaDAModel(nn.Module):
             "ln_f": RMSNorm(cfg.d_model, cfg.rms_norm_eps),
             "ff_out": nn.Linear(cfg.d_model, cfg.padded_vocab, bias=False),
         })
+        if cfg.input_token_shift:
+            transformer["shift_prev"] = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+            transformer["shift_next"] = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.model = nn.Module()
         self.model.transformer = transformer
         pad = cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id
@@ -174,12 +198,31 @@ class LLaDAModel(nn.Module):
     def transformer(self) -> nn.ModuleDict:
         return self.model.transformer
 
+    @property
+    def uses_neighbor_tokens(self) -> bool:
+        """Whether a span forward needs its boundary neighbours (`neighbor_ids` of `hidden_states_cached`)."""
+        return self.config.input_token_shift
+
+    def embed(self, input_ids: torch.Tensor, neighbor_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Input vectors [B, L, D] of ids [B, L]; with the input token shift, neighbor_ids [B, L, 2] holds each
+        position's left and right neighbour id (-1: none, contributing zero)."""
+        wte = self.transformer["wte"]
+        x = wte(input_ids)
+        if not self.config.input_token_shift:
+            return x
+        if neighbor_ids is None:
+            raise ValueError("a model with an input token shift needs neighbor_ids")
+        present = (neighbor_ids >= 0).unsqueeze(-1)
+        nb = wte(neighbor_ids.clamp_min(0)) * present.to(x.dtype)  # [B, L, 2, D]
+        return x + self.transformer["shift_prev"](nb[:, :, 0]) + self.transformer["shift_next"](nb[:, :, 1])
+
     def hidden_states(self, input_ids, position_ids=None, key_padding_mask=None):
         if key_padding_mask is None:
             key_padding_mask = torch.ones_like(input_ids, dtype=torch.bool)
         if position_ids is None:
             position_ids = default_position_ids(key_padding_mask)
-        x = self.transformer["wte"](input_ids)
+        x = self.embed(input_ids, row_neighbor_ids(input_ids, key_padding_mask)
+                       if self.config.input_token_shift else None)
         cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, x.dtype)
         bias = attention_bias(key_padding_mask, x.dtype)
         for block in self.transformer["blocks"]:
@@ -199,7 +242,8 @@ class LLaDAModel(nn.Module):
     def hidden_states_kv(self, input_ids, position_ids, key_padding_mask, observe: ObserveFn) -> torch.Tensor:
         """`hidden_states` (same math) that also hands every layer's rotated q [B,Hq,L,D] and k, v [B,Hkv,L,D] to
         observe(layer, q, k, v): a KV cache Refresh."""
-        x = self.transformer["wte"](input_ids)
+        x = self.embed(input_ids, row_neighbor_ids(input_ids, key_padding_mask)
+                       if self.config.input_token_shift else None)
         cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, x.dtype)
         bias = attention_bias(key_padding_mask, x.dtype)
         for i, block in enumerate(self.transformer["blocks"]):
@@ -209,10 +253,13 @@ class LLaDAModel(nn.Module):
             x = block.forward_with(x, cos, sin, attend)
         return self.transformer["ln_f"](x)
 
-    def hidden_states_cached(self, input_ids, position_ids, attend: LayerAttendFn) -> torch.Tensor:
+    def hidden_states_cached(self, input_ids, position_ids, attend: LayerAttendFn,
+                             neighbor_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Final hidden states [B, Lq, D] of a span of query tokens (ids and position ids [B, Lq]) whose attention
-        is attend(layer, q, k, v) -> [B, Hq, Lq, D], the KV cache's Reuse step (cached keys plus the fresh k, v)."""
-        x = self.transformer["wte"](input_ids)
+        is attend(layer, q, k, v) -> [B, Hq, Lq, D], the KV cache's Reuse step (cached keys plus the fresh k, v).
+        neighbor_ids [B, Lq, 2]: each query token's neighbours in its own sequence (needed with the input token
+        shift: a span's first and last tokens have neighbours outside it)."""
+        x = self.embed(input_ids, neighbor_ids)
         cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, x.dtype)
         for i, block in enumerate(self.transformer["blocks"]):
             x = block.forward_with(x, cos, sin, lambda q, k, v, i=i: attend(i, q, k, v))
