@@ -172,6 +172,30 @@ def test_the_frontier_leaves_out_undecided_states_and_does_not_remember_them_as_
     assert exact.sets(START_BIT, 0) == (bi, bn) and not exact.undecided
 
 
+def test_a_frontier_search_with_a_spent_budget_explores_each_state_and_position_once() -> None:
+    """With the can-finish budget spent, refutations that met an undecided state are not memoised across calls;
+    within the call each (position, state) is still explored once (re-walking them per path reaching them made
+    one unbounded call run for over 20 minutes on a fixture schema)."""
+    tokens = [b"a", b"b", b"ab", b"ba", b"abab", b"c"]
+    cc = ConstraintCompiler(tiny_info(tokens), cache=False).compile_regex(r"(a|b|ab|ba)*c(a|b){3}")
+    n = 10
+    c = tuple(4 if i == 7 else None for i in range(n))  # "abab" at 7: no completion, and states right of it undecided
+    spent = Budget(128)
+    spent.visits = 0
+    search = FrontierSearch(cc.algebra, n, c, [0] * (n + 2), -1, {}, spent)
+    expanded: dict[tuple[int, int], int] = {}
+    children = search.children
+
+    def counted(v: int, i: int) -> list[int]:
+        expanded[(v, i)] = expanded.get((v, i), 0) + 1
+        return children(v, i)
+
+    search.children = counted  # type: ignore[method-assign]
+    search.sets(START_BIT, 0)
+    assert search.undecided
+    assert max(expanded.values()) == 1
+
+
 def test_a_frontier_left_empty_by_undecided_states_answers_from_the_prefix_check_at_once(monkeypatch) -> None:
     cc = compile_fresh(r"a{6}", FAR_TOKENS)
     st_ = cc.new_canvas_state(7, timeout_s=5.0)
