@@ -30,7 +30,7 @@ from conftest import build_tiny_tokenizer
 from dllm_constrain.constraints import TokenizerInfo
 from dllm_constrain.errors import UnsatisfiableSchemaError
 from dllm_constrain.vllm_plugin import EXTRA_KEY, ConstraintCache, RequestConstraint, spec_from_structured_outputs
-from dllm_constrain.vllm_plugin.core import spec_digest
+from dllm_constrain.vllm_plugin.core import check_spec, spec_digest
 from dllm_constrain.vllm_plugin.routing import claim
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -75,10 +75,10 @@ def _tiny_info() -> TokenizerInfo:
 def test_spec_from_structured_outputs():
     so = SimpleNamespace(json=PERSON, json_object=None, regex=None, choice=None)
     spec = spec_from_structured_outputs(so)
-    assert spec["kind"] == "json_schema" and json.loads(spec["source"]) == PERSON
+    assert spec["kind"] == "json_schema" and json.loads(spec["source"]) == PERSON and spec["strict"] is True
     assert spec_from_structured_outputs(SimpleNamespace(json='{"type":"integer"}'))["source"] == '{"type":"integer"}'
     assert spec_from_structured_outputs(SimpleNamespace(json=None, json_object=True)) == {
-        "kind": "json_schema", "source": '{"type":"object"}'}
+        "kind": "json_schema", "source": '{"type":"object"}', "strict": False}
     assert spec_from_structured_outputs(SimpleNamespace(json=None, json_object=None, regex=r"\d+")) == {
         "kind": "regex", "source": r"\d+"}
     ch = spec_from_structured_outputs(SimpleNamespace(json=None, json_object=None, regex=None, choice=["a.b", "c"]))
@@ -87,6 +87,39 @@ def test_spec_from_structured_outputs():
     assert spec_from_structured_outputs(SimpleNamespace(json=None, json_object=None, regex=None, choice=None,
                                                         grammar="root ::= x")) is None
     assert spec_from_structured_outputs(None) is None
+
+
+def test_schemas_compile_strictly_unless_the_server_asks_for_the_specification(monkeypatch):
+    """As vLLM's default backend does (xgrammar: strict_mode=True, properties in declared order), a json_schema
+    request gets the generation narrowings: no undeclared property, declared order; the server's
+    DLLM_CONSTRAIN_VLLM_SCHEMA_SEMANTICS=spec, or a spec's own "strict": false, gives the specification's
+    semantics."""
+    from dllm_constrain.vllm_plugin.core import SEMANTICS_ENV
+
+    info = _tiny_info()
+    cache = ConstraintCache(maxsize=8)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+    so = SimpleNamespace(json=schema, json_object=None, regex=None, choice=None)
+
+    tok = build_tiny_tokenizer()
+
+    def accepts(spec, text):
+        return cache.get(info, spec).accepts_tokens(tok.encode(text).ids)
+
+    strict = spec_from_structured_outputs(so)
+    assert accepts(strict, '{"a":1,"b":2}')
+    assert not accepts(strict, '{"b":2,"a":1}') and not accepts(strict, '{"a":1,"c":3}')
+    monkeypatch.setenv(SEMANTICS_ENV, "spec")
+    spec = spec_from_structured_outputs(so)
+    assert spec["strict"] is False
+    assert accepts(spec, '{"b":2,"a":1}') and accepts(spec, '{"a":1,"c":3}')
+    assert accepts({"kind": "json_schema", "source": json.dumps(schema)}, '{"a":1,"c":3}')  # no key: the server's
+    assert spec_digest(spec) != spec_digest(strict)
+    monkeypatch.setenv(SEMANTICS_ENV, "loose")
+    with pytest.raises(ValueError, match=SEMANTICS_ENV):
+        spec_from_structured_outputs(so)
+    with pytest.raises(ValueError, match="strict"):
+        check_spec({"kind": "json_schema", "source": "{}", "strict": "yes"})
 
 
 def test_cache_compiles_once_per_text_and_is_lru():

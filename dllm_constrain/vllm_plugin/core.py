@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from ..constraints import CompiledConstraint, ConstraintCompiler, TokenizerInfo
 from ..constraints.canvas import CanvasState
 from ..constraints.set_algebra import START_BIT, SetAlgebra
 from ..constraints.compiler import COMPILE_CACHE, CompileCache
+from ..engine.state import STRICT_SCHEMA_OPTIONS
 from ..errors import ConstraintError
 from ..serve.constraint_fields import JSON_OBJECT_SCHEMA, choice_regex
 
@@ -31,26 +33,41 @@ logger = logging.getLogger("vllm.dllm_constrain")
 # SamplingParams.extra_args key that carries a claimed constraint from the frontend to the sampler.
 EXTRA_KEY = "dllm_constrain"
 KINDS = ("json_schema", "regex")
+# How a server compiles response_format json_schema: "strict" (default) or "spec" (docs/vllm.md, "Using the plugin")
+SEMANTICS_ENV = "DLLM_CONSTRAIN_VLLM_SCHEMA_SEMANTICS"
 
 
 class SpecError(ValueError):
     """A malformed `extra_args["dllm_constrain"]` entry."""
 
 
-def spec_from_structured_outputs(so: Any) -> dict | None:
-    """vLLM's StructuredOutputsParams (duck-typed) -> {"kind", "source"}, or None for the kinds this
-    plugin leaves to vLLM (grammar, structural_tag).
+def default_strict() -> bool:
+    """Whether a json_schema request without its own "strict" compiles with the generation narrowings
+    (STRICT_SCHEMA_OPTIONS: no undeclared properties unless the schema allows them, properties in declared
+    order), as vLLM's default backend does (xgrammar's compile_json_schema: strict_mode=True, any_order=False);
+    `DLLM_CONSTRAIN_VLLM_SCHEMA_SEMANTICS=spec` gives the JSON Schema specification's semantics instead."""
+    value = os.environ.get(SEMANTICS_ENV, "strict")
+    if value not in ("strict", "spec"):
+        raise ValueError(f'{SEMANTICS_ENV} must be "strict" or "spec", got {value!r}')
+    return value == "strict"
 
-    response_format json_schema arrives as `so.json` (a dict or a JSON string), json_object as
-    `so.json_object`, guided regex as `so.regex`, guided choice as `so.choice`."""
+
+def spec_from_structured_outputs(so: Any) -> dict | None:
+    """vLLM's StructuredOutputsParams (duck-typed) -> {"kind", "source"[, "strict"]}, or None for the kinds
+    this plugin leaves to vLLM (grammar, structural_tag).
+
+    response_format json_schema arrives as `so.json` (a dict or a JSON string; compiled strictly unless the
+    server says otherwise, `default_strict`), json_object as `so.json_object` (any JSON object: the
+    specification's semantics), guided regex as `so.regex`, guided choice as `so.choice`."""
     if so is None:
         return None
     js = getattr(so, "json", None)
     if js is not None:
         text = js if isinstance(js, str) else json.dumps(js, separators=(",", ":"), ensure_ascii=False)
-        return {"kind": "json_schema", "source": text}
+        return {"kind": "json_schema", "source": text, "strict": default_strict()}
     if getattr(so, "json_object", None):
-        return {"kind": "json_schema", "source": json.dumps(JSON_OBJECT_SCHEMA, separators=(",", ":"))}
+        return {"kind": "json_schema", "source": json.dumps(JSON_OBJECT_SCHEMA, separators=(",", ":")),
+                "strict": False}
     rx = getattr(so, "regex", None)
     if rx is not None:
         return {"kind": "regex", "source": rx}
@@ -70,11 +87,20 @@ def check_spec(spec: Any) -> dict:
         raise SpecError(f'extra_args["{EXTRA_KEY}"]["kind"] must be one of {list(KINDS)}, got {kind!r}')
     if not isinstance(source, str):
         raise SpecError(f'extra_args["{EXTRA_KEY}"]["source"] must be a string, got {type(source).__name__}')
+    if not isinstance(spec.get("strict", False), bool):
+        raise SpecError(f'extra_args["{EXTRA_KEY}"]["strict"] must be true or false, '
+                        f"got {type(spec['strict']).__name__}")
     return spec
 
 
+def spec_strict(spec: dict) -> bool:
+    """Whether a json_schema spec compiles with the generation narrowings (absent: the server's default)."""
+    return bool(spec.get("strict", default_strict()))
+
+
 def spec_digest(spec: dict) -> str:
-    return hashlib.sha256(f"{spec['kind']}\x00{spec['source']}".encode()).hexdigest()[:12]
+    strict = "strict" if spec["kind"] == "json_schema" and spec_strict(spec) else ""
+    return hashlib.sha256(f"{spec['kind']}\x00{strict}\x00{spec['source']}".encode()).hexdigest()[:12]
 
 
 # ---------------------------------------------------------------------------------------- caches
@@ -124,7 +150,8 @@ class ConstraintCache:
         status = "ok"
         try:
             if spec["kind"] == "json_schema":
-                return compiler.compile(schema=spec["source"])  # type: ignore[return-value]
+                options = STRICT_SCHEMA_OPTIONS if spec_strict(spec) else {}
+                return compiler.compile(schema=spec["source"], **options)  # type: ignore[return-value]
             return compiler.compile(regex=spec["source"])  # type: ignore[return-value]
         except ConstraintError as e:
             status = "refused: " + str(e)
