@@ -257,6 +257,37 @@ def _model_config(**kw):
 
 
 @needs_vllm
+def test_the_processor_masks_each_constrained_row_of_the_batch_and_leaves_the_others():
+    """apply() fills one bitmask row per constrained request and masks the batch at once: a constrained row keeps
+    exactly its allowed tokens (logits equal there, -inf elsewhere, the model's padded width included),
+    unconstrained rows and rows of a full canvas are untouched."""
+    from dllm_constrain.vllm_plugin.logits_processor import DllmConstrainLogitsProcessor, _Entry
+
+    vocab = 272  # the model's logits wider than the tokenizer's 260 ids
+    config = SimpleNamespace(model_config=SimpleNamespace(get_vocab_size=lambda: vocab, max_model_len=512))
+    proc = DllmConstrainLogitsProcessor(config, torch.device("cpu"), False)
+    cc = ConstraintCache().get(_tiny_info(), {"kind": "json_schema", "source": json.dumps(PERSON)})
+    tok = build_tiny_tokenizer()
+    a = RequestConstraint(cc, 40, vocab)
+    b = RequestConstraint(cc, 40, vocab)
+    full = RequestConstraint(cc, cc.min_tokens(), vocab)
+    outs = {0: [], 2: tok.encode('{"name":"A').ids, 3: [0] * cc.min_tokens()}
+    proc.entries = {0: _Entry(a, outs[0], "a"), 2: _Entry(b, outs[2], "b"), 3: _Entry(full, outs[3], "f")}
+    g = torch.Generator().manual_seed(0)
+    for _ in range(2):  # the second step reuses the batch's bitmask
+        logits = torch.randn(5, vocab, generator=g)
+        before = logits.clone()
+        proc.apply(logits)
+        for i in (1, 3, 4):
+            assert torch.equal(logits[i], before[i])
+        for i, rc in ((0, a), (2, b)):
+            allowed = RequestConstraint(cc, 40, vocab).next_row(outs[i])
+            assert allowed.any() and not allowed[260:].any()
+            assert torch.equal(logits[i][allowed], before[i][allowed])
+            assert torch.isneginf(logits[i][~allowed]).all()
+
+
+@needs_vllm
 def test_admission_with_vllm_sampling_params():
     from vllm.exceptions import VLLMValidationError
     from vllm.sampling_params import SamplingParams, StructuredOutputsParams

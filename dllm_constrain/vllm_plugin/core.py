@@ -24,6 +24,7 @@ from ..constraints.canvas import CanvasState
 from ..constraints.set_algebra import START_BIT, SetAlgebra
 from ..constraints.compiler import COMPILE_CACHE, CompileCache
 from ..engine.state import STRICT_SCHEMA_OPTIONS
+from ..kernels.bitmask import packed_width, write_row
 from ..errors import ConstraintError
 from ..serve.constraint_fields import JSON_OBJECT_SCHEMA, choice_regex
 
@@ -197,21 +198,25 @@ class RequestConstraint:
 
     def next_row(self, output_ids: Sequence[int]) -> torch.Tensor | None:
         """Bool [width]: the tokens allowed at the next position, or None when the canvas is full."""
+        dst = np.zeros(packed_width(self.width) * 4, dtype=np.uint8)
+        if not self.fill_row(output_ids, dst):
+            return None
+        return torch.from_numpy(np.unpackbits(dst, count=self.width, bitorder="little").view(np.bool_))
+
+    def fill_row(self, output_ids: Sequence[int], dst: np.ndarray) -> bool:
+        """Write the next position's mask row into `dst` (the uint8 bytes of one token-bitmask row,
+        kernels.bitmask's layout; tokens past the constraint's vocabulary are not allowed). False, and `dst`
+        untouched, when the canvas is full."""
         k = len(output_ids)
         if k >= self.n:
-            return None
+            return False
         if self.left_to_right is not None:
-            row = self.left_to_right.row(output_ids)
+            write_row(dst, self.left_to_right.packed_row(output_ids))
         else:
             canvas = list(output_ids) + [self.mask_id] * (self.n - k)
-            row = self.state.allowed_tokens(canvas, [k])[0]
+            write_row(dst, self.state.allowed_tokens(canvas, [k])[0].numpy())
         self.steps += 1
-        if row.shape[0] != self.width:
-            out = torch.zeros(self.width, dtype=torch.bool)
-            m = min(self.width, row.shape[0])
-            out[:m] = row[:m]
-            row = out
-        return row
+        return True
 
     def accepts(self, output_ids: Sequence[int]) -> bool:
         return self.compiled.accepts_tokens(output_ids)
@@ -233,7 +238,9 @@ class _LeftToRight:
     forward: int = START_BIT
     folded: int = 0  # tokens folded into `forward`
 
-    def row(self, output_ids: Sequence[int]) -> torch.Tensor:
+    def packed_row(self, output_ids: Sequence[int]) -> np.ndarray | None:
+        """The row as packed bytes (the algebra's cached row itself: read it, do not write it), None when
+        nothing is allowed."""
         if len(output_ids) < self.folded:  # not expected (outputs only grow); start over
             self.forward, self.folded = START_BIT, 0
         alg = self.alg
@@ -243,6 +250,5 @@ class _LeftToRight:
         here = alg.finishers(self.forward, self.n - k)
         after = alg.finishers(alg.step_open(self.forward), self.n - k - 1)
         if not (here and after):
-            return torch.zeros(self.vocab_size, dtype=torch.bool)
-        bits = np.unpackbits(alg.row(here, after, self.vocab_size), count=self.vocab_size, bitorder="little")
-        return torch.from_numpy(bits.astype(bool))
+            return None
+        return alg.row(here, after, self.vocab_size)
