@@ -257,15 +257,19 @@ def _model_config(**kw):
 
 
 @needs_vllm
-def test_the_processor_masks_each_constrained_row_of_the_batch_and_leaves_the_others():
-    """apply() fills one bitmask row per constrained request and masks the batch at once: a constrained row keeps
-    exactly its allowed tokens (logits equal there, -inf elsewhere, the model's padded width included),
-    unconstrained rows and rows of a full canvas are untouched."""
-    from dllm_constrain.vllm_plugin.logits_processor import DllmConstrainLogitsProcessor, _Entry
+@pytest.mark.parametrize("thread", ["off", "on"])
+def test_the_processor_masks_each_constrained_row_of_the_batch_and_leaves_the_others(thread, monkeypatch):
+    """apply() fills one bitmask row per constrained request (inline, or on the mask thread started by
+    update_state before the forward) and masks the batch at once: a constrained row keeps exactly its allowed
+    tokens (logits equal there, -inf elsewhere, the model's padded width included), unconstrained rows and rows
+    of a full canvas are untouched."""
+    from dllm_constrain.vllm_plugin.logits_processor import MASK_THREAD_ENV, DllmConstrainLogitsProcessor, _Entry
 
+    monkeypatch.setenv(MASK_THREAD_ENV, thread)
     vocab = 272  # the model's logits wider than the tokenizer's 260 ids
     config = SimpleNamespace(model_config=SimpleNamespace(get_vocab_size=lambda: vocab, max_model_len=512))
     proc = DllmConstrainLogitsProcessor(config, torch.device("cpu"), False)
+    assert (proc._pool is not None) == (thread == "on")
     cc = ConstraintCache().get(_tiny_info(), {"kind": "json_schema", "source": json.dumps(PERSON)})
     tok = build_tiny_tokenizer()
     a = RequestConstraint(cc, 40, vocab)
@@ -275,6 +279,8 @@ def test_the_processor_masks_each_constrained_row_of_the_batch_and_leaves_the_ot
     proc.entries = {0: _Entry(a, outs[0], "a"), 2: _Entry(b, outs[2], "b"), 3: _Entry(full, outs[3], "f")}
     g = torch.Generator().manual_seed(0)
     for _ in range(2):  # the second step reuses the batch's bitmask
+        proc.update_state(None)  # vLLM calls it before every step's forward
+        assert (proc._pending is not None) == (thread == "on")
         logits = torch.randn(5, vocab, generator=g)
         before = logits.clone()
         proc.apply(logits)

@@ -9,8 +9,17 @@ batch changes before each forward pass and `apply` with the [num_reqs, vocab] lo
 Per request the state is a canvas as long as max_tokens whose left part holds the tokens generated so
 far; the next position's row of `allowed_tokens` is the mask. Masked logits are set to -inf, so every
 sampling mode (greedy, temperature, top-k/p) draws an allowed token.
+
+Off the critical path: the rows of a step depend only on the tokens generated before it, which vLLM's
+synchronous scheduler has appended when it calls `update_state`, before the step's forward pass. With the mask
+thread on, `update_state` hands the step's rows to one worker thread and `apply` joins it, so on a GPU the rows
+are computed while the device runs the forward. `DLLM_CONSTRAIN_VLLM_MASK_THREAD`: "auto" (default: on when the
+model runs on CUDA; on a CPU the forward and the rows share the cores and the GIL), "on", "off".
 """
 from __future__ import annotations
+
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 from vllm.v1.sample.logits_processor import LogitsProcessor
@@ -20,6 +29,16 @@ from ..kernels.bitmask import (allocate_token_bitmask, bitmask_bytes, packed_wid
                                unpack_bitmask_into)
 from .core import CACHE, EXTRA_KEY, RequestConstraint, SpecError, check_spec, logger, spec_digest
 from .routing import claim, model_tokenizer_info
+
+MASK_THREAD_ENV = "DLLM_CONSTRAIN_VLLM_MASK_THREAD"
+
+
+def mask_thread_enabled(device: torch.device) -> bool:
+    """Whether rows are computed on a worker thread beside the forward (see the module docstring)."""
+    value = os.environ.get(MASK_THREAD_ENV, "auto")
+    if value not in ("auto", "on", "off"):
+        raise ValueError(f'{MASK_THREAD_ENV} must be "auto", "on" or "off", got {value!r}')
+    return value == "on" or (value == "auto" and torch.device(device).type == "cuda")
 
 
 class _Entry:
@@ -48,6 +67,10 @@ class DllmConstrainLogitsProcessor(LogitsProcessor):
         self.max_model_len = self.model_config.max_model_len
         self._mask: torch.Tensor | None = None  # the batch's token bitmask (see _bitmask)
         self._unpacked: torch.Tensor | None = None  # its bits, unpacked in place each step
+        self._batch_size = 0
+        self._pool = (ThreadPoolExecutor(1, thread_name_prefix="dllm-constrain-masks")
+                      if mask_thread_enabled(device) else None)
+        self._pending: tuple[Future, int] | None = None  # a step's rows being filled: (job, rows it fills)
 
     # --------------------------------------------------------------------------- admission
     @classmethod
@@ -91,7 +114,19 @@ class DllmConstrainLogitsProcessor(LogitsProcessor):
         return _Entry(rc, output_ids, digest)
 
     def update_state(self, batch_update) -> None:
+        self._join()  # a job whose step ended without apply(): its rows are stale
         process_dict_updates(self.entries, batch_update, self._new_entry)
+        if batch_update is not None:
+            self._batch_size = batch_update.batch_size
+        if self._pool is not None and self.entries:
+            rows = max(self._batch_size, max(self.entries) + 1)
+            self._bitmask(rows, self.vocab_size)
+            self._pending = (self._pool.submit(self._fill, rows), rows)
+
+    def _join(self) -> bool | None:
+        """Wait for the pending job: whether it masked a row (None: no job); its exception is raised here."""
+        pending, self._pending = self._pending, None
+        return None if pending is None else pending[0].result()
 
     # --------------------------------------------------------------------------- masking
     def _bitmask(self, rows: int, width: int) -> torch.Tensor:
@@ -107,14 +142,30 @@ class DllmConstrainLogitsProcessor(LogitsProcessor):
         """One bitmask row per constrained request, filled from the layer's cached packed rows (a copy of
         ceil(V / 8) bytes each), then one masked_fill over the batch: per request, the row's own cost and a
         few microseconds, instead of a bool row and two tensor operations per request."""
-        if not self.entries:
-            return logits
         n, width = logits.shape
-        bitmask = self._bitmask(n, width)
-        rows = bitmask_bytes(bitmask)
+        pending = self._pending
+        if pending is not None and pending[1] >= n and width == self.vocab_size:
+            masked = self._join()  # the rows were filled beside the forward
+        else:
+            self._join()
+            if not self.entries:
+                return logits
+            self._bitmask(n, width)
+            masked = self._fill(n)
+        if masked:
+            bitmask = self._mask
+            packed = bitmask[:n] if logits.device.type == "cpu" else bitmask[:n].to(logits.device)
+            disallowed = unpack_bitmask_into(packed, self._unpacked, invert=True)
+            logits.masked_fill_(disallowed[:, :width], float("-inf"))
+        return logits
+
+    def _fill(self, n: int) -> bool:
+        """Rows 0..n-1 of the batch's bitmask: each constrained request's next mask row, every token elsewhere.
+        Whether some row is masked."""
+        rows = bitmask_bytes(self._mask)
         rows[:n] = 0xFF  # requests without a constraint: everything allowed
         masked = False
-        for index, entry in self.entries.items():
+        for index, entry in list(self.entries.items()):
             if index >= n:
                 continue
             out = entry.output_ids
@@ -128,11 +179,7 @@ class DllmConstrainLogitsProcessor(LogitsProcessor):
                 # cannot happen for a completable canvas; keep the request going with EOS
                 logger.warning("dllm_constrain: empty mask for a %s request; forcing EOS", entry.digest)
                 set_token(dst, entry.rc.compiled.eos_id)
-        if masked:
-            packed = bitmask[:n] if logits.device.type == "cpu" else bitmask[:n].to(logits.device)
-            disallowed = unpack_bitmask_into(packed, self._unpacked, invert=True)
-            logits.masked_fill_(disallowed[:, :width], float("-inf"))
-        return logits
+        return masked
 
 
 # Loaded by --logits-processors in the frontend (for validate_params) and in the worker: install the
