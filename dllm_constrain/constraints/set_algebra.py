@@ -87,6 +87,10 @@ def checked_chunks(members: list[int], size: int = 256):
         yield members[k:k + size]
 
 
+# Bytes of packed mask rows one compiled constraint keeps (SetAlgebra.rows)
+ROW_CACHE_BYTES = 16 << 20
+
+
 class SetAlgebra:
     """Memoised set-level steps for one compiled constraint (shared by all its canvases)."""
 
@@ -112,7 +116,9 @@ class SetAlgebra:
         self._greedy: dict[int, int] = {}
         self._greedy_step: dict[int, tuple[int, int]] = {}
         self.rows: OrderedDict = OrderedDict()  # mask-row cache: (Bi, Bn) -> packed row (kernels.bitmask bytes)
-        self.max_rows = 64
+        # rows kept: a byte budget, so that every request of a busy schema finds its rows again (a row is
+        # ceil(V / 8) bytes: about 1,000 rows at 128K tokens, 30,000 at 4K), and at least 64
+        self.max_rows = max(64, ROW_CACHE_BYTES // max(1, (ta.vocab_size + 7) // 8))
 
     # ------------------------------------------------------------------ basics
     def members(self, F: int) -> list[int]:
