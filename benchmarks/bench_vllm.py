@@ -21,7 +21,11 @@ Why the ratio is on tokens/s: unconstrained answers of a random model run to max
 when the JSON is complete, so requests/s and latency compare answers of different lengths; with the same
 number of requests in flight, output tokens/s is the cost of a decoding step with and without the masks. The
 requests/s ratio is printed too: for our server's dLLM, which denoises a whole canvas per request whatever the
-answer's length, that is the meaningful one.
+answer's length, that is the meaningful one. Answers of different lengths still tilt tokens/s: shorter constrained
+answers mean more requests (prompt prefill, HTTP, detokenisation) per token. `--match-lengths` removes that:
+each run serves the constrained requests first, then unconstrained requests asking for exactly those answer
+lengths (max_tokens and ignore_eos, cycled), so both modes serve the same requests per token and the ratio is the
+cost of the masks alone.
 
 Schemas: examples/person.json and examples/order.json, plus up to `--jsb` schemas of
 ../shared/data/jsonschemabench (the first of each subset that compiles and whose shortest answer fits half of
@@ -237,10 +241,12 @@ def own_server(port: int, work: Path, python: str, max_batch: int) -> Server:
 
 # ------------------------------------------------------------------------------------------- load
 async def run_level(client, model: str, schemas: list[Schema], constrained: bool, concurrency: int, seconds: float,
-                    max_requests: int, max_tokens: int, extra: dict) -> tuple[list[Sample], float]:
+                    max_requests: int, max_tokens: int, extra: dict,
+                    lengths: list[int] | None = None) -> tuple[list[Sample], float]:
     """Closed loop: `concurrency` workers, each sending its next request when the last one answers, until
     `seconds` have passed or `max_requests` were started. Returns the samples and the elapsed wall time
-    (from the first send to the last answer)."""
+    (from the first send to the last answer). lengths (unconstrained requests): request k asks for exactly
+    lengths[k % len(lengths)] tokens (max_tokens and ignore_eos), the answer lengths of a constrained run."""
     samples: list[Sample] = []
     started = 0
     t0 = time.monotonic()
@@ -252,12 +258,16 @@ async def run_level(client, model: str, schemas: list[Schema], constrained: bool
             started += 1
             si = (w + k) % len(schemas)
             kw = dict(extra)
+            if lengths and not constrained:
+                kw["max_tokens"] = max(1, lengths[k % len(lengths)])
+                kw["extra_body"] = {**kw.get("extra_body", {}), "ignore_eos": True}
             if constrained:
                 kw["response_format"] = {"type": "json_schema",
                                          "json_schema": {"name": "record", "schema": schemas[si].schema}}
             t = time.monotonic()
+            kw.setdefault("max_tokens", max_tokens)
             r = await client.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": "Give me the record."}], max_tokens=max_tokens,
+                model=model, messages=[{"role": "user", "content": "Give me the record."}],
                 seed=k, **kw)
             samples.append(Sample(time.monotonic() - t, r.usage.completion_tokens, r.choices[0].message.content or "",
                                   si, str(r.choices[0].finish_reason)))
@@ -281,12 +291,16 @@ async def bench_server(name: str, port: int, model: str, schemas: list[Schema], 
     for s in range(len(schemas)):
         await run_level(client, model, schemas[s:s + 1], True, 1, 1e9, 1, args.max_tokens, extra)
     await run_level(client, model, schemas, False, 1, 1e9, 1, args.max_tokens, extra)
+    matched = args.match_lengths and name.startswith("vllm")
     for run in range(args.runs):
         for conc in args.concurrency:
-            modes = ["unconstrained", "constrained"] if run % 2 == 0 else ["constrained", "unconstrained"]
+            modes = ["unconstrained", "constrained"] if run % 2 == 0 and not matched else ["constrained", "unconstrained"]
+            lengths: list[int] | None = None
             for mode in modes:
                 samples, elapsed = await run_level(client, model, schemas, mode == "constrained", conc, args.seconds,
-                                                   args.max_requests, args.max_tokens, extra)
+                                                   args.max_requests, args.max_tokens, extra, lengths)
+                if matched and mode == "constrained":
+                    lengths = [s.completion_tokens for s in samples]
                 ok = [is_valid(s.text, validators[s.schema] if mode == "constrained" else None) for s in samples]
                 if mode == "constrained":
                     result.invalid_examples += [f"{name} {schemas[s.schema].name} ({s.finish_reason}): {s.text[:160]!r}"
@@ -357,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--own-python", default=sys.executable,
                    help="python that runs `-m dllm_constrain.serve` (default: this one)")
     p.add_argument("--json", type=Path, default=None, help="write every run and the summary here")
+    p.add_argument("--match-lengths", action="store_true",
+                   help="vLLM servers: each unconstrained run asks for exactly the answer lengths of the constrained "
+                        "run before it (ignore_eos), so both modes serve the same requests per token")
     args = p.parse_args(argv)
 
     schemas = load_schemas(args.jsb_dir, args.jsb, args.max_tokens)

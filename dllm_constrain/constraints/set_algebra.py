@@ -119,6 +119,8 @@ class SetAlgebra:
         # rows kept: a byte budget, so that every request of a busy schema finds its rows again (a row is
         # ceil(V / 8) bytes: about 1,000 rows at 128K tokens, 30,000 at 4K), and at least 64
         self.max_rows = max(64, ROW_CACHE_BYTES // max(1, (ta.vocab_size + 7) // 8))
+        # frontier rows of canvases open right of the frontier: (F, m) -> packed row or None (left_to_right_row)
+        self._lr_rows: OrderedDict = OrderedDict()
 
     # ------------------------------------------------------------------ basics
     def members(self, F: int) -> list[int]:
@@ -498,6 +500,26 @@ class SetAlgebra:
         self.rows[key] = row
         if len(self.rows) > self.max_rows:
             self.rows.popitem(last=False)
+        return row
+
+    def left_to_right_row(self, F: int, m: int, vocab_size: int) -> np.ndarray | None:
+        """The mask row (packed bytes; None: no token) of a position reached in forward set F with m positions
+        left, itself and every one after it open: what an autoregressive sampler asks at each step. It is
+        row(finishers(F, m), finishers(step_open(F), m - 1)), memoised per (F, m): a step of a request whose state
+        some request met before at the same distance from the end is one dict lookup. Exact (no budget)."""
+        key = (F, m)
+        hit = self._lr_rows.get(key, False)
+        if hit is not False:
+            self._lr_rows.move_to_end(key)
+            return hit
+        here = self.finishers(F, m)
+        after = self.finishers(self.step_open(F), m - 1) if here else 0
+        row = self.row(here, after, vocab_size) if (here and after) else None
+        if row is not None and (here, after) not in self.rows:
+            return row  # built from transitions not all known (not cached by row() either)
+        self._lr_rows[key] = row
+        if len(self._lr_rows) > 4 * self.max_rows:
+            self._lr_rows.popitem(last=False)
         return row
 
     def count(self, Bi: int, Bn: int) -> tuple[int, int | None, bool]:

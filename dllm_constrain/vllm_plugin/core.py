@@ -199,24 +199,28 @@ class RequestConstraint:
     def next_row(self, output_ids: Sequence[int]) -> torch.Tensor | None:
         """Bool [width]: the tokens allowed at the next position, or None when the canvas is full."""
         dst = np.zeros(packed_width(self.width) * 4, dtype=np.uint8)
-        if not self.fill_row(output_ids, dst):
+        if self.fill_row(output_ids, dst) is None:
             return None
         return torch.from_numpy(np.unpackbits(dst, count=self.width, bitorder="little").view(np.bool_))
 
-    def fill_row(self, output_ids: Sequence[int], dst: np.ndarray) -> bool:
+    def fill_row(self, output_ids: Sequence[int], dst: np.ndarray) -> bool | None:
         """Write the next position's mask row into `dst` (the uint8 bytes of one token-bitmask row,
-        kernels.bitmask's layout; tokens past the constraint's vocabulary are not allowed). False, and `dst`
-        untouched, when the canvas is full."""
+        kernels.bitmask's layout; tokens past the constraint's vocabulary are not allowed) and tell whether it
+        allows some token; None, and `dst` untouched, when the canvas is full."""
         k = len(output_ids)
         if k >= self.n:
-            return False
+            return None
         if self.left_to_right is not None:
-            write_row(dst, self.left_to_right.packed_row(output_ids))
+            row = self.left_to_right.packed_row(output_ids)
+            write_row(dst, row)
+            nonempty = row is not None  # the algebra's rows hold a token of a valid completion, or are None
         else:
             canvas = list(output_ids) + [self.mask_id] * (self.n - k)
-            write_row(dst, self.state.allowed_tokens(canvas, [k])[0].numpy())
+            row = self.state.allowed_tokens(canvas, [k])[0].numpy()
+            write_row(dst, row)
+            nonempty = bool(row.any())
         self.steps += 1
-        return True
+        return nonempty
 
     def accepts(self, output_ids: Sequence[int]) -> bool:
         return self.compiled.accepts_tokens(output_ids)
@@ -247,8 +251,4 @@ class _LeftToRight:
         for t in output_ids[self.folded:]:
             self.forward = alg.step_tok(self.forward, int(t))
         k = self.folded = len(output_ids)
-        here = alg.finishers(self.forward, self.n - k)
-        after = alg.finishers(alg.step_open(self.forward), self.n - k - 1)
-        if not (here and after):
-            return None
-        return alg.row(here, after, self.vocab_size)
+        return alg.left_to_right_row(self.forward, self.n - k, self.vocab_size)

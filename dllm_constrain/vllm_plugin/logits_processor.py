@@ -172,10 +172,11 @@ class DllmConstrainLogitsProcessor(LogitsProcessor):
             if out and out[-1] < 0:
                 continue  # placeholder of an in-flight async step: the real ids are not known yet
             dst = rows[index]
-            if not entry.rc.fill_row(out, dst):
+            nonempty = entry.rc.fill_row(out, dst)
+            if nonempty is None:
                 continue
             masked = True
-            if not dst.any():
+            if not nonempty:
                 # cannot happen for a completable canvas; keep the request going with EOS
                 logger.warning("dllm_constrain: empty mask for a %s request; forcing EOS", entry.digest)
                 set_token(dst, entry.rc.compiled.eos_id)
