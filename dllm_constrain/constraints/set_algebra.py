@@ -119,8 +119,9 @@ class SetAlgebra:
         # rows kept: a byte budget, so that every request of a busy schema finds its rows again (a row is
         # ceil(V / 8) bytes: about 1,000 rows at 128K tokens, 30,000 at 4K), and at least 64
         self.max_rows = max(64, ROW_CACHE_BYTES // max(1, (ta.vocab_size + 7) // 8))
-        # frontier rows of canvases open right of the frontier: (F, m) -> packed row or None (left_to_right_row)
-        self._lr_rows: OrderedDict = OrderedDict()
+        # frontier rows of canvases open right of the frontier: (F, m) -> packed row or None (left_to_right_row;
+        # cleared when it outgrows its bound)
+        self._lr_rows: dict[tuple[int, int], np.ndarray | None] = {}
 
     # ------------------------------------------------------------------ basics
     def members(self, F: int) -> list[int]:
@@ -510,16 +511,15 @@ class SetAlgebra:
         key = (F, m)
         hit = self._lr_rows.get(key, False)
         if hit is not False:
-            self._lr_rows.move_to_end(key)
             return hit
         here = self.finishers(F, m)
         after = self.finishers(self.step_open(F), m - 1) if here else 0
         row = self.row(here, after, vocab_size) if (here and after) else None
         if row is not None and (here, after) not in self.rows:
             return row  # built from transitions not all known (not cached by row() either)
+        if len(self._lr_rows) >= 4 * self.max_rows:
+            self._lr_rows.clear()
         self._lr_rows[key] = row
-        if len(self._lr_rows) > 4 * self.max_rows:
-            self._lr_rows.popitem(last=False)
         return row
 
     def count(self, Bi: int, Bn: int) -> tuple[int, int | None, bool]:

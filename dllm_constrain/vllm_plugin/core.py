@@ -248,7 +248,8 @@ class _LeftToRight:
         if len(output_ids) < self.folded:  # not expected (outputs only grow); start over
             self.forward, self.folded = START_BIT, 0
         alg = self.alg
-        for t in output_ids[self.folded:]:
-            self.forward = alg.step_tok(self.forward, int(t))
-        k = self.folded = len(output_ids)
+        k = len(output_ids)
+        for i in range(self.folded, k):  # usually the one token sampled since the last step
+            self.forward = alg.step_tok(self.forward, int(output_ids[i]))
+        self.folded = k
         return alg.left_to_right_row(self.forward, self.n - k, self.vocab_size)

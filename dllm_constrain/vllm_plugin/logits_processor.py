@@ -165,7 +165,7 @@ class DllmConstrainLogitsProcessor(LogitsProcessor):
         rows = bitmask_bytes(self._mask)
         rows[:n] = 0xFF  # requests without a constraint: everything allowed
         masked = False
-        for index, entry in list(self.entries.items()):
+        for index, entry in self.entries.items():  # update_state joins this job before it changes entries
             if index >= n:
                 continue
             out = entry.output_ids
