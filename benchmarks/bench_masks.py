@@ -98,12 +98,16 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def canvas_walk(cc, ids: list[int], eos: int, mask_id: int, block: int, per_step: int, rng: random.Random,
-                step_times: list[float], commit_times: list[float], misses: list[int]) -> tuple[bool, str]:
+                step_times: list[float], commit_times: list[float], misses: list[int],
+                bitmask=None) -> tuple[bool, str]:
     """Denoise a canvas towards `ids` (+EOS padding) in semi-AR blocks: each step asks the masks of every
-    open position of the block (timed), then commits up to `per_step` random positions among those whose
+    open position of the block (timed; into the preallocated token bitmask `bitmask` with `fill_token_bitmask`,
+    as the engine asks them, or as bool rows from `allowed_tokens` when it is None), then commits up to `per_step` random positions among those whose
     instance token is allowed, through select_commits (all must be kept). Fails if no open position of the
     block allows its instance token. misses[0] counts open positions whose instance token was not allowed
     at some step (masks narrowed by the per-call expansion budget, or a missed instance)."""
+    from dllm_constrain.kernels.bitmask import bitmask_bytes, row_allows
+
     n = len(ids) + 4
     target = list(ids) + [eos] * (n - len(ids))
     st = cc.new_canvas_state(n)
@@ -116,9 +120,13 @@ def canvas_walk(cc, ids: list[int], eos: int, mask_id: int, block: int, per_step
                 break
             for _attempt in range(20):
                 t0 = time.perf_counter()
-                m = st.allowed_tokens(canvas, open_pos)
+                if bitmask is None:
+                    m = st.allowed_tokens(canvas, open_pos).numpy()
+                else:
+                    st.fill_token_bitmask(canvas, open_pos, bitmask)
+                    m = bitmask_bytes(bitmask)
                 step_times.append(time.perf_counter() - t0)
-                ok_pos = [p for j, p in enumerate(open_pos) if bool(m[j, target[p]])]
+                ok_pos = [p for j, p in enumerate(open_pos) if row_allows(m[j], target[p])]
                 misses[0] += len(open_pos) - len(ok_pos)
                 if ok_pos:
                     break
@@ -159,6 +167,9 @@ def main() -> int:
                          "(no canvas TTFM, no canvas walk; the walk is exact, so the counts agree up to its budget)")
     ap.add_argument("--schema-option", action="append", default=[], metavar="NAME=VALUE",
                     help="a json_schema.SchemaOptions field for every compile, e.g. any_json_depth=5 (repeatable)")
+    ap.add_argument("--masks", choices=("bitmask", "bool"), default="bitmask",
+                    help="step masks into one preallocated int32 token bitmask (fill_token_bitmask, the engine's "
+                         "path; default) or as a new bool tensor per call (allowed_tokens)")
     ap.add_argument("--strict", action="store_true",
                     help="compile with generate()'s default options (api.STRICT_SCHEMA_OPTIONS: no undeclared "
                          "properties, declared order, free-form depth 3, ...); --schema-option overrides them")
@@ -169,6 +180,7 @@ def main() -> int:
     torch.set_num_threads(1)
     from dllm_constrain.constraints import ConstraintCompiler, clear_cache
     from dllm_constrain.errors import ConstraintError
+    from dllm_constrain.kernels.bitmask import allocate_token_bitmask
 
     if not os.path.isdir(args.data):
         print(f"no JSONSchemaBench data at {args.data}", file=sys.stderr)
@@ -187,6 +199,7 @@ def main() -> int:
     gc.collect()
     gc.freeze()  # the tokenizer tables are long-lived: keep them out of every later GC pass
 
+    bitmask = allocate_token_bitmask(args.block, info.vocab_size) if args.masks == "bitmask" else None
     rows = []
     step_times: list[float] = []
     commit_times: list[float] = []
@@ -258,7 +271,8 @@ def main() -> int:
                 continue
             try:
                 ok, why = (True, "") if args.no_walk else canvas_walk(cc, ids, eos, mask_id, args.block, args.per_step,
-                                                                      rng, step_times, commit_times, misses)
+                                                                      rng, step_times, commit_times, misses,
+                                                                      bitmask)
             except ConstraintError as e:
                 ok, why = False, f"{type(e).__name__}: {e}"
             if ok:
@@ -293,15 +307,16 @@ def main() -> int:
     steps_us = [x * 1e6 for x in step_times]
     commits_us = [x * 1e6 for x in commit_times]
     print(f"\n# bench_masks: {len(items)} schemas, tokenizer {os.path.basename(os.path.normpath(args.tokenizer))} "
-          f"(vocab {info.vocab_size}), setup {setup_s:.2f} s, torch threads 1, schema options {schema_options or 'none'}\n")
-    print("| metric | p50 | p95 | max | n |")
-    print("|---|---|---|---|---|")
+          f"(vocab {info.vocab_size}), setup {setup_s:.2f} s, torch threads 1, step masks as {args.masks}, "
+          f"schema options {schema_options or 'none'}\n")
+    print("| metric | p50 | p95 | p99 | max | n |")
+    print("|---|---|---|---|---|---|")
     for name, xs, unit in (("compile (ms)", comp_ms, ""), ("TTFM left-to-right (ms)", ttfm_ar, ""),
                            ("TTFM canvas, 32 positions (ms)", ttfm_cv, ""),
                            ("step mask, <=32 open positions (us)", steps_us, ""),
                            ("select_commits per step (us)", commits_us, "")):
         if xs:
-            print(f"| {name} | {pct(xs, .5):.1f} | {pct(xs, .95):.1f} | {max(xs):.1f} | {len(xs)} |")
+            print(f"| {name} | {pct(xs, .5):.1f} | {pct(xs, .95):.1f} | {pct(xs, .99):.1f} | {max(xs):.1f} | {len(xs)} |")
     print(f"\nopen positions whose instance token was not (yet) allowed at a step: {misses[0]}; proposals remasked "
           f"by select_commits: {misses[1]}; steps repeated because no block position allowed its instance "
           f"token yet: {misses[2]} (over {len(step_times)} steps; masks narrowed by the per-call expansion budget); "

@@ -22,7 +22,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-# JSONSchemaBench paper, Guidance (llguidance), empirical coverage on the full subsets (the anchors of issue 6).
+# JSONSchemaBench paper, Guidance (llguidance), empirical coverage on the full subsets (the coverage anchors).
 PAPER_ANCHORS = {
     "Glaiveai2K": 0.96, "Github_easy": 0.86, "Snowplow": 0.82, "Github_medium": 0.69, "Kubernetes": 0.91,
     "WashingtonPost": 0.86, "Github_hard": 0.41, "JsonSchemaStore": 0.30,

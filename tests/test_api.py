@@ -222,7 +222,7 @@ class _CountingModel:
         return self._inner.hidden_states(*args, **kwargs)
 
 
-# ---------------------------------------------------------------- the real constraint compiler (issue 3)
+# ---------------------------------------------------------------- the real constraint compiler
 @pytest.mark.parametrize("policy", dc.POLICY_NAMES)
 def test_regex_output_matches_the_regex_with_every_policy(llm, policy: str) -> None:
     import re
