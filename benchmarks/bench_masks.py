@@ -102,10 +102,11 @@ def canvas_walk(cc, ids: list[int], eos: int, mask_id: int, block: int, per_step
                 bitmask=None) -> tuple[bool, str]:
     """Denoise a canvas towards `ids` (+EOS padding) in semi-AR blocks: each step asks the masks of every
     open position of the block (timed; into the preallocated token bitmask `bitmask` with `fill_token_bitmask`,
-    as the engine asks them, or as bool rows from `allowed_tokens` when it is None), then commits up to `per_step` random positions among those whose
-    instance token is allowed, through select_commits (all must be kept). Fails if no open position of the
-    block allows its instance token. misses[0] counts open positions whose instance token was not allowed
-    at some step (masks narrowed by the per-call expansion budget, or a missed instance)."""
+    as the engine asks them, or as bool rows from `allowed_tokens` when it is None), then commits up to
+    `per_step` random positions among those whose instance token is allowed, through select_commits (all must
+    be kept). Fails if no open position of the block allows its instance token. misses[0] counts open
+    positions whose instance token was not allowed at some step (masks narrowed by the per-call expansion
+    budget, or a missed instance)."""
     from dllm_constrain.kernels.bitmask import bitmask_bytes, row_allows
 
     n = len(ids) + 4
@@ -316,7 +317,8 @@ def main() -> int:
                            ("step mask, <=32 open positions (us)", steps_us, ""),
                            ("select_commits per step (us)", commits_us, "")):
         if xs:
-            print(f"| {name} | {pct(xs, .5):.1f} | {pct(xs, .95):.1f} | {pct(xs, .99):.1f} | {max(xs):.1f} | {len(xs)} |")
+            cells = " | ".join(f"{v:.1f}" for v in (pct(xs, .5), pct(xs, .95), pct(xs, .99), max(xs)))
+            print(f"| {name} | {cells} | {len(xs)} |")
     print(f"\nopen positions whose instance token was not (yet) allowed at a step: {misses[0]}; proposals remasked "
           f"by select_commits: {misses[1]}; steps repeated because no block position allowed its instance "
           f"token yet: {misses[2]} (over {len(step_times)} steps; masks narrowed by the per-call expansion budget); "

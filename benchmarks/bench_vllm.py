@@ -294,7 +294,9 @@ async def bench_server(name: str, port: int, model: str, schemas: list[Schema], 
     matched = args.match_lengths and name.startswith("vllm")
     for run in range(args.runs):
         for conc in args.concurrency:
-            modes = ["unconstrained", "constrained"] if run % 2 == 0 and not matched else ["constrained", "unconstrained"]
+            # alternate which mode runs first; matched lengths need the constrained run first
+            first_unconstrained = run % 2 == 0 and not matched
+            modes = ["unconstrained", "constrained"] if first_unconstrained else ["constrained", "unconstrained"]
             lengths: list[int] | None = None
             for mode in modes:
                 samples, elapsed = await run_level(client, model, schemas, mode == "constrained", conc, args.seconds,
