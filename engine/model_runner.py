@@ -122,6 +122,7 @@ class ModelRunner:
         self.shift = int(getattr(model, "kv_query_shift", 0))
         self.packed = supports_packed_forward(model)
         self.neighbors = bool(getattr(model, "uses_neighbor_tokens", False))
+        self.neighbor_offsets: tuple[int, ...] = tuple(getattr(model, "neighbor_offsets", (-1, 1)))
         self.cached = config.kv_cache == "dual" and supports_kv_cache(model)
         self.cache: KVCache | None = KVCache(config.keep_ratio, config.backend) if self.cached else None
         self.meta: dict[int, RowMeta] = {}
@@ -218,7 +219,8 @@ class ModelRunner:
         ids = torch.full((1, rows), self.pad_id, dtype=torch.long)
         pos = torch.zeros((1, rows), dtype=torch.long)
         # each row's neighbours in its own sequence, for models whose input mixes them in (LLaDA's token shift)
-        neighbors = torch.full((1, rows, 2), -1, dtype=torch.long) if self.neighbors else None
+        offsets = self.neighbor_offsets
+        neighbors = torch.full((1, rows, len(offsets)), -1, dtype=torch.long) if self.neighbors else None
         for seg in segments:
             s = seg.state
             seq = torch.cat([torch.tensor(s.prompt_ids, dtype=torch.long), s.canvas.cpu()])
@@ -226,9 +228,11 @@ class ModelRunner:
             ids[0, seg.rows] = seq[a:b]
             pos[0, seg.rows] = torch.arange(a, b)
             if neighbors is not None:
-                padded = torch.cat([torch.tensor([-1]), seq, torch.tensor([-1])])  # padded[i + 1] = seq[i]
-                neighbors[0, seg.rows, 0] = padded[a:b]
-                neighbors[0, seg.rows, 1] = padded[a + 2:b + 2]
+                w = max(abs(o) for o in offsets)
+                none = torch.full((w,), -1, dtype=torch.long)
+                padded = torch.cat([none, seq, none])  # padded[i + w] = seq[i]
+                for col, o in enumerate(offsets):
+                    neighbors[0, seg.rows, col] = padded[a + w + o:b + w + o]
         cache = self.cache
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,14 @@ def llada_shift(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="module")
+def llada_shift3(tmp_path_factory: pytest.TempPathFactory):
+    """LLaDA with a three-token left window in the token shift: a span's first three tokens mix in ids outside it."""
+    folder = tmp_path_factory.mktemp("llada_shift3_kv") / "ckpt"
+    build_llada(folder, max_sequence_length=256, input_token_shift=True, token_shift_left=3)
+    return load_checkpoint(folder)
+
+
+@pytest.fixture(scope="module")
 def dream(tmp_path_factory: pytest.TempPathFactory):
     folder = tmp_path_factory.mktemp("dream_kv") / "ckpt"
     build_dream(folder)
@@ -47,12 +55,13 @@ def _commit_some(state, positions: list[int], token: int = 40) -> None:
     state.commit(positions, [token] * len(positions))
 
 
-@pytest.mark.parametrize("family", ["llada", "llada-shift", "dream"])
+@pytest.mark.parametrize("family", ["llada", "llada-shift", "llada-shift3", "dream"])
 @pytest.mark.parametrize("packed", [False, True])
-def test_reuse_right_after_refresh_equals_the_full_forward(family, packed, llada, llada_shift, dream) -> None:
+def test_reuse_right_after_refresh_equals_the_full_forward(family, packed, llada, llada_shift, llada_shift3,
+                                                           dream) -> None:
     """Same canvas, no commit in between: the Reuse forward of the block (with Dream's extra left query) gives the
     hidden states the full forward gives at the block's positions, in a left-padded batch at different blocks."""
-    loaded = {"llada": llada, "llada-shift": llada_shift, "dream": dream}[family]
+    loaded = {"llada": llada, "llada-shift": llada_shift, "llada-shift3": llada_shift3, "dream": dream}[family]
     model = loaded.model
     assert supports_kv_cache(model)
     engine = LLMEngine(model, loaded.tokenizer, config=EngineConfig(kv_cache="none"))
@@ -102,10 +111,10 @@ def _run(model, tokenizer, prompts, config: EngineConfig, **params):
     dict(temperature=0.0, policy="threshold", threshold=0.3),
     dict(temperature=0.7, seed=3),
 ], ids=["greedy-quota", "greedy-threshold", "sampled-quota"])
-@pytest.mark.parametrize("shift", [False, True], ids=["plain", "token-shift"])
-def test_refresh_every_step_is_the_full_recompute(llada, llada_shift, sampling, shift) -> None:
+@pytest.mark.parametrize("shift", [0, 1, 3], ids=["plain", "token-shift", "token-shift3"])
+def test_refresh_every_step_is_the_full_recompute(llada, llada_shift, llada_shift3, sampling, shift) -> None:
     """Refreshing at every forward makes the cached path a full recompute: the same canvases, token for token."""
-    loaded = llada_shift if shift else llada
+    loaded = {0: llada, 1: llada_shift, 3: llada_shift3}[shift]
     prompts = [[10, 11, 12, 13], [20, 21]]
     full, _ = _run(loaded.model, loaded.tokenizer, prompts, EngineConfig(kv_cache="none"), **sampling)
     every, _ = _run(loaded.model, loaded.tokenizer, prompts, EngineConfig(refresh="steps", refresh_steps=1),

@@ -1,11 +1,13 @@
 """engine/models/llada.py through the loader's eyes: released config fields, shapes, padding invariance."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from checkpoints import LLADA_RELEASED_FIELDS, LLADA_SPECIALS, byte_level_tokenizer, left_pad, llada_config, randomize
 from dllm_constrain.engine.models.base import DiffusionLM
-from dllm_constrain.engine.models.llada import LLaDAConfig, LLaDAModel
+from dllm_constrain.engine.models.llada import LLaDAConfig, LLaDAModel, row_neighbor_ids
+from dllm_constrain.errors import CheckpointError
 
 TOK = byte_level_tokenizer(LLADA_SPECIALS)
 
@@ -43,3 +45,27 @@ def test_left_padded_batch_matches_each_row_alone() -> None:
         for b, row in enumerate(rows):
             alone = model.hidden_states(torch.tensor([row]))[0]
             torch.testing.assert_close(batch[b, -len(row):], alone, atol=1e-5, rtol=0)
+
+
+def test_a_wider_token_shift_mixes_in_the_second_and_third_left_neighbours() -> None:
+    """token_shift_left=3: changing the token two or three places to the left changes a position's input; the
+    token four places left does not (attention aside, the embedding alone is compared)."""
+    model = randomize(LLaDAModel(llada_config(TOK.token_to_id, input_token_shift=True, token_shift_left=3)), seed=0)
+    assert model.neighbor_offsets == (-1, 1, -2, -3)
+
+    def embedded(ids: list[int]) -> torch.Tensor:
+        t = torch.tensor([ids])
+        with torch.no_grad():
+            return model.embed(t, row_neighbor_ids(t, None, model.neighbor_offsets))[0, 5]
+
+    base = [10, 11, 12, 13, 14, 15, 16]
+    for offset, changes in ((2, True), (3, True), (4, False)):
+        other = list(base)
+        other[5 - offset] = 40
+        assert (not torch.equal(embedded(other), embedded(base))) == changes, offset
+
+
+def test_a_token_shift_window_below_one_is_refused() -> None:
+    raw = {**llada_config(TOK.token_to_id).to_dict(), "input_token_shift": True, "token_shift_left": 0}
+    with pytest.raises(CheckpointError, match="token_shift_left"):
+        LLaDAConfig.from_dict(raw)

@@ -7,6 +7,7 @@ import jsonschema
 import pytest
 import torch
 from safetensors.torch import load_file
+from tokenizers import Tokenizer
 
 from dllm_constrain.engine.models.llada import LLaDAConfig, LLaDAModel
 from dllm_constrain.prompting import schema_sketch
@@ -181,6 +182,39 @@ def test_a_token_shift_run_exports_a_checkpoint_the_engine_serves(tmp_path):
     assert {"model.transformer.shift_prev.weight", "model.transformer.shift_next.weight"} <= set(tensors)
     [result] = dc.LLM(str(tmp_path / "out")).generate(["Request: x\nAnswer: "], max_new_tokens=8, block_length=4)
     assert len(result.canvas_ids) == 8
+
+
+def test_a_run_initialised_from_a_checkpoint_starts_at_its_function_with_a_wider_token_shift(tmp_path):
+    """--init-from DIR --token-shift-left 3: the new run loads the checkpoint's weights and tokenizer, its extra
+    shift taps start at zero (same logits as the checkpoint before any step), and its export carries them."""
+    import dllm_constrain as dc
+    from dllm_constrain.train.trainer import build_model, init_from_checkpoint
+
+    train(_micro_config(tmp_path / "a", steps=2, token_shift=True))
+    wide = _micro_config(tmp_path / "b", steps=2, token_shift=True, token_shift_left=3,
+                         init_from=str(tmp_path / "a" / "out"))
+    model = build_model(wide).eval()
+    tok = init_from_checkpoint(model, tmp_path / "a" / "out")
+    assert tok.get_vocab() == Tokenizer.from_file(str(tmp_path / "a" / "out" / "tokenizer.json")).get_vocab()
+    before = dc.LLM(str(tmp_path / "a" / "out")).model
+    ids = torch.tensor([[0, 40, 41, 42, 43, 3, 3, 44]])
+    with torch.no_grad():
+        assert torch.allclose(model(ids), before(ids))
+    train(wide)
+    config = json.loads((tmp_path / "b" / "out" / "config.json").read_text())
+    tensors = load_file(str(tmp_path / "b" / "out" / "model.safetensors"))
+    assert config["token_shift_left"] == 3
+    assert {"model.transformer.shift_prev2.weight", "model.transformer.shift_prev3.weight"} <= set(tensors)
+    assert tensors["model.transformer.shift_prev3.weight"].abs().sum() > 0  # trained, not left at zero
+
+
+def test_init_from_refuses_a_checkpoint_of_another_shape(tmp_path):
+    from dllm_constrain.train.trainer import build_model, init_from_checkpoint
+
+    train(_micro_config(tmp_path / "a", steps=1, token_shift=True))
+    other = _micro_config(tmp_path / "b", token_shift=True, d_model=48)
+    with pytest.raises(ValueError, match="does not fit|shape"):
+        init_from_checkpoint(build_model(other), tmp_path / "a" / "out")
 
 
 def test_a_copy_initialised_model_reads_out_the_tokens_it_attends_to_before_any_training():

@@ -9,7 +9,8 @@ A run lives in `run_dir`: `train_state.pt` (weights, optimizer, schedule, every 
 written every `save_every` steps) and `log.jsonl` (one line per step, plus held-out loss lines every
 `eval_every` steps). `--resume` continues from `train_state.pt` exactly where it stopped, so a run can span
 several sittings; `--out` receives the exported checkpoint (config.json, model.safetensors, tokenizer.json,
-generation_config.json, training_log.json, loss_curve.png) at every save. `report.py` redraws the curve and the
+generation_config.json, training_log.json, loss_curve.png) at every save. `--init-from DIR` starts a new run from
+an exported checkpoint's weights and tokenizer (for instance to widen the token shift, `--token-shift-left 3`). `report.py` redraws the curve and the
 summary from the log alone.
 
 Speed on CPU: rows are bucketed by length (a pool of `pool_batches` batches is drawn, sorted by token count
@@ -55,6 +56,8 @@ class TrainConfig:
     n_heads: int = 8
     mlp_hidden_size: int = 768
     token_shift: bool = False  # LLaDA's input token shift (engine/models/llada.py): neighbours' ids in each input
+    token_shift_left: int = 1  # left neighbours in the token shift (2 or 3 hand a value's key to its first token)
+    init_from: str = ""  # a checkpoint folder to start from (weights and tokenizer; see init_from_checkpoint)
     copy_init: bool = False  # start every attention layer as a copier (see copy_friendly_init)
     max_canvas: int = 96
     batch_size: int = 32
@@ -82,7 +85,7 @@ def build_model(cfg: TrainConfig) -> LLaDAModel:
         d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_heads,
         mlp_hidden_size=cfg.mlp_hidden_size, vocab_size=cfg.vocab_size, embedding_size=cfg.vocab_size,
         mask_token_id=MASK, eos_token_id=EOS, pad_token_id=PAD, bos_token_id=BOS, rope_theta=10000.0,
-        max_sequence_length=CONTEXT, input_token_shift=cfg.token_shift,
+        max_sequence_length=CONTEXT, input_token_shift=cfg.token_shift, token_shift_left=cfg.token_shift_left,
     )
     torch.manual_seed(cfg.seed)
     model = LLaDAModel(model_cfg)
@@ -114,6 +117,33 @@ def copy_friendly_init(model: LLaDAModel, out_scale: float = 0.5, head_scale: fl
             block.attn_out.weight.copy_(out_scale * eye[:, : block.attn_out.weight.shape[1]])
         wte = model.transformer["wte"].weight
         model.transformer["ff_out"].weight.copy_(head_scale * wte)
+
+
+def init_from_checkpoint(model: LLaDAModel, folder: Path) -> Tokenizer:
+    """Load a previous checkpoint's weights into `model` and return its tokenizer; the model's wider token-shift
+    taps (`shift_prev{k}`) that the checkpoint lacks start at zero, so training begins exactly at the checkpoint's
+    function and only learns what the new inputs add (a fine-tune, not a restart). Anything else that does not
+    match is refused."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    state = load_file(str(folder / "model.safetensors"))
+    own = model.state_dict()
+    unexpected = sorted(set(state) - set(own))
+    missing = sorted(set(own) - set(state))
+    growable = [k for k in missing
+                if k.startswith("model.transformer.shift_prev") and k != "model.transformer.shift_prev.weight"]
+    if unexpected or len(growable) != len(missing):
+        raise ValueError(f"--init-from {folder}: the checkpoint does not fit this model (unexpected tensors "
+                         f"{unexpected[:4]}, missing {sorted(set(missing) - set(growable))[:4]})")
+    for k, v in state.items():
+        if v.shape != own[k].shape:
+            raise ValueError(f"--init-from {folder}: {k} has shape {tuple(v.shape)}, this model {tuple(own[k].shape)}")
+    with torch.no_grad():
+        for k in growable:
+            state[k] = torch.zeros_like(own[k])
+    model.load_state_dict(state)
+    return Tokenizer.from_file(str(folder / "tokenizer.json"))
 
 
 def encode_examples(examples: list[dict], tok: Tokenizer, max_canvas: int) -> list[tuple[list[int], list[int]]]:
@@ -219,9 +249,12 @@ def _generator(cfg: TrainConfig) -> ExampleGenerator:
 
 
 def _new_run(cfg: TrainConfig) -> _Run:
-    corpus = ExampleGenerator(cfg.seed + 1).examples(cfg.tokenizer_corpus)
-    tok = train_tokenizer((e["prompt"] + e["answer"] for e in corpus), cfg.vocab_size)
     model = build_model(cfg)
+    if cfg.init_from:
+        tok = init_from_checkpoint(model, Path(cfg.init_from))
+    else:
+        corpus = ExampleGenerator(cfg.seed + 1).examples(cfg.tokenizer_corpus)
+        tok = train_tokenizer((e["prompt"] + e["answer"] for e in corpus), cfg.vocab_size)
     opt, sched = _optimizer(model, cfg)
     return _Run(model, tok, opt, sched, _generator(cfg), random.Random(cfg.seed),
                 torch.Generator().manual_seed(cfg.seed), pending=[])
@@ -239,8 +272,10 @@ def _save_state(run: _Run, cfg: TrainConfig, run_dir: Path) -> None:
 
 def _load_state(cfg: TrainConfig, run_dir: Path) -> _Run:
     state = torch.load(run_dir / "train_state.pt", weights_only=False)
-    saved = TrainConfig(**{"token_shift": False, "copy_init": False, **state["config"]})
-    for f in ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_hidden_size", "token_shift", "copy_init", "seed"):
+    saved = TrainConfig(**{"token_shift": False, "copy_init": False, "token_shift_left": 1, "init_from": "",
+                           **state["config"]})
+    for f in ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_hidden_size", "token_shift", "token_shift_left",
+              "copy_init", "seed"):
         if getattr(saved, f) != getattr(cfg, f):
             raise ValueError(f"--resume: {f} is {getattr(cfg, f)} but the saved run has {getattr(saved, f)}")
     tok = Tokenizer.from_str(state["tokenizer"])

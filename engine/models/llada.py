@@ -5,12 +5,16 @@ Tensor names follow the released checkpoints (`model.transformer.wte`, `...block
 Math: pre-norm blocks, x += attn_out(Attn(RoPE(q), RoPE(k), v)); x += ff_out(silu(ff_proj(h)) * up_proj(h)).
 
 Input token shift (config `input_token_shift`, our extension; off in released LLaDA checkpoints): the input of
-position i is x_i = wte[t_i] + P wte[t_(i-1)] + N wte[t_(i+1)] (tensors `model.transformer.shift_prev` and
-`shift_next`, no bias), the neighbour terms zero at the ends of a sequence. It hands every position its neighbours'
-identity from the first layer on, so copying a span ("the token after the one that follows my left neighbour")
-is one attention lookup instead of a two-layer induction circuit that a small model trained on a CPU learns late
-or never (RWKV's token shift and the "smeared keys" of the induction-head studies are the same idea). A span
-forward (`hidden_states_cached`) gets its boundary neighbours from the caller (`neighbor_ids`).
+position i is x_i = wte[t_i] + P wte[t_(i-1)] + N wte[t_(i+1)] + sum_(k=2..K) P_k wte[t_(i-k)] (tensors
+`model.transformer.shift_prev`, `shift_next` and, for a window of K > 1 left neighbours (config
+`token_shift_left`), `shift_prev{k}`; no bias), the neighbour terms zero at the ends of a sequence. It hands every
+position its neighbours' identity from the first layer on, so copying a span ("the token after the one that
+follows my left neighbour") is one attention lookup instead of a two-layer induction circuit that a small model
+trained on a CPU learns late or never (RWKV's token shift and the "smeared keys" of the induction-head studies are
+the same idea). The wider left window serves the first token of a copied value: in `name Ada` -> `"name":"Ada`
+the value's first token and its source share their second left neighbour (`name`), not their first. A span
+forward (`hidden_states_cached`) gets its boundary neighbours from the caller (`neighbor_ids`, one column per
+offset of `neighbor_offsets`).
 """
 from __future__ import annotations
 
@@ -80,6 +84,7 @@ class LLaDAConfig:
     max_sequence_length: int = 4096
     include_qkv_bias: bool = False
     input_token_shift: bool = False
+    token_shift_left: int = 1  # left neighbours mixed into each input (with input_token_shift)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -89,6 +94,14 @@ class LLaDAConfig:
     @property
     def kv_heads(self) -> int:
         return self.n_kv_heads or self.n_heads
+
+    @property
+    def neighbor_offsets(self) -> tuple[int, ...]:
+        """Offsets of the neighbours mixed into each input, in the column order of `neighbor_ids`: the left and
+        right neighbour first (the original shift), then the wider left window."""
+        if not self.input_token_shift:
+            return ()
+        return (-1, 1) + tuple(-k for k in range(2, self.token_shift_left + 1))
 
     @property
     def padded_vocab(self) -> int:
@@ -102,6 +115,8 @@ class LLaDAConfig:
         if raw.get("weight_tying"):
             raise CheckpointError("LLaDA config field weight_tying=True is not supported (LLaDA has an untied head)")
         cfg = cls(**kwargs, extra=extra)
+        if cfg.token_shift_left < 1:
+            raise CheckpointError(f"LLaDA config: token_shift_left must be >= 1, got {cfg.token_shift_left}")
         if cfg.d_model % cfg.n_heads or cfg.n_heads % cfg.kv_heads:
             raise CheckpointError(f"LLaDA config: d_model={cfg.d_model}, n_heads={cfg.n_heads}, "
                                   f"n_kv_heads={cfg.kv_heads} do not divide evenly")
@@ -112,20 +127,24 @@ class LLaDAConfig:
         out = {k: v for k, v in dataclasses.asdict(self).items() if k != "extra"}
         if not self.input_token_shift:
             del out["input_token_shift"]  # a released LLaDA config has no such field
+        if not self.input_token_shift or self.token_shift_left == 1:
+            del out["token_shift_left"]
         out.update({"model_type": "llada", "architectures": ["LLaDAModelLM"], "activation_type": "silu",
                     "block_type": "llama", "layer_norm_type": "rms", "rope": True, "alibi": False,
                     "weight_tying": False, "include_bias": False})
         return out
 
 
-def row_neighbor_ids(input_ids: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
-    """[B, L, 2] left and right neighbour ids of every position of whole rows (-1 at the ends of a row's real
-    tokens: padding is nobody's neighbour)."""
-    none = torch.full_like(input_ids[:, :1], -1)
+def row_neighbor_ids(input_ids: torch.Tensor, key_padding_mask: torch.Tensor | None,
+                     offsets: tuple[int, ...] = (-1, 1)) -> torch.Tensor:
+    """[B, L, len(offsets)]: the id at position i + offset of every position i of whole rows (-1 beyond the ends
+    of a row's real tokens: padding is nobody's neighbour)."""
     ids = input_ids if key_padding_mask is None else input_ids.masked_fill(~key_padding_mask, -1)
-    prev = torch.cat([none, ids[:, :-1]], dim=1)
-    nxt = torch.cat([ids[:, 1:], none], dim=1)
-    return torch.stack([prev, nxt], dim=-1)
+    w = max(abs(o) for o in offsets)
+    none = torch.full_like(input_ids[:, :w], -1)
+    padded = torch.cat([none, ids, none], dim=1)  # padded[:, i + w] = ids[:, i]
+    length = ids.shape[1]
+    return torch.stack([padded[:, w + o:w + o + length] for o in offsets], dim=-1)
 
 
 class LLaDABlock(nn.Module):
@@ -186,6 +205,8 @@ class LLaDAModel(nn.Module):
         if cfg.input_token_shift:
             transformer["shift_prev"] = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
             transformer["shift_next"] = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+            for k in range(2, cfg.token_shift_left + 1):
+                transformer[f"shift_prev{k}"] = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.model = nn.Module()
         self.model.transformer = transformer
         pad = cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id
@@ -203,9 +224,14 @@ class LLaDAModel(nn.Module):
         """Whether a span forward needs its boundary neighbours (`neighbor_ids` of `hidden_states_cached`)."""
         return self.config.input_token_shift
 
+    @property
+    def neighbor_offsets(self) -> tuple[int, ...]:
+        """The offset of each column of `neighbor_ids` (empty without the input token shift)."""
+        return self.config.neighbor_offsets
+
     def embed(self, input_ids: torch.Tensor, neighbor_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Input vectors [B, L, D] of ids [B, L]; with the input token shift, neighbor_ids [B, L, 2] holds each
-        position's left and right neighbour id (-1: none, contributing zero)."""
+        """Input vectors [B, L, D] of ids [B, L]; with the input token shift, neighbor_ids [B, L, N] holds each
+        position's neighbour ids at `neighbor_offsets` (-1: none, contributing zero)."""
         wte = self.transformer["wte"]
         x = wte(input_ids)
         if not self.config.input_token_shift:
@@ -213,15 +239,18 @@ class LLaDAModel(nn.Module):
         if neighbor_ids is None:
             raise ValueError("a model with an input token shift needs neighbor_ids")
         present = (neighbor_ids >= 0).unsqueeze(-1)
-        nb = wte(neighbor_ids.clamp_min(0)) * present.to(x.dtype)  # [B, L, 2, D]
-        return x + self.transformer["shift_prev"](nb[:, :, 0]) + self.transformer["shift_next"](nb[:, :, 1])
+        nb = wte(neighbor_ids.clamp_min(0)) * present.to(x.dtype)  # [B, L, N, D]
+        x = x + self.transformer["shift_prev"](nb[:, :, 0]) + self.transformer["shift_next"](nb[:, :, 1])
+        for col, k in enumerate(range(2, self.config.token_shift_left + 1), start=2):
+            x = x + self.transformer[f"shift_prev{k}"](nb[:, :, col])
+        return x
 
     def hidden_states(self, input_ids, position_ids=None, key_padding_mask=None):
         if key_padding_mask is None:
             key_padding_mask = torch.ones_like(input_ids, dtype=torch.bool)
         if position_ids is None:
             position_ids = default_position_ids(key_padding_mask)
-        x = self.embed(input_ids, row_neighbor_ids(input_ids, key_padding_mask)
+        x = self.embed(input_ids, row_neighbor_ids(input_ids, key_padding_mask, self.neighbor_offsets)
                        if self.config.input_token_shift else None)
         cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, x.dtype)
         bias = attention_bias(key_padding_mask, x.dtype)
@@ -242,7 +271,7 @@ class LLaDAModel(nn.Module):
     def hidden_states_kv(self, input_ids, position_ids, key_padding_mask, observe: ObserveFn) -> torch.Tensor:
         """`hidden_states` (same math) that also hands every layer's rotated q [B,Hq,L,D] and k, v [B,Hkv,L,D] to
         observe(layer, q, k, v): a KV cache Refresh."""
-        x = self.embed(input_ids, row_neighbor_ids(input_ids, key_padding_mask)
+        x = self.embed(input_ids, row_neighbor_ids(input_ids, key_padding_mask, self.neighbor_offsets)
                        if self.config.input_token_shift else None)
         cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, x.dtype)
         bias = attention_bias(key_padding_mask, x.dtype)
