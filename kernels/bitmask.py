@@ -79,6 +79,9 @@ def write_row(dst: np.ndarray, row: np.ndarray | None) -> None:
         dst[k:] = False
         return
     data = np.packbits(row, bitorder="little") if row.dtype == np.bool_ else row
+    if data.shape == dst.shape:
+        np.copyto(dst, data)
+        return
     k = min(dst.shape[0], data.shape[0])
     dst[:k] = data[:k]
     dst[k:] = 0

@@ -93,6 +93,21 @@ FRONTIER_S = 0.03
 FRONTIER_MIN_S = 0.005
 
 
+def common_prefix(a: tuple, b: tuple, limit: int) -> int:
+    """The length (at most `limit`) of the common prefix of a and b, by bisection over slice comparisons (each a
+    C-level loop): a per-call Python loop over hundreds of committed positions cost more than the sets' lookups."""
+    if a[:limit] == b[:limit]:
+        return limit
+    lo, hi = 0, limit  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 class Analysis:
     """The sets of one call on canvas c: F[0..] forward (extended on demand), B[0..H] backward. B[i] for i <= J + 1
     (J the last committed position) is computed at once (the backward chain needs it); right of it every position
@@ -143,6 +158,8 @@ class CanvasState:
         self._frontier_memo = FrontierMemo()  # the exact frontier's memo, kept across calls (canvas_frontier.py)
         self._fwd: list[int] = [START_BIT]
         self._fwd_ok: list[bool] = [True]
+        # the last analysis' backward chain: (its canvas, its B list, the lowest open position its walk met)
+        self._back_memo: tuple[tuple, list, int] | None = None
         self._no_certified = [0] * (self.n + 2)  # backward sets of no state (a witness search without certificates)
 
     # ------------------------------------------------------------------ helpers
@@ -165,10 +182,8 @@ class CanvasState:
         if extend and prev is c:
             pass
         elif prev is not None:
-            k = 0
             lim = min(len(F) - 1, upto)
-            while k < lim and prev[k] == c[k] and ok[k + 1]:
-                k += 1
+            k = min(common_prefix(prev, c, lim), ok.index(False, 1) - 1 if False in ok else lim)
             F = F[: k + 1]
             ok = ok[: k + 1]
         else:
@@ -203,12 +218,26 @@ class CanvasState:
         # computed on demand (_b)
         B[J + 1] = alg.finishers(F[J + 1], self.n - J - 1, self._budget)
         back_open, back_tok = alg.back_open, alg.back_tok
+        # The committed prefix's chain is the previous call's from the first position down to which both canvases
+        # agree, hold only committed tokens, and meet the same B[i + 1]: B[0..i] is then a function of identical
+        # inputs through exact token steps (F[0..i] agree too), and semi-autoregressive blocks leave hundreds of
+        # such positions behind the block, each a memo lookup per call otherwise.
+        prev_c, prev_B, reuse_below = self._back_memo or ((), [], 0)
+        first_open = J + 1  # everything right of J is open
         for i in range(J, -1, -1):
             nb = B[i + 1]
             if not nb:
                 break  # B[<=i] all empty
+            if i < reuse_below and prev_B[i + 1] == nb and c[: i + 1] == prev_c[: i + 1]:
+                B[: i + 1] = prev_B[: i + 1]
+                break
             ci = c[i]
-            B[i] = back_open(F[i], nb, self._budget) if ci is None else back_tok(F[i], ci, nb)
+            if ci is None:
+                first_open = i
+                B[i] = back_open(F[i], nb, self._budget)
+            else:
+                B[i] = back_tok(F[i], ci, nb)
+        self._back_memo = (c, B, first_open)
         return Analysis(c, F, B, H, J)
 
     def _b(self, an: Analysis, i: int, stop_at: float | None = None) -> int:
@@ -331,16 +360,16 @@ class CanvasState:
         positions = [int(p) for p in positions]
         o = bitmask_bytes(out[:len(positions)])
         o[:] = 0
-        self._masks_into(self._norm(canvas), positions, o, copy_certified=True)
+        self._masks_into(self._norm(canvas), positions, o)
 
     def allowed_tokens(self, canvas: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
         """Bool [len(positions), vocab_size]: the rows `fill_token_bitmask` writes, unpacked."""
         positions = [int(p) for p in positions]
         out = torch.zeros((len(positions), self.vocab_size), dtype=torch.bool)
-        self._masks_into(self._norm(canvas), positions, out.numpy(), copy_certified=False)
+        self._masks_into(self._norm(canvas), positions, out.numpy())
         return out
 
-    def _masks_into(self, c: tuple, positions: list[int], o: np.ndarray, copy_certified: bool) -> None:
+    def _masks_into(self, c: tuple, positions: list[int], o: np.ndarray) -> None:
         """Masks under the call's deadline into the zeroed mask rows `o` (bool [n, V] or bitmask bytes [n, 4 W]).
         When the deadline fires, positions whose (sound) row was finished keep it, the others stay empty, and the
         left frontier, if asked and still empty, gets the left-to-right prefix check (an over-approximation that
@@ -353,9 +382,10 @@ class CanvasState:
                 raise IndexError(f"position {p} outside the canvas of length {self.n}")
         frontier = next((i for i, x in enumerate(c) if x is None), None)
         done: dict[int, bool] = {}  # row index -> its row is final and sound
+        written: dict[int, np.ndarray] = {}  # row index -> the (cached, never modified) row written there
         with activate(self._call("allowed_tokens", c, stop_s=self._main_stop())):
             try:
-                self._allowed_into(c, positions, frontier, o, done)
+                self._allowed_into(c, positions, frontier, o, done, written)
             except ConstraintTimeoutError as err:
                 self.deadline_hits += 1
                 if frontier is not None and frontier in positions:
@@ -369,11 +399,11 @@ class CanvasState:
                                 raise err from None
                         done[j] = False
                         self.prefix_fallbacks += 1
-        self._certified = (c, {positions[j]: o[j].copy() if copy_certified else o[j]
-                               for j, ok in done.items() if ok})
+        # the sound rows of the open positions, by reference: the caller owns `o` and goes on narrowing or reusing it
+        self._certified = (c, {positions[j]: written[j] for j, ok in done.items() if ok and j in written})
 
     def _allowed_into(self, c: tuple, positions: list[int], frontier: int | None, o: np.ndarray,
-                      done: dict[int, bool]) -> None:
+                      done: dict[int, bool], written: dict[int, np.ndarray]) -> None:
         """The rows, the left frontier's first (exact: every token of every valid completion is allowed there, so the
         engine always has a position to commit and a wanted token is never lost to the budget), then the other open
         positions' (sound, possibly missing tokens under the budget) until ROWS_S into the call: those left after it
@@ -406,14 +436,18 @@ class CanvasState:
             bi = b(an, p, stop_at)
             bn = b(an, p + 1, stop_at) if bi else 0
             if bi and bn:
-                write_row(o[j], self.alg.row(bi, bn, V))
+                row = written[j] = self.alg.row(bi, bn, V)
+                write_row(o[j], row)
                 done[j] = True  # sound; at the frontier it stands if the exact decision below runs out of time
             if p == frontier and self._budget is not None and (self._budget.cuts or not o[j].any()):
                 # the budget cut part of the sets: the frontier row may miss tokens; decided exactly
                 self.exact_fallbacks += 1
                 bi, bn = self._frontier_sets(c, frontier, an, t_call)
-                write_row(o[j], self.alg.row(bi, bn, V) if (bi and bn) else None)
-                if bi and bn:
+                row = self.alg.row(bi, bn, V) if (bi and bn) else None
+                write_row(o[j], row)
+                written.pop(j, None)
+                if row is not None:
+                    written[j] = row
                     self._prove(c)
                 done[j] = True
             done.setdefault(j, True)

@@ -492,10 +492,8 @@ class SetAlgebra:
         if row is not None:
             self.rows.move_to_end(key)
             return row
-        row = np.zeros(vocab_size, dtype=bool)
         full, partial, eos_ok, partial_row = self._split_step(Bi, Bn)
-        self.ta.mask_row(full, partial, eos_ok, row, self.members)
-        row = np.packbits(row, bitorder="little")
+        row = self.ta.packed_row(full, partial, eos_ok, self.members)[: (vocab_size + 7) // 8]
         if partial_row:
             return row
         self.rows[key] = row

@@ -288,9 +288,16 @@ class TokenAutomaton:
     # ------------------------------------------------------------------ masks
     def mask_row(self, full: list[int], partial: list[tuple[int, int]], eos: bool, out: np.ndarray,
                  members=None) -> None:
-        """Write into `out` (bool [>= vocab_size], zeroed) the union of: every token allowed from the
-        states in `full`, the tokens from each state q of `partial` = [(q, U)] into the targets U (a bitset;
-        `members` lists a bitset's elements, memoised by the caller), and EOS if asked."""
+        """Write into `out` (bool [>= vocab_size], zeroed) the tokens of `packed_row` (same arguments)."""
+        V = self.vocab_size
+        out[:V] = np.unpackbits(self.packed_row(full, partial, eos, members), bitorder="little", count=V).view(bool)
+
+    def packed_row(self, full: list[int], partial: list[tuple[int, int]], eos: bool, members=None) -> np.ndarray:
+        """A new packed row (uint8 [nbytes], token t = bit t % 8 of byte t // 8) of the union of: every token
+        allowed from the states in `full`, the tokens from each state q of `partial` = [(q, U)] into the targets U
+        (a bitset; `members` lists a bitset's elements, memoised by the caller), and EOS if asked. Built packed
+        throughout: the dense groups are ORed as packed rows and the sparse tokens set bit by bit, never a bool row
+        of the vocabulary (which cost two passes over 128K entries per row)."""
         dense: set[int] = set()
         sparse: list[np.ndarray] = []
         known = self._trans
@@ -314,14 +321,13 @@ class TokenAutomaton:
                     sp = sget(u)
                     if sp is not None:
                         sparse.append(sp)
-        V = self.vocab_size
-        if dense:
-            acc = self._union(dense)
-            out[:V] = np.unpackbits(acc, bitorder="little", count=V).view(bool)
+        row = self._union(dense).copy() if dense else np.zeros(self.nbytes, dtype=np.uint8)
         if sparse:
-            out[np.concatenate(sparse) if len(sparse) > 1 else sparse[0]] = True
+            idx = np.concatenate(sparse) if len(sparse) > 1 else sparse[0]
+            np.bitwise_or.at(row, idx >> 3, np.left_shift(1, idx & 7).astype(np.uint8))
         if eos:
-            out[self.eos_id] = True
+            row[self.eos_id >> 3] |= np.uint8(1 << (self.eos_id & 7))
+        return row
 
     def _union(self, ids: set[int]) -> np.ndarray:
         """OR of the interned packed rows `ids` (cached: the same unions recur across steps)."""

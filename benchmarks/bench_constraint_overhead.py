@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""What a JSON Schema costs per forward: constrained vs unconstrained generation on the bundled model, same input.
+
+    OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/bench_constraint_overhead.py              # 40 schemas, 3 runs
+    python benchmarks/bench_constraint_overhead.py --n-per-subset 1 --runs 1 --json out.json   # quick
+
+Schemas: `--n-per-subset` of each JSONSchemaBench subset, drawn as benchmarks/bench_masks.py draws them (the sample
+of ../shared/tools/anchors_mask_bench.py; 4 per subset = 40 schemas). For each schema the model input is the same
+token sequence in every configuration: the prompt "Write a JSON value for the schema." formatted with the schema's
+field sketch, as `generate(prompt, schema=...)` formats it. Per schema and run, one request alone (greedy, the
+checkpoint's defaults: canvas 96, blocks of 32, threshold 0.9), in three configurations, alternating so that the
+machine's load moves them alike:
+
+  free   : no constraint;
+  cold   : the schema compiled for this run (the compile cache cleared first): the first request with a schema the
+           server has not seen, compilation and first exploration of the automaton included;
+  warm   : the same compiled constraint again (a new canvas state): a schema seen before.
+
+Per configuration: wall time of the `LLMEngine.generate` call (compilation of the cold request included: it happens
+inside `generate()` for a user), forwards (NFE) and wall time per forward; the figures per schema are medians over
+the runs, and the ratios are constrained / free per forward (the constraint's forced tokens may save forwards, so the
+per-call ratio is printed too). Every constrained answer is checked against its compiled constraint (and counted).
+A schema that does not compile or does not fit the canvas is left out and named.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import replace
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from bench_masks import DEFAULT_MIX, load_sample, pct, write_json  # noqa: E402
+
+PROMPT = "Write a JSON value for the schema."
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=os.path.join(HERE, "..", "..", "shared", "data", "jsonschemabench"))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--n-per-subset", type=int, default=4)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--model", default=None, help="checkpoint folder (default: the bundled model)")
+    ap.add_argument("--json", default=None, help="also write the per-schema rows here")
+    args = ap.parse_args()
+
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    torch.set_flush_denormal(True)
+    import dllm_constrain as dc
+    from dllm_constrain.constraints import clear_cache
+    from dllm_constrain.engine.llm_engine import LLMEngine
+    from dllm_constrain.engine.state import Request
+    from dllm_constrain.errors import DllmConstrainError
+    from dllm_constrain.options import generate_options
+
+    if not os.path.isdir(args.data):
+        print(f"no JSONSchemaBench data at {args.data}", file=sys.stderr)
+        return 2
+    items = load_sample(args.data, args.seed, {k: args.n_per_subset for k in DEFAULT_MIX})
+    llm = dc.LLM(args.model)
+    engine = LLMEngine(llm.model, llm.tokenizer, config=llm.engine.config)
+
+    def prepare(schema: Any) -> Request:
+        build, _, _ = llm._prepare(PROMPT, generate_options({"schema": schema}))
+        [req] = build()
+        return req
+
+    def timed(req: Request) -> tuple[float, Any]:
+        t0 = time.perf_counter()
+        [res] = engine.generate([req], raise_errors=False)
+        return time.perf_counter() - t0, res
+
+    rows: list[dict[str, Any]] = []
+    left_out: list[str] = []
+    warm_up = prepare({"type": "object"})
+    engine.generate([warm_up, Request(warm_up.prompt_ids, replace(warm_up.params, constraint=None), None)])
+    for k, item in enumerate(items):
+        name = item["id"]
+        try:
+            clear_cache()
+            probe = prepare(item["schema"])
+            probe.constraint_state()  # compiles and checks the fit before the timed runs
+        except DllmConstrainError as err:
+            left_out.append(f"{name}: {type(err).__name__}")
+            continue
+        free_req = Request(probe.prompt_ids, replace(probe.params, constraint=None), None)
+        per: dict[str, list[tuple[float, int]]] = {"free": [], "cold": [], "warm": []}
+        valid = errors = 0
+        for _ in range(args.runs):
+            wall, res = timed(free_req)
+            per["free"].append((wall, res.nfe))
+            clear_cache()
+            t0 = time.perf_counter()
+            cold_req = prepare(item["schema"])  # compiles (inside generate() for a user)
+            compile_s = time.perf_counter() - t0
+            wall, res = timed(cold_req)
+            per["cold"].append((compile_s + wall, res.nfe))
+            answers = [res]
+            wall, res = timed(Request(cold_req.prompt_ids, cold_req.params, cold_req.constraint))
+            per["warm"].append((wall, res.nfe))
+            for r in answers + [res]:
+                if r.error is not None:
+                    errors += 1
+                elif cold_req.constraint.accepts_tokens(r.token_ids):
+                    valid += 1
+        row: dict[str, Any] = {"id": name, "subset": item["subset"], "prompt_tokens": len(probe.prompt_ids),
+                               "valid": valid, "errors": errors, "answers": 2 * args.runs}
+        for cfg, xs in per.items():
+            row[f"{cfg}_s"] = statistics.median(w for w, _ in xs)
+            row[f"{cfg}_nfe"] = statistics.median(n for _, n in xs)
+            row[f"{cfg}_per_forward_ms"] = statistics.median(1e3 * w / max(1, n) for w, n in xs)
+        for cfg in ("cold", "warm"):
+            row[f"{cfg}_ratio_per_forward"] = row[f"{cfg}_per_forward_ms"] / row["free_per_forward_ms"]
+            row[f"{cfg}_ratio_call"] = row[f"{cfg}_s"] / row["free_s"]
+        rows.append(row)
+        print(f"  {k + 1}/{len(items)} {name[:48]:48s} free {row['free_per_forward_ms']:6.1f} ms/fwd "
+              f"({row['free_nfe']:.0f} fwd)  cold x{row['cold_ratio_per_forward']:.2f}  "
+              f"warm x{row['warm_ratio_per_forward']:.2f} ({row['warm_nfe']:.0f} fwd)  valid {valid}/{2 * args.runs}",
+              flush=True)
+
+    print(f"\n# bench_constraint_overhead: {len(rows)} schemas ({len(left_out)} left out), {args.runs} runs, "
+          f"model {args.model or 'bundled'}, torch threads {torch.get_num_threads()}")
+    print("| configuration | per forward: mean ratio | p50 | p90 | worst | per call: mean ratio | worst | NFE (sum) |")
+    print("|---|---|---|---|---|---|---|---|")
+    print(f"| free | 1 | | | | 1 | | {sum(r['free_nfe'] for r in rows):.0f} |")
+    for cfg in ("cold", "warm"):
+        pf = [r[f"{cfg}_ratio_per_forward"] for r in rows]
+        pc = [r[f"{cfg}_ratio_call"] for r in rows]
+        worst = max(rows, key=lambda r: r[f"{cfg}_ratio_per_forward"])["id"]
+        print(f"| {cfg} | {statistics.mean(pf):.3f} | {pct(pf, 0.5):.3f} | {pct(pf, 0.9):.3f} | {max(pf):.3f} "
+              f"({worst}) | {statistics.mean(pc):.3f} | {max(pc):.3f} | {sum(r[f'{cfg}_nfe'] for r in rows):.0f} |")
+    total = {cfg: sum(r[f"{cfg}_s"] for r in rows) for cfg in ("free", "cold", "warm")}
+    print(f"total wall: free {total['free']:.1f} s, cold {total['cold']:.1f} s ({total['cold'] / total['free']:.3f}x), "
+          f"warm {total['warm']:.1f} s ({total['warm'] / total['free']:.3f}x)")
+    n_valid = sum(r["valid"] for r in rows)
+    n_ans = sum(r["answers"] for r in rows)
+    print(f"constrained answers accepted by their constraint: {n_valid}/{n_ans}; errors: "
+          f"{sum(r['errors'] for r in rows)}; left out: {left_out}")
+    write_json(args.json, {"rows": rows, "left_out": left_out, "runs": args.runs})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
