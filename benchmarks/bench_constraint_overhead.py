@@ -79,6 +79,29 @@ def main() -> int:
         [res] = engine.generate([req], raise_errors=False)
         return time.perf_counter() - t0, res
 
+    def measure(free_req: Request, schema: Any) -> tuple[dict[str, list[tuple[float, int]]], int, int]:
+        """The runs of one schema: (wall time, NFE) per configuration, constrained answers accepted, errors."""
+        per: dict[str, list[tuple[float, int]]] = {"free": [], "cold": [], "warm": []}
+        valid = errors = 0
+        for _ in range(args.runs):
+            wall, res = timed(free_req)
+            per["free"].append((wall, res.nfe))
+            clear_cache()
+            t0 = time.perf_counter()
+            cold_req = prepare(schema)  # compiles (inside generate() for a user)
+            compile_s = time.perf_counter() - t0
+            wall, res = timed(cold_req)
+            per["cold"].append((compile_s + wall, res.nfe))
+            answers = [res]
+            wall, res = timed(Request(cold_req.prompt_ids, cold_req.params, cold_req.constraint))
+            per["warm"].append((wall, res.nfe))
+            for r in answers + [res]:
+                if r.error is not None:
+                    errors += 1
+                elif cold_req.constraint.accepts_tokens(r.token_ids):
+                    valid += 1
+        return per, valid, errors
+
     rows: list[dict[str, Any]] = []
     left_out: list[str] = []
     warm_up = prepare({"type": "object"})
@@ -93,25 +116,11 @@ def main() -> int:
             left_out.append(f"{name}: {type(err).__name__}")
             continue
         free_req = Request(probe.prompt_ids, replace(probe.params, constraint=None), None)
-        per: dict[str, list[tuple[float, int]]] = {"free": [], "cold": [], "warm": []}
-        valid = errors = 0
-        for _ in range(args.runs):
-            wall, res = timed(free_req)
-            per["free"].append((wall, res.nfe))
-            clear_cache()
-            t0 = time.perf_counter()
-            cold_req = prepare(item["schema"])  # compiles (inside generate() for a user)
-            compile_s = time.perf_counter() - t0
-            wall, res = timed(cold_req)
-            per["cold"].append((compile_s + wall, res.nfe))
-            answers = [res]
-            wall, res = timed(Request(cold_req.prompt_ids, cold_req.params, cold_req.constraint))
-            per["warm"].append((wall, res.nfe))
-            for r in answers + [res]:
-                if r.error is not None:
-                    errors += 1
-                elif cold_req.constraint.accepts_tokens(r.token_ids):
-                    valid += 1
+        try:
+            per, valid, errors = measure(free_req, item["schema"])
+        except DllmConstrainError as err:  # e.g. a fit check decided within its time limit one way, then the other
+            left_out.append(f"{name}: {type(err).__name__} in a timed run")
+            continue
         row: dict[str, Any] = {"id": name, "subset": item["subset"], "prompt_tokens": len(probe.prompt_ids),
                                "valid": valid, "errors": errors, "answers": 2 * args.runs}
         for cfg, xs in per.items():
