@@ -105,6 +105,7 @@ from dllm_constrain.engine.scheduler import Scheduler, SchedulerConfig
 from dllm_constrain.engine.state import Request, RequestState
 from dllm_constrain.errors import (
     ConstraintError,
+    ConstraintTooLongError,
     DllmConstrainError,
     GenerationTimeoutError,
     InvalidRequestError,
@@ -521,6 +522,10 @@ class LLMEngine:
         proposals = [(positions[r], int(stats.token[r]), float(score))
                      for r, score in zip(selection.commit, selection.scores)]
         if not proposals:
+            if s.constraint is not None and not bool(s.committed.any()):
+                # an all-open canvas is completable iff some output fits it: the time-bounded fit check of
+                # new_canvas_state let an output that does not fit in (undecided is not refused); say so now
+                raise ConstraintTooLongError(len(view) + 1, len(view))
             raise ConstraintError(
                 f"request {s.index}: no open position of block {s.block} has an allowed token; "
                 "the canvas is not completable")

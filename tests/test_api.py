@@ -208,6 +208,18 @@ def test_a_constraint_longer_than_the_canvas_is_refused_before_any_forward(llm) 
     assert calls == []
 
 
+def test_an_output_that_does_not_fit_is_a_too_long_error_even_when_the_fit_check_let_it_in(llm, monkeypatch) -> None:
+    """min_tokens (a lower bound when its search is cut) and the fit check of new_canvas_state are time-bounded and
+    let an undecided request in; when the first masks then show that the empty canvas admits no output, the request
+    ends with ConstraintTooLongError (not a generic "not completable" error, and never an invalid answer)."""
+    from dllm_constrain.constraints.compiler import CompiledConstraint
+
+    monkeypatch.setattr(CompiledConstraint, "min_tokens", lambda self, timeout_s=None: 1)  # as if cut short
+    monkeypatch.setattr(CompiledConstraint, "fits", lambda self, n, timeout_s=None: True)  # undecided: fits
+    with pytest.raises(ConstraintTooLongError, match="max_new_tokens is 8"):
+        dc.generate("x", model=llm, regex="[0-9]{20}", max_new_tokens=8)
+
+
 class _CountingModel:
     """Proxy that records forwards, to prove an error came before any."""
 
