@@ -208,6 +208,18 @@ def test_a_run_initialised_from_a_checkpoint_starts_at_its_function_with_a_wider
     assert tensors["model.transformer.shift_prev3.weight"].abs().sum() > 0  # trained, not left at zero
 
 
+def test_the_report_draws_a_run_and_its_init_from_successor_as_one_run(tmp_path):
+    from dllm_constrain.train.report import chain_logs
+
+    train(_micro_config(tmp_path / "a", steps=4, token_shift=True))
+    train(_micro_config(tmp_path / "b", steps=4, token_shift=True, token_shift_left=2,
+                        init_from=str(tmp_path / "a" / "out")))
+    steps, evals = chain_logs([tmp_path / "a" / "run" / "log.jsonl", tmp_path / "b" / "run" / "log.jsonl"])
+    assert [r["step"] for r in steps] == list(range(8))
+    assert [r["step"] for r in evals] == [4, 8]
+    assert all(a["seconds"] <= b["seconds"] for a, b in zip(steps, steps[1:]))
+
+
 def test_init_from_refuses_a_checkpoint_of_another_shape(tmp_path):
     from dllm_constrain.train.trainer import build_model, init_from_checkpoint
 

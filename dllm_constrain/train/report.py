@@ -1,10 +1,12 @@
 """Redraw a run's loss curve and summary from its log alone.
 
-python -m dllm_constrain.train.report [--run runs/bundled] [--out DIR]
+python -m dllm_constrain.train.report [--run runs/bundled] [--run runs/finetune ...] [--out DIR]
 
 `log.jsonl` has one line per optimizer step ({"step", "loss", "ema", "lr", "seconds"}) and one per held-out
 evaluation ({"step", "heldout_loss", "seconds"}); the curve shows the training loss (raw and EMA) and the
-held-out loss on the same axes.
+held-out loss on the same axes. Several `--run` folders are drawn as one run, in the order given, each after the
+steps and seconds of the ones before: a run started with `train --init-from` the previous run's export goes on
+from where that one ended.
 """
 from __future__ import annotations
 
@@ -22,6 +24,20 @@ def read_log(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             if line.strip():
                 rec = json.loads(line)
                 (evals if "heldout_loss" in rec else steps).append(rec)
+    return steps, evals
+
+
+def chain_logs(paths: list[Path]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The records of several runs' logs as one run: each run's steps and seconds offset by the runs before it."""
+    steps: list[dict[str, Any]] = []
+    evals: list[dict[str, Any]] = []
+    step0, sec0 = 0, 0.0
+    for path in paths:
+        s, e = read_log(path)
+        steps += [{**r, "step": r["step"] + step0, "seconds": r["seconds"] + sec0} for r in s]
+        evals += [{**r, "step": r["step"] + step0, "seconds": r["seconds"] + sec0} for r in e]
+        if s:
+            step0, sec0 = steps[-1]["step"] + 1, steps[-1]["seconds"]
     return steps, evals
 
 
@@ -58,11 +74,13 @@ def plot_loss(steps: list[dict], evals: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m dllm_constrain.train.report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", default="runs/bundled", help="the run folder holding log.jsonl")
+    parser.add_argument("--run", action="append", default=None,
+                        help="a run folder holding log.jsonl (repeat to chain a run and its --init-from successors)")
     parser.add_argument("--out", default=None, help="where to write loss_curve.png (default: the run folder)")
     args = parser.parse_args(argv)
-    steps, evals = read_log(Path(args.run) / "log.jsonl")
-    out = Path(args.out or args.run)
+    runs = args.run or ["runs/bundled"]
+    steps, evals = chain_logs([Path(r) / "log.jsonl" for r in runs])
+    out = Path(args.out or runs[-1])
     out.mkdir(parents=True, exist_ok=True)
     plot_loss(steps, evals, out / "loss_curve.png")
     last = steps[-1] if steps else {}
