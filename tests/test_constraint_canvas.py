@@ -312,3 +312,13 @@ def test_state_set_members_are_the_set_bits_ascending(bits):
     from dllm_constrain.constraints.canvas import bits_of
 
     assert bits_of(sum(1 << b for b in bits)) == sorted(bits)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.integers(0, 5)), max_size=40))
+def test_the_frontier_and_the_last_committed_position_are_found_by_their_definitions(cells):
+    from dllm_constrain.constraints.canvas_frontier import first_open, last_committed
+
+    c = tuple(cells)
+    assert first_open(c) == next((i for i, x in enumerate(c) if x is None), None)
+    assert last_committed(c) == max((i for i, x in enumerate(c) if x is not None), default=-1)

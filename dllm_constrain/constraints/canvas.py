@@ -53,7 +53,7 @@ import torch
 from dllm_constrain.kernels.bitmask import bitmask_bytes, row_allows, row_tokens, set_token, write_row
 
 from ..errors import ConstraintTimeoutError, InvalidRequestError
-from .canvas_frontier import FrontierMemo, FrontierSearch, last_committed
+from .canvas_frontier import FrontierMemo, FrontierSearch, first_open, last_committed
 from .deadline import CallDeadline, activate, fire_active
 from .json_pointer import json_pointer_of_prefix
 from .set_algebra import (  # noqa: F401  (re-exported: canvas.py was their home)
@@ -170,7 +170,7 @@ class CanvasState:
             raise InvalidRequestError(f"the canvas has {len(canvas)} positions, but this constraint state was "
                                       f"made for a canvas of {self.n} positions")
         m = self.mask_id
-        return tuple(None if (c == m) else int(c) for c in canvas)
+        return tuple([None if c == m else int(c) for c in canvas])
 
     def _forward(self, c: tuple, upto: int, extend: bool = False) -> list[int]:
         """F[0..upto] for canvas c, reusing the previous call's prefix (up to the first entry that was
@@ -210,9 +210,7 @@ class CanvasState:
         H = min(max(J + 1, horizon), self.n)
         F = self._forward(c, J + 1)
         alg = self.alg
-        B: list[int | None] = [None] * (H + 1)
-        for i in range(J + 1):
-            B[i] = 0
+        B: list[int | None] = [0] * (J + 1) + [None] * (H - J)
         # right of the last committed position everything is open: membership in B is "can finish in
         # the positions left", a property of the state alone (no backward chain needed); B[i] for i > J + 1 is
         # computed on demand (_b)
@@ -223,7 +221,7 @@ class CanvasState:
         # inputs through exact token steps (F[0..i] agree too), and semi-autoregressive blocks leave hundreds of
         # such positions behind the block, each a memo lookup per call otherwise.
         prev_c, prev_B, reuse_below = self._back_memo or ((), [], 0)
-        first_open = J + 1  # everything right of J is open
+        lowest_open = J + 1  # everything right of J is open
         for i in range(J, -1, -1):
             nb = B[i + 1]
             if not nb:
@@ -233,11 +231,11 @@ class CanvasState:
                 break
             ci = c[i]
             if ci is None:
-                first_open = i
+                lowest_open = i
                 B[i] = back_open(F[i], nb, self._budget)
             else:
                 B[i] = back_tok(F[i], ci, nb)
-        self._back_memo = (c, B, first_open)
+        self._back_memo = (c, B, lowest_open)
         return Analysis(c, F, B, H, J)
 
     def _b(self, an: Analysis, i: int, stop_at: float | None = None) -> int:
@@ -275,7 +273,7 @@ class CanvasState:
         if c in self._proven:
             return True
         alg = self.alg
-        f = next((i for i, x in enumerate(c) if x is None), None)
+        f = first_open(c)
         F = START_BIT
         for i in range(self.n if f is None else f):
             F = alg.step_tok(F, c[i])
@@ -323,7 +321,7 @@ class CanvasState:
     def _where(self, c: tuple) -> str:
         """The request-level location for a timeout message: the canvas frontier and, for JSON, the instance
         location (JSON pointer) of the value being written there."""
-        frontier = next((i for i, x in enumerate(c) if x is None), None)
+        frontier = first_open(c)
         if frontier is None:
             return f"a full canvas of {self.n} positions"
         s = f"canvas frontier at position {frontier} of {self.n}"
@@ -380,7 +378,7 @@ class CanvasState:
         for p in positions:
             if not 0 <= p < self.n:
                 raise IndexError(f"position {p} outside the canvas of length {self.n}")
-        frontier = next((i for i, x in enumerate(c) if x is None), None)
+        frontier = first_open(c)
         done: dict[int, bool] = {}  # row index -> its row is final and sound
         written: dict[int, np.ndarray] = {}  # row index -> the (cached, never modified) row written there
         with activate(self._call("allowed_tokens", c, stop_s=self._main_stop())):

@@ -27,11 +27,30 @@ from .set_algebra import ENDED, ENDED_BIT, Budget, SetAlgebra
 
 
 def last_committed(c: tuple) -> int:
-    """Index of the last committed (not None) position of canvas c, or -1."""
-    for i in range(len(c) - 1, -1, -1):
-        if c[i] is not None:
-            return i
-    return -1
+    """Index of the last committed (not None) position of canvas c, or -1. By bisection over "the tail from here is
+    all open" (a C-level tuple comparison per probe): the open tail of a semi-autoregressive canvas is hundreds of
+    positions, which a Python loop walked on every call."""
+    n = len(c)
+    if n == 0 or c[-1] is not None:
+        return n - 1
+    nones = (None,) * n
+    lo, hi = -1, n - 1  # c[hi:] is all open; c[lo] is committed or lo == -1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if c[mid:] == nones[: n - mid]:
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
+def first_open(c: tuple) -> int | None:
+    """Index of the first open (None) position of canvas c (the left frontier), or None when every position is
+    committed (tuple.index: a C-level scan)."""
+    try:
+        return c.index(None)
+    except ValueError:
+        return None
 
 
 class FrontierMemo:
