@@ -145,7 +145,9 @@ def chain_walk(n: int):
 def test_a_long_native_walk_lets_other_python_threads_run():
     # With a long switch interval a thread holding the GIL is never preempted between two bytecodes taken a few
     # microseconds apart: a counter thread can advance between them only if the call in between released the GIL.
-    trie, dfa, (st_, out_tok, out_tgt) = chain_walk(1_000_000)
+    # a walk of ~10 ms: long enough for the OS to run the counter thread beside it even when the test is pinned
+    # to one core (a 3 ms walk there sometimes ended before the scheduler switched)
+    trie, dfa, (st_, out_tok, out_tgt) = chain_walk(4_000_000)
     count = [0]
     stop = threading.Event()
 
@@ -159,12 +161,12 @@ def test_a_long_native_walk_lets_other_python_threads_run():
     th.start()
     try:
         advanced = []
-        for _ in range(20):
+        for _ in range(50):
             time.sleep(0.001)  # hand the GIL over, then take it back fresh (the counter thread waits again)
             c0 = count[0]
             n = trie.walk(dfa, 1, st_, out_tok, out_tgt)
             advanced.append(count[0] - c0)
-            assert n == 999_999
+            assert n == 3_999_999
             if advanced[-1] > 0:
                 break
     finally:
