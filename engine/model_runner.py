@@ -221,6 +221,8 @@ class ModelRunner:
         # each row's neighbours in its own sequence, for models whose input mixes them in (LLaDA's token shift)
         offsets = self.neighbor_offsets
         neighbors = torch.full((1, rows, len(offsets)), -1, dtype=torch.long) if self.neighbors else None
+        w = max((abs(o) for o in offsets), default=0)
+        none = torch.full((w,), -1, dtype=torch.long)
         for seg in segments:
             s = seg.state
             seq = torch.cat([torch.tensor(s.prompt_ids, dtype=torch.long), s.canvas.cpu()])
@@ -228,8 +230,6 @@ class ModelRunner:
             ids[0, seg.rows] = seq[a:b]
             pos[0, seg.rows] = torch.arange(a, b)
             if neighbors is not None:
-                w = max(abs(o) for o in offsets)
-                none = torch.full((w,), -1, dtype=torch.long)
                 padded = torch.cat([none, seq, none])  # padded[i + w] = seq[i]
                 for col, o in enumerate(offsets):
                     neighbors[0, seg.rows, col] = padded[a + w + o:b + w + o]

@@ -278,3 +278,4 @@ def test_the_copy_probe_scores_every_stated_scalar_value_of_the_held_out_request
     assert probe["values"] == len(stated) and probe["value_tokens"] >= len(stated)
     assert 0.0 <= probe["token_accuracy"] <= 1.0 and 0.0 <= probe["whole_value_accuracy"] <= 1.0
     assert 0.0 <= probe["left_to_right_value_accuracy"] <= 1.0
+    assert 0.0 <= probe["first_token_accuracy"] <= 1.0 and 0.0 <= probe["later_token_accuracy"] <= 1.0

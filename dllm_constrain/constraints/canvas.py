@@ -183,7 +183,11 @@ class CanvasState:
             pass
         elif prev is not None:
             lim = min(len(F) - 1, upto)
-            k = min(common_prefix(prev, c, lim), ok.index(False, 1) - 1 if False in ok else lim)
+            try:
+                exact_upto = ok.index(False, 1) - 1  # F entries after a budget cut are recomputed
+            except ValueError:
+                exact_upto = lim
+            k = min(common_prefix(prev, c, lim), exact_upto)
             F = F[: k + 1]
             ok = ok[: k + 1]
         else:
@@ -353,8 +357,9 @@ class CanvasState:
     # ------------------------------------------------------------------ protocol
     def fill_token_bitmask(self, canvas: Sequence[int], positions: Sequence[int], out: torch.Tensor) -> None:
         """The masks as rows 0..len(positions)-1 of the token bitmask `out` (protocol.CanvasConstraint), under the
-        call's deadline exactly as `allowed_tokens`. The certificate keeps copies of the rows: the caller owns `out`
-        and goes on narrowing (base mask, banned pairs) or reusing it."""
+        call's deadline exactly as `allowed_tokens`. The certificate refers to the rows written (the algebra's cached
+        rows, never modified), not to `out`: the caller owns `out` and goes on narrowing (base mask, banned pairs) or
+        reusing it."""
         positions = [int(p) for p in positions]
         o = bitmask_bytes(out[:len(positions)])
         o[:] = 0

@@ -125,7 +125,9 @@ def copy_probe(model: str | None = None, n: int = 60, seed: int = HELDOUT_SEED) 
     """Teacher-forced copy accuracy: each stated scalar value of n held-out requests masked alone in the
     reference answer, predicted in one forward (argmax), compared token by token; and decoded left to right
     (one forward per token, each argmax committed before the next: how the threshold policy usually meets a
-    value once its first token is in), counted as whole values."""
+    value once its first token is in), counted as whole values; in that pass every position is then given its
+    reference token (teacher forcing), so each value's first token and its later ones are scored apart (a first token
+    needs the key found in the request; a later one only its left neighbour followed)."""
     import torch
 
     from dllm_constrain.api import LLM
@@ -134,6 +136,8 @@ def copy_probe(model: str | None = None, n: int = 60, seed: int = HELDOUT_SEED) 
     net, backend = llm.model, llm.tokenizer.backend
     mask_id, eos_id = llm.tokenizer.mask_id, llm.tokenizer.eos_id
     tokens_hit = tokens_total = values_hit = values_total = left_to_right_hit = 0
+    first = [0, 0]  # teacher-forced hits / total at a value's first token
+    later = [0, 0]  # ... at its later tokens
     for e in ExampleGenerator(seed, plain_text_share=0.0, split="heldout").examples(n):
         prompt = llm.encode(llm.format(e["request"], e["schema"]))
         encoded = backend.encode(e["answer"], add_special_tokens=False)
@@ -158,16 +162,18 @@ def copy_probe(model: str | None = None, n: int = 60, seed: int = HELDOUT_SEED) 
             values_total += 1
             ok = True
             with torch.inference_mode():
-                for p in span:
-                    token = int(net.logits(net.hidden_states(noisy)[0, p]).argmax())
-                    if token != int(ids[0, p]):
-                        ok = False
-                        break
-                    noisy[0, p] = token
+                for i, p in enumerate(span):
+                    right_here = int(net.logits(net.hidden_states(noisy)[0, p]).argmax()) == int(ids[0, p])
+                    ok = ok and right_here
+                    score = first if i == 0 else later
+                    score[0] += right_here
+                    score[1] += 1
+                    noisy[0, p] = ids[0, p]  # the argmax while all are right; the reference after a miss
             left_to_right_hit += ok
     return {"n": n, "values": values_total, "value_tokens": tokens_total,
             "token_accuracy": tokens_hit / max(1, tokens_total), "whole_value_accuracy": values_hit / max(1, values_total),
-            "left_to_right_value_accuracy": left_to_right_hit / max(1, values_total)}
+            "left_to_right_value_accuracy": left_to_right_hit / max(1, values_total),
+            "first_token_accuracy": first[0] / max(1, first[1]), "later_token_accuracy": later[0] / max(1, later[1])}
 
 
 def demos(model: str | None = None) -> list[tuple[str, str, str]]:
