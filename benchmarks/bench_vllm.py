@@ -58,6 +58,11 @@ JSB_SUBSETS = ["Github_easy", "Glaiveai2K", "Kubernetes", "Snowplow", "JsonSchem
                "WashingtonPost", "Github_hard"]
 
 
+# shapes of the random Llama (heads of dim 64)
+MODEL_SIZES = {"tiny": dict(layers=2, hidden=128, heads=2, intermediate=256),
+               "small": dict(layers=8, hidden=512, heads=8, intermediate=1408)}
+
+
 class BenchError(RuntimeError):
     """A server that does not come up, or a request that fails."""
 
@@ -373,12 +378,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--own-python", default=sys.executable,
                    help="python that runs `-m dllm_constrain.serve` (default: this one)")
     p.add_argument("--json", type=Path, default=None, help="write every run and the summary here")
+    p.add_argument("--model-size", choices=sorted(MODEL_SIZES), default="tiny",
+                   help="the random Llama vLLM serves: tiny (the test's, a forward of a few ms) or small (8 layers, "
+                        "hidden 512: a decoding step of tens of ms at 32 in flight, about what a 7-8B step costs on "
+                        "a GPU, so the masks' share of a step is a GPU's)")
+    p.add_argument("--tokenizer", type=Path, default=None,
+                   help="a tokenizer folder for the random Llama (e.g. ../shared/data/tokenizers/bpe32k: a real "
+                        "vocabulary, so masks and logits rows have a real width); default the byte-level test one")
     p.add_argument("--match-lengths", action="store_true",
                    help="vLLM servers: each unconstrained run asks for exactly the answer lengths of the constrained "
                         "run before it (ignore_eos), so both modes serve the same requests per token")
     args = p.parse_args(argv)
 
     schemas = load_schemas(args.jsb_dir, args.jsb, args.max_tokens)
+    print(f"# model {args.model_size} {MODEL_SIZES[args.model_size]}, tokenizer {args.tokenizer or 'byte-level (260)'}")
     print(f"# schemas: {', '.join(s.name for s in schemas)}; max_tokens {args.max_tokens}; runs {args.runs} x "
           f"{args.seconds:.0f}s; concurrency {args.concurrency}; cpu affinity {sorted(os.sched_getaffinity(0))}")
     result = Result(schemas=[s.name for s in schemas])
@@ -392,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
                     sys.path.insert(0, str(ROOT / "tests"))
                     from test_vllm_plugin import make_tiny_llama
 
-                    model_dir = make_tiny_llama(work / "tiny-llama")
+                    model_dir = make_tiny_llama(work / "tiny-llama", tokenizer_dir=args.tokenizer,
+                                                **MODEL_SIZES[args.model_size])
                 server = vllm_server(name, model_dir, port, work, name == "vllm-plugin", max(args.concurrency))
                 served, extra = "tiny", {"temperature": 1.0}
             else:

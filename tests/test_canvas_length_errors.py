@@ -33,3 +33,17 @@ def test_a_grammar_state_for_no_positions_is_a_typed_error(compiler) -> None:
     compiled = compiler.compile(grammar='start: "a"\n')
     with pytest.raises(InvalidRequestError, match="positive integer, got 0"):
         GrammarCanvasState(compiled, 0)
+
+
+def test_a_length_the_fit_check_left_undecided_is_refused_as_too_long_by_the_first_mask(compiler, monkeypatch):
+    # the fit check of new_canvas_state has a time allowance; with none left it lets the canvas in (undecided is
+    # not refused), and the first mask call, whose frontier row is exact, proves that nothing fits
+    from dllm_constrain.constraints import compiler as compiler_module
+    from dllm_constrain.errors import ConstraintTooLongError
+
+    monkeypatch.setattr(compiler_module, "FIT_S", 0.0)
+    compiled = compiler.compile(regex="(ab){12}")  # 24 bytes; the byte-level tokenizer spells ab in no fewer than 12
+    compiled.ta.single_byte_complete = False  # no shortcut from the byte distance: the allowance-bound search
+    state = compiled.new_canvas_state(6)
+    with pytest.raises(ConstraintTooLongError, match="at least 7 tokens.*max_new_tokens is 6"):
+        state.allowed_tokens([compiled.mask_id] * 6, [0, 3])

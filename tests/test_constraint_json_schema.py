@@ -749,7 +749,12 @@ def test_random_schemas_random_canvas_decoding_always_ends_valid(schema, seed, n
         pick = rng.sample(opens, min(len(opens), rng.randint(1, 6)))
         if opens[0] not in pick:
             pick.append(opens[0])  # the left frontier, whose mask is never empty (others may wait for a later call)
-        masks = state.allowed_tokens(canvas, pick)
+        try:
+            masks = state.allowed_tokens(canvas, pick)
+        except ConstraintTooLongError:
+            # the fit check is time-bounded (an undecided length is let in); the first mask call decides it
+            assert canvas.count(info.mask_id) == n
+            return
         props = []
         for j, p in enumerate(pick):
             ids = torch.nonzero(masks[j]).flatten().tolist()

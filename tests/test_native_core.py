@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo, _cwalk
+from dllm_constrain.constraints import token_automaton
 from dllm_constrain.constraints.token_automaton import TokenAutomaton
 
 try:
@@ -128,6 +129,80 @@ def test_compiled_regex_masks_are_the_same_with_and_without_the_native_core():
         exact = cc.new_canvas_state(8, expand_budget=None, timeout_s=None)  # no budget, no time limit: every row
         masks.append(exact.allowed_tokens([12] * 8, list(range(8))))
     assert (masks[0] == masks[1]).all()
+
+
+def trans_fields(ta: TokenAutomaton, s: int) -> dict:
+    """A state's token transitions in comparable form (interned rows by content, not by row number)."""
+    tt = ta.trans(s)
+    return {"n": tt.n_allowed, "targets": tt.targets, "succ_bits": tt.succ_bits,
+            "sparse": {u: a.tolist() for u, a in tt.sparse.items()},
+            "dense": {u: ta.allp[k].tobytes() for u, k in tt.dense.items()},
+            "all_row": None if tt.all_row < 0 else ta.allp[tt.all_row].tobytes(),
+            "all_sparse": None if tt.all_sparse is None else tt.all_sparse.tolist()}
+
+
+@needs_native
+@settings(max_examples=150, deadline=None)
+@given(byte_tables(), vocabularies(), st.integers(0, 40), st.integers(0, 40))
+def test_native_grouping_gives_the_numpy_transitions_from_every_state(full, toks, dense_min, small):
+    # small thresholds, so that packed groups, the row of every token and the sorted ids all occur
+    saved = token_automaton.DENSE_MIN, token_automaton.SMALL
+    token_automaton.DENSE_MIN, token_automaton.SMALL = dense_min, small
+    try:
+        native = automaton(full, toks, use_c=True)
+        fallback = automaton(full, toks, use_c=False)
+        assert native._cwalker.groups
+        for s in range(1, full.shape[0]):
+            assert trans_fields(native, s) == trans_fields(fallback, s)
+    finally:
+        token_automaton.DENSE_MIN, token_automaton.SMALL = saved
+
+
+def reference_grouping(tok: np.ndarray, tgt: np.ndarray, nbytes: int, dense_min: int, small: int):
+    def packed(ids):
+        bits = np.zeros(nbytes * 8, dtype=bool)
+        bits[ids] = True
+        return np.packbits(bits, bitorder="little").tobytes()
+
+    groups = []
+    for u in sorted(set(tgt.tolist())):
+        ids = np.sort(tok[tgt == u]).astype(np.int64)
+        groups.append((u, True, packed(ids)) if ids.size > dense_min else (u, False, ids.tobytes()))
+    return (groups, packed(tok) if tok.size > small else None,
+            np.sort(tok).astype(np.int64).tobytes() if tok.size <= dense_min else None)
+
+
+@needs_native
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 40), st.data())
+def test_group_by_target_equals_its_numpy_reference(nbytes, data):
+    # up to every id of the vocabulary: the dense path (a pass over the vocabulary) and the sparse one (sorts)
+    V = nbytes * 8
+    n = data.draw(st.integers(0, V))
+    tok = np.array(data.draw(st.permutations(range(V)))[:n], dtype=np.int32)
+    tgt = np.array(data.draw(st.lists(st.integers(1, 6), min_size=n, max_size=n)), dtype=np.int32)
+    dense_min, small = data.draw(st.integers(0, 60)), data.draw(st.integers(0, 60))
+    assert _native.group_by_target(tok, tgt, nbytes, dense_min, small) == reference_grouping(
+        tok, tgt, nbytes, dense_min, small)
+
+
+@needs_native
+@pytest.mark.parametrize("tok, tgt, nbytes, match", [
+    ([1, 2], [1], 1, "differ in length"),
+    ([8], [1], 1, "outside"),
+    ([-1], [1], 1, "outside"),
+    ([1], [0], 1, "not a live state"),
+    ([3, 3, 1, 2], [1, 1, 1, 1], 1, "twice"),
+])
+def test_group_by_target_refuses_malformed_input(tok, tgt, nbytes, match):
+    with pytest.raises(ValueError, match=match):
+        _native.group_by_target(np.array(tok, dtype=np.int32), np.array(tgt, dtype=np.int32), nbytes, 4, 4)
+
+
+@needs_native
+def test_group_by_target_refuses_other_item_types():
+    with pytest.raises(TypeError):
+        _native.group_by_target(np.array([1], dtype=np.int64), np.array([1], dtype=np.int32), 1, 4, 4)
 
 
 def chain_walk(n: int):

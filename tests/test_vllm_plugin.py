@@ -323,14 +323,30 @@ def test_admission_with_vllm_sampling_params():
         claim(diffusion, _model_config(is_diffusion=True), tok)
 
 
-def make_tiny_llama(folder: Path, seed: int = 0) -> Path:
-    """A random 2-layer LlamaForCausalLM (hidden 128, 2 heads of dim 64) over the 260-id byte-level test
-    tokenizer, written as config.json + model.safetensors + tokenizer.json + tokenizer_config.json."""
+def make_tiny_llama(folder: Path, seed: int = 0, *, layers: int = 2, hidden: int = 128, heads: int = 2,
+                    intermediate: int = 256, tokenizer_dir: Path | None = None) -> Path:
+    """A random LlamaForCausalLM (by default 2 layers, hidden 128, 2 heads of dim 64) written as config.json +
+    model.safetensors + tokenizer.json + tokenizer_config.json. The tokenizer is the 260-id byte-level test
+    tokenizer, or the one in `tokenizer_dir` (a tokenizer.json whose ids 0, 1, 2 are BOS, EOS and padding, as
+    ../shared's BPE tokenizers are); heads are of dim 64, what vLLM's CPU attention supports."""
     from safetensors.torch import save_file
+    from tokenizers import Tokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
-    build_tiny_tokenizer().save(str(folder / "tokenizer.json"))
-    V, H, I, L, NH, HD = 260, 128, 256, 2, 2, 64
+    HD = 64
+    if hidden % HD or hidden // HD != heads:
+        raise ValueError(f"hidden {hidden} must be heads ({heads}) x 64")
+    if tokenizer_dir is None:
+        tok = build_tiny_tokenizer()
+        tok.save(str(folder / "tokenizer.json"))
+        V = 260
+        specials = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>"}
+    else:
+        tok = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
+        tok.save(str(folder / "tokenizer.json"))
+        V = tok.get_vocab_size(with_added_tokens=True)
+        specials = {k: tok.id_to_token(i) for k, i in (("bos_token", 0), ("eos_token", 1), ("pad_token", 2))}
+    H, I, L, NH = hidden, intermediate, layers, heads
     g = torch.Generator().manual_seed(seed)
 
     def w(*shape):
@@ -352,8 +368,7 @@ def make_tiny_llama(folder: Path, seed: int = 0) -> Path:
         "hidden_act": "silu", "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
         "tie_word_embeddings": False, "torch_dtype": "float32"}))
     (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|bos|>", "eos_token": "<|eos|>",
-        "pad_token": "<|pad|>", "model_max_length": 512,
+        "tokenizer_class": "PreTrainedTokenizerFast", **specials, "model_max_length": 512,
         "chat_template": "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant: "}))
     return folder
 

@@ -105,6 +105,10 @@ class CWalker:
         self.out_tok = np.zeros(n_out, dtype=np.int32)
         self.out_tgt = np.zeros(n_out, dtype=np.int32)
         self._lock = threading.Lock()
+        self._group = getattr(native, "group_by_target", None)
+        # token id -> whether other ids spell the same bytes (the walk outputs the first id only)
+        self._has_dup = np.zeros(max(vocab_size, int(trie.node_tok.max(initial=-1)) + 1, 1), dtype=bool)
+        self._has_dup[trie.dup_primary] = True
 
     def walk(self, dfa, s: int) -> tuple[np.ndarray, np.ndarray]:
         """(token ids, target states) of every token t with delta(s, t) != DEAD (s is not DEAD), as int64."""
@@ -113,11 +117,29 @@ class CWalker:
             n = self.core.walk(dfa, int(s), self.st, self.out_tok, self.out_tgt)
             tok = self.out_tok[:n].astype(np.int64)
             tgt = self.out_tgt[:n].astype(np.int64)
-        if tr.dup_primary.size and n:
+        return self._with_duplicates(tok, tgt)
+
+    def _with_duplicates(self, tok: np.ndarray, tgt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Add the ids that spell the same bytes as a walked token, with its target."""
+        tr = self.trie
+        if tr.dup_primary.size and tok.size and self._has_dup[tok].any():
             m = np.isin(tr.dup_primary, tok)
-            if m.any():
-                order = np.argsort(tok)
-                pos = np.searchsorted(tok[order], tr.dup_primary[m])
-                tok = np.concatenate((tok, tr.dup_extra[m]))
-                tgt = np.concatenate((tgt, tgt[order][pos]))
+            order = np.argsort(tok)
+            pos = np.searchsorted(tok[order], tr.dup_primary[m])
+            tok = np.concatenate((tok, tr.dup_extra[m].astype(tok.dtype)))
+            tgt = np.concatenate((tgt, tgt[order][pos]))
         return tok, tgt
+
+    @property
+    def groups(self) -> bool:
+        """Whether `walk_grouped` is native (an extension built before it had the grouping has the walk only)."""
+        return self._group is not None
+
+    def walk_grouped(self, dfa, s: int, nbytes: int, dense_min: int, small: int):
+        """The walk from s grouped by target state in native code (see `group_by_target` in _native.c):
+        (n allowed, [(target, packed, data)], all_row bytes or None, all_sorted bytes or None)."""
+        with self._lock:
+            n = self.core.walk(dfa, int(s), self.st, self.out_tok, self.out_tgt)
+            tok, tgt = self._with_duplicates(self.out_tok[:n], self.out_tgt[:n])
+            groups, all_row, all_sorted = self._group(tok, tgt, nbytes, dense_min, small)
+            return int(tok.size), groups, all_row, all_sorted

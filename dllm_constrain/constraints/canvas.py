@@ -52,7 +52,7 @@ import torch
 
 from dllm_constrain.kernels.bitmask import bitmask_bytes, row_allows, row_tokens, set_token, write_row
 
-from ..errors import ConstraintTimeoutError, InvalidRequestError
+from ..errors import ConstraintTimeoutError, ConstraintTooLongError, InvalidRequestError
 from .canvas_frontier import FrontierMemo, FrontierSearch, first_open, last_committed
 from .deadline import CallDeadline, activate, fire_active
 from .json_pointer import json_pointer_of_prefix
@@ -453,6 +453,11 @@ class CanvasState:
                     written[j] = row
                     self._prove(c)
                 done[j] = True
+            if p == frontier and not o[j].any() and frontier == 0 and c.count(None) == self.n:
+                # the frontier row is exact here (a search that ran out of time fired the deadline instead), so an
+                # empty one on an all-open canvas proves that no output fits: the fit check of new_canvas_state is
+                # time-bounded and lets an undecided canvas length in
+                raise ConstraintTooLongError(self.n + 1, self.n)
             done.setdefault(j, True)
 
     def _frontier_sets(self, c: tuple, f: int, an: Analysis, t_call: float) -> tuple[int, int]:

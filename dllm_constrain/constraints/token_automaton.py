@@ -213,6 +213,8 @@ class TokenAutomaton:
         tt = TokTrans(s)
         if s == DEAD:
             return tt
+        if self._cwalker is not None and self._cwalker.groups:
+            return self._compute_trans_native(tt)
         idx, tg = self.walk_tokens(s)
         tt.n_allowed = int(idx.size)
         all_idx = idx
@@ -238,6 +240,29 @@ class TokenAutomaton:
             ends = np.concatenate((cuts, [tg_s.size])).tolist()
             for a, b in zip(starts, ends):
                 tt.sparse[int(tg_s[a])] = np.sort(idx_s[a:b])
+        return self._finish_trans(tt, all_idx)
+
+    def _compute_trans_native(self, tt: TokTrans) -> TokTrans:
+        """`_compute_trans` with the walk and its grouping in native code (no pass over the vocabulary per group)."""
+        n, groups, all_row, all_sorted = self._cwalker.walk_grouped(self.dfa, tt.state, self.nbytes, DENSE_MIN, SMALL)
+        tt.n_allowed = n
+        for u, packed, data in groups:
+            if packed:
+                tt.dense[u] = self._intern_row(np.frombuffer(data, dtype=np.uint8))
+            else:
+                tt.sparse[u] = np.frombuffer(data, dtype=np.int64)
+        if all_sorted is not None:
+            tt.all_sparse = np.frombuffer(all_sorted, dtype=np.int64)
+        if n == 0:
+            return tt
+        self._finish_trans(tt, None)
+        if all_row is not None:
+            tt.all_row = self._intern_row(np.frombuffer(all_row, dtype=np.uint8))
+        return tt
+
+    def _finish_trans(self, tt: TokTrans, all_idx: np.ndarray | None) -> TokTrans:
+        """Targets, successor bits and accepting states of a grouped `tt`; with `all_idx` (every allowed id, the
+        numpy path) also the rows of every allowed token."""
         tt.targets = tuple(sorted(list(tt.dense) + list(tt.sparse)))
         tt.succ = frozenset(tt.targets)
         b = 0
@@ -247,7 +272,9 @@ class TokenAutomaton:
             if acc[u]:
                 self.acc_bits |= 1 << u
         tt.succ_bits = b
-        self.succ_bits[s] = b
+        self.succ_bits[tt.state] = b
+        if all_idx is None:
+            return tt
         # every allowed token: an interned packed row (unions over many states are then one OR-reduce
         # over distinct rows) and, for small sets, the sorted ids
         if all_idx.size <= DENSE_MIN:
