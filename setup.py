@@ -1,8 +1,10 @@
 """Build of the native extension; every other piece of metadata lives in pyproject.toml.
 
 `dllm_constrain.constraints._native` is the token-trie walk of the constraint layer (the hot loop of mask
-computation). It is optional: without a C compiler the build goes on without it and the package uses its numpy
-walker instead (same results), so `pip install` never fails for want of a compiler.
+computation) and the grouping of its output; `dllm_constrain.kernels._bitmask_cpu` masks float32 logits in place by a
+token bitmask on the CPU. Both are optional: without a C compiler the build goes on without them and the package
+uses its numpy walker and torch's masked_fill instead (same results), so `pip install` never fails for want of a
+compiler.
 """
 from setuptools import Extension, setup
 
@@ -13,6 +15,12 @@ setup(
             sources=["dllm_constrain/constraints/_native.c"],
             extra_compile_args=["-O2"],
             optional=True,
-        )
+        ),
+        Extension(
+            "dllm_constrain.kernels._bitmask_cpu",
+            sources=["kernels/_bitmask_cpu.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
     ]
 )

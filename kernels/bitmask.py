@@ -33,8 +33,13 @@ TOKENS_PER_WORD = 32
 BYTE_BITS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little")
 NOT_BYTE_BITS = np.ascontiguousarray(1 - BYTE_BITS)
 
+try:  # the CPU kernel built by the package's build (setup.py); absent without a C compiler
+    from dllm_constrain.kernels import _bitmask_cpu
+except ImportError:
+    _bitmask_cpu = None
+
 __all__ = [
-    "TOKENS_PER_WORD", "allocate_token_bitmask", "bitmask_bytes", "clear_token", "pack_bool_mask", "packed_width",
+    "TOKENS_PER_WORD", "allocate_token_bitmask", "apply_token_bitmask_inplace", "bitmask_bytes", "clear_token", "pack_bool_mask", "packed_width",
     "row_allows", "row_tokens", "set_token", "single_token_rows", "unpack_bitmask", "unpack_bitmask_into",
     "write_row",
 ]
@@ -173,6 +178,29 @@ def unpack_bitmask_into(packed: torch.Tensor, buffer: torch.Tensor, *, invert: b
         shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
         torch.bitwise_right_shift(src[..., None], shifts, out=bits).bitwise_and_(1)
     return bits.view(torch.bool).view(rows, words * 32)
+
+
+def apply_token_bitmask_inplace(logits: torch.Tensor, bitmask: torch.Tensor, value: float = float("-inf"),
+                                buffer: torch.Tensor | None = None) -> torch.Tensor:
+    """Set logits[r, t] = value for every token t that row r of the int32 bitmask [>= rows, >= ceil(V / 32)] does not
+    allow (xgrammar's `apply_token_bitmask_inplace`); returns `logits`. A C-contiguous float32 block on the CPU goes
+    through the native kernel (kernels/_bitmask_cpu.c: one pass, no per-token temporaries, the GIL released);
+    anything else through the torch reference: the complement unpacked into `buffer` (uint8, >= rows * 32 W bytes,
+    allocated when None) and one masked_fill."""
+    rows, vocab = logits.shape
+    _check_packed(bitmask, vocab)
+    if bitmask.shape[0] < rows:
+        raise ValueError(f"bitmask has {bitmask.shape[0]} rows, logits {rows}")
+    if (_bitmask_cpu is not None and logits.device.type == "cpu" and bitmask.device.type == "cpu"
+            and logits.dtype == torch.float32 and logits.is_contiguous() and bitmask.is_contiguous()):
+        if rows:
+            _bitmask_cpu.apply_token_bitmask(logits.numpy(), bitmask.numpy(), value)
+        return logits
+    packed = bitmask[:rows].to(logits.device)
+    if buffer is None:
+        buffer = torch.empty(packed.numel() * 32, dtype=torch.uint8, device=logits.device)
+    logits.masked_fill_(unpack_bitmask_into(packed, buffer, invert=True)[:, :vocab], value)
+    return logits
 
 
 def single_token_rows(bitmask: torch.Tensor) -> torch.Tensor:

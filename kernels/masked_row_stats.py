@@ -42,6 +42,7 @@ import torch
 from dllm_constrain.kernels._backend import interpreting, load_kernels, record, resolve_backend
 from dllm_constrain.kernels.bitmask import (  # noqa: F401  (pack/unpack re-exported: their historical home)
     allocate_token_bitmask,
+    apply_token_bitmask_inplace,
     pack_bool_mask,
     packed_width,
     unpack_bitmask,
@@ -215,7 +216,10 @@ def _torch_stats(x: torch.Tensor, allowed: torch.Tensor | None, temperature: flo
     scratch = ws.get("scratch", (max(mask_bytes, rows * vocab * (8 if temperature > 0 else 4)),), torch.uint8,
                      x.device)
     if allowed is not None:
-        x.masked_fill_(_disallowed_view(allowed, vocab, scratch), NEG_INF)
+        if allowed.dtype == torch.bool:
+            x.masked_fill_(_disallowed_view(allowed, vocab, scratch), NEG_INF)
+        else:  # packed: in place, natively on the CPU (apply_token_bitmask_inplace)
+            apply_token_bitmask_inplace(x, allowed, NEG_INF, scratch)
     if temperature == 0.0:
         token = x.argmax(-1)
     else:

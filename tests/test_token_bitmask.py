@@ -14,8 +14,10 @@ from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo
 from dllm_constrain.constraints.cfg import GrammarCompiler
 from dllm_constrain.constraints.protocol import fill_token_bitmask
 from dllm_constrain.kernels import masked_row_stats as mrs
+from dllm_constrain.kernels import bitmask as bitmask_module
 from dllm_constrain.kernels.bitmask import (
     allocate_token_bitmask,
+    apply_token_bitmask_inplace,
     bitmask_bytes,
     clear_token,
     pack_bool_mask,
@@ -47,6 +49,75 @@ def test_pack_and_unpack_are_inverse_and_match_the_word_arithmetic(rows, vocab, 
     buf = torch.empty(rows * packed.shape[1] * 32, dtype=torch.uint8)
     assert torch.equal(unpack_bitmask_into(packed, buf, invert=True)[:, :vocab], ~allowed)
     assert torch.equal(unpack_bitmask_into(packed, buf)[:, :vocab], allowed)
+
+
+@st.composite
+def masked_blocks(draw):
+    """A logits block and a bitmask covering it: words all ones, all zeros or mixed, extra rows and words."""
+    rows, vocab = draw(st.integers(0, 5)), draw(st.integers(1, 200))
+    extra_rows, extra_words = draw(st.integers(0, 2)), draw(st.integers(0, 2))
+    words = st.one_of(st.just(-1), st.just(0), st.integers(-2**31, 2**31 - 1))
+    bm = torch.tensor(draw(st.lists(st.lists(words, min_size=packed_width(vocab) + extra_words,
+                                             max_size=packed_width(vocab) + extra_words),
+                                    min_size=rows + extra_rows, max_size=rows + extra_rows)),
+                      dtype=torch.int32).reshape(rows + extra_rows, packed_width(vocab) + extra_words)
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(draw(st.integers(0, 99))))
+    return logits, bm
+
+
+def reference_masked(logits: torch.Tensor, bm: torch.Tensor, value: float) -> torch.Tensor:
+    allowed = unpack_bitmask(bm[: logits.shape[0]].contiguous(), logits.shape[1])
+    return logits.masked_fill(~allowed, value)
+
+
+@settings(max_examples=150, deadline=None)
+@given(masked_blocks(), st.sampled_from([float("-inf"), -1e4]))
+def test_apply_token_bitmask_inplace_equals_unpack_and_masked_fill(block, value):
+    logits, bm = block
+    want = reference_masked(logits, bm, value)
+    out = apply_token_bitmask_inplace(logits, bm, value)
+    assert out is logits and torch.equal(logits, want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(masked_blocks())
+def test_apply_token_bitmask_inplace_torch_path_for_other_layouts(block):
+    # a strided view (a column slice) and float64 go through the torch reference, writing through the view
+    logits, bm = block
+    wide = torch.cat([logits, torch.zeros(logits.shape[0], 3)], dim=1)
+    view = wide[:, : logits.shape[1]]
+    apply_token_bitmask_inplace(view, bm)
+    assert torch.equal(wide[:, : logits.shape[1]], reference_masked(logits, bm, float("-inf")))
+    as64 = logits.double()
+    apply_token_bitmask_inplace(as64, bm)
+    assert torch.equal(as64, reference_masked(logits.double(), bm, float("-inf")))
+
+
+def test_apply_token_bitmask_inplace_refuses_a_bitmask_that_does_not_cover_the_logits():
+    with pytest.raises(ValueError, match="covers 32 tokens"):
+        apply_token_bitmask_inplace(torch.zeros(1, 33), allocate_token_bitmask(1, 32))
+    with pytest.raises(ValueError, match="1 rows"):
+        apply_token_bitmask_inplace(torch.zeros(2, 8), allocate_token_bitmask(1, 8))
+
+
+def test_the_cpu_kernel_is_built_and_used_for_float32_blocks(monkeypatch):
+    if bitmask_module._bitmask_cpu is None:
+        pytest.skip("kernels/_bitmask_cpu.c is not built (no C compiler at install time): the torch path only")
+    calls = []
+    real = bitmask_module._bitmask_cpu
+
+    class Spy:
+        @staticmethod
+        def apply_token_bitmask(*args):
+            calls.append(args[0].shape)
+            return real.apply_token_bitmask(*args)
+
+    monkeypatch.setattr(bitmask_module, "_bitmask_cpu", Spy)
+    bm = allocate_token_bitmask(2, 40)
+    clear_token(bm, 1, 5)
+    logits = torch.zeros(2, 40)
+    apply_token_bitmask_inplace(logits, bm)
+    assert calls == [(2, 40)] and logits[1, 5] == float("-inf") and logits.isfinite().sum() == 79
 
 
 def test_the_old_import_path_still_names_the_helpers():
