@@ -158,6 +158,51 @@ def test_native_grouping_gives_the_numpy_transitions_from_every_state(full, toks
         token_automaton.DENSE_MIN, token_automaton.SMALL = saved
 
 
+@needs_native
+@settings(max_examples=150, deadline=None)
+@given(byte_tables(), vocabularies(), st.integers(0, 40), st.integers(0, 40), st.data())
+def test_rows_between_state_sets_built_in_c_equal_the_python_rows(full, toks, dense_min, small, data):
+    # random sets (bit 0 = ENDED), some states' transitions not computed yet, random accepting states
+    from dllm_constrain.constraints.set_algebra import SetAlgebra
+
+    saved = token_automaton.DENSE_MIN, token_automaton.SMALL
+    token_automaton.DENSE_MIN, token_automaton.SMALL = dense_min, small
+    try:
+        ta = automaton(full, toks, use_c=True)
+        n = full.shape[0]
+        ta.dfa.accepting[:n] = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+        for q in data.draw(st.lists(st.integers(1, n - 1), max_size=n)):
+            ta.trans(q)
+        alg = SetAlgebra(ta)
+        sets = st.integers(0, 2 ** n - 1)
+        for _ in range(5):
+            Bi, Bn = data.draw(sets), data.draw(sets)
+            row, unknown = ta.set_row(Bi, Bn)
+            f, p, eos_ok, partial = alg._split_step(Bi, Bn)
+            assert (row.tobytes(), unknown) == (ta.packed_row(f, p, eos_ok, alg.members).tobytes(), partial)
+    finally:
+        token_automaton.DENSE_MIN, token_automaton.SMALL = saved
+
+
+@needs_native
+def test_the_row_store_refuses_malformed_input():
+    store = _native.RowStore(8)
+    assert store.add_row(bytes(8)) == 0
+    with pytest.raises(ValueError, match="8 bytes"):
+        store.add_row(bytes(16))
+    with pytest.raises(ValueError, match="not an added row"):
+        store.add_state(1, [(2, 5, b"")], -1, None)
+    with pytest.raises(ValueError, match="outside"):
+        store.add_state(1, [(2, -1, np.array([64], dtype=np.int64))], -1, None)
+    store.add_state(1, [(2, -1, np.array([3], dtype=np.int64))], -1, np.array([3], dtype=np.int64))
+    with pytest.raises(ValueError, match="added before"):
+        store.add_state(1, [], -1, None)
+    with pytest.raises(ValueError, match="positive multiple of 8"):
+        _native.RowStore(12)
+    row, unknown = store.row(b"\x06", b"\x04", bytes(3), 0)  # states 1 (known) and 2 (not) into {2}
+    assert row == bytes([8]) + bytes(7) and unknown
+
+
 def reference_grouping(tok: np.ndarray, tgt: np.ndarray, nbytes: int, dense_min: int, small: int):
     def packed(ids):
         bits = np.zeros(nbytes * 8, dtype=bool)

@@ -492,8 +492,12 @@ class SetAlgebra:
         if row is not None:
             self.rows.move_to_end(key)
             return row
-        full, partial, eos_ok, partial_row = self._split_step(Bi, Bn)
-        row = self.ta.packed_row(full, partial, eos_ok, self.members)[: (vocab_size + 7) // 8]
+        if self.ta.row_store is not None:  # built in C from the known states' transitions
+            row, partial_row = self.ta.set_row(Bi, Bn)
+        else:
+            full, partial, eos_ok, partial_row = self._split_step(Bi, Bn)
+            row = self.ta.packed_row(full, partial, eos_ok, self.members)
+        row = row[: (vocab_size + 7) // 8]
         if partial_row:
             return row
         self.rows[key] = row

@@ -58,6 +58,8 @@ class TokenAutomaton:
 
         native = _cwalk.load() if use_c else None  # None: no native core built, or DLLM_CONSTRAIN_NO_C=1
         self._cwalker = _cwalk.CWalker(native, tok.preorder_trie(), self.vocab_size) if native is not None else None
+        # the known states' transitions in flat arrays: mask rows between state sets built in C (`set_row`)
+        self.row_store = native.RowStore(self.nbytes) if native is not None and hasattr(native, "RowStore") else None
         self._trie = None  # level-order trie: only for the numpy walker (built on first use)
         self.allp = np.zeros((8, self.nbytes), dtype=np.uint8)  # packed "every allowed token" rows
         self.n_allp = 0
@@ -206,6 +208,11 @@ class TokenAutomaton:
                 return tt
             check_active(s)  # a request's call deadline: before the walk (the table is published only once whole)
             tt = self._compute_trans(s)
+            if tt.n_allowed:
+                if self.row_store is not None:
+                    self.row_store.add_state(s, [(u, tt.dense.get(u, -1), tt.sparse.get(u, NO_IDS)) for u in tt.targets],
+                                             tt.all_row, tt.all_sparse)
+                self.succ_bits[s] = tt.succ_bits  # known from here on: set last (readers do not take the lock)
             self._trans[s] = tt
             return tt
 
@@ -272,7 +279,6 @@ class TokenAutomaton:
             if acc[u]:
                 self.acc_bits |= 1 << u
         tt.succ_bits = b
-        self.succ_bits[tt.state] = b
         if all_idx is None:
             return tt
         # every allowed token: an interned packed row (unions over many states are then one OR-reduce
@@ -296,6 +302,8 @@ class TokenAutomaton:
 
     def _add_allp(self, row: np.ndarray) -> int:
         k = self.n_allp
+        if self.row_store is not None and self.row_store.add_row(row) != k:
+            raise RuntimeError("the row store and the interned rows are out of step")
         if k >= self.allp.shape[0]:
             grown = np.zeros((max(8, 2 * self.allp.shape[0]), self.nbytes), dtype=np.uint8)
             grown[:k] = self.allp[:k]
@@ -361,6 +369,16 @@ class TokenAutomaton:
             row[self.eos_id >> 3] |= np.uint8(1 << (self.eos_id & 7))
         return row
 
+    def set_row(self, Bi: int, Bn: int) -> tuple[np.ndarray, bool]:
+        """`packed_row` of the step from state set Bi to Bn (bitsets as SetAlgebra keeps them, bit 0 = ENDED) built
+        in C from the row store (one loop over Bi's members instead of SetAlgebra._split_step and packed_row in
+        Python): (the row, read-only; whether some member's transitions are not known yet, which the row leaves out,
+        so that it must not be cached). Needs `row_store`."""
+        bi = Bi.to_bytes((Bi.bit_length() + 7) // 8, "little")
+        bn = Bn.to_bytes((Bn.bit_length() + 7) // 8, "little")
+        data, unknown = self.row_store.row(bi, bn, self.dfa.accepting, self.eos_id)
+        return np.frombuffer(data, dtype=np.uint8), unknown
+
     def _union(self, ids: set[int]) -> np.ndarray:
         """OR of the interned packed rows `ids` (cached: the same unions recur across steps)."""
         if len(ids) == 1:
@@ -414,6 +432,7 @@ class TokenAutomaton:
         return 2, None
 
 
+NO_IDS = np.zeros(0, dtype=np.int64)
 SCATTER_MAX = 500  # sparse tokens set bit by bit up to this many; a bool row and packbits beyond (packed_row)
 
 
