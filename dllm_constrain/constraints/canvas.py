@@ -79,18 +79,21 @@ SALVAGE_S = 0.25
 # (sound subsets). At 128K tokens one transition (a trie walk, plus the DFA rows it reaches) costs 1-10 ms, and a
 # cold spec-semantics canvas reaches thousands of states: spending half the limit on them made every call of such a
 # fill last the whole limit. A small per-call allowance spreads the exploration over the calls (it is cached), and
-# the left frontier stays exact (canvas_frontier.py), so the engine always has a position to commit.
-EXPAND_S = 0.01
+# the left frontier stays exact (canvas_frontier.py), so the engine always has a position to commit. 5 ms since the
+# walk's grouping and the rows between sets run in C (a new transition costs ~0.5 ms at 128K tokens): on 200 held-out
+# schemas the step masks' p99 fell from 31 to 8 ms and the per-forward cost of constraints in the engine fell too
+# (fewer long calls, the same number of forwards); docs/constraints.md, "Constraint cost".
+EXPAND_S = 0.005
 # Soft time of a mask call: past it, open positions other than the left frontier keep an empty row (sound: no token
 # is offered there this step) instead of computing theirs; the frontier's row is always computed (first).
-ROWS_S = 0.02
+ROWS_S = 0.005
 # When the can-finish decisions of the frontier row (canvas_frontier.py) end, in seconds into the mask call: near the
 # end of a wide canvas, refuting a state walked the token transitions of hundreds of states; past it, undecided
 # states are left out (sound). Counted from the call's start, not the search's, so that the phases of one call do
 # not add up (expansion, sets, then the frontier's own allowance used to make a cold call last 50-60 ms); the search
 # gets at least FRONTIER_MIN_S however long the sets took.
-FRONTIER_S = 0.03
-FRONTIER_MIN_S = 0.005
+FRONTIER_S = 0.008
+FRONTIER_MIN_S = 0.003
 
 
 def common_prefix(a: tuple, b: tuple, limit: int) -> int:
