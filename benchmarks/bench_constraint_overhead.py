@@ -3,6 +3,7 @@
 
     OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/bench_constraint_overhead.py              # 40 schemas, 3 runs
     python benchmarks/bench_constraint_overhead.py --n-per-subset 1 --runs 1 --json out.json   # quick
+    OMP_NUM_THREADS=1 taskset -c 0,1 python benchmarks/bench_constraint_overhead.py --mask-workers 1  # masks beside
 
 Schemas: `--n-per-subset` of each JSONSchemaBench subset, drawn as benchmarks/bench_masks.py draws them (the sample
 of ../shared/tools/anchors_mask_bench.py; 4 per subset = 40 schemas). For each schema the model input is the same
@@ -49,6 +50,9 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--model", default=None, help="checkpoint folder (default: the bundled model)")
     ap.add_argument("--json", default=None, help="also write the per-schema rows here")
+    ap.add_argument("--mask-workers", type=int, default=None,
+                    help="EngineConfig.mask_workers (default: the engine's choice, 0 on CPU): with 1 and a core of its own "
+                         "(taskset -c 0,1 with one torch thread) the masks run beside the forward, as on a GPU host")
     args = ap.parse_args()
 
     import torch
@@ -67,7 +71,10 @@ def main() -> int:
         return 2
     items = load_sample(args.data, args.seed, {k: args.n_per_subset for k in DEFAULT_MIX})
     llm = dc.LLM(args.model)
-    engine = LLMEngine(llm.model, llm.tokenizer, config=llm.engine.config)
+    config = llm.engine.config
+    if args.mask_workers is not None:
+        config = replace(config, mask_workers=args.mask_workers)
+    engine = LLMEngine(llm.model, llm.tokenizer, config=config)
 
     def prepare(schema: Any) -> Request:
         build, _, _ = llm._prepare(PROMPT, generate_options({"schema": schema}))
@@ -137,7 +144,8 @@ def main() -> int:
               flush=True)
 
     print(f"\n# bench_constraint_overhead: {len(rows)} schemas ({len(left_out)} left out), {args.runs} runs, "
-          f"model {args.model or 'bundled'}, torch threads {torch.get_num_threads()}")
+          f"model {args.model or 'bundled'}, torch threads {torch.get_num_threads()}, mask workers "
+          f"{engine.config.mask_workers}, cpu affinity {sorted(os.sched_getaffinity(0))}")
     print("| configuration | per forward: mean ratio | p50 | p90 | worst | per call: mean ratio | worst | NFE (sum) |")
     print("|---|---|---|---|---|---|---|---|")
     print(f"| free | 1 | | | | 1 | | {sum(r['free_nfe'] for r in rows):.0f} |")
