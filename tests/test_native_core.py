@@ -3,6 +3,7 @@ it agrees with the numpy walker, releases the GIL while it works, expands lazy D
 expand(), refuses malformed input with typed errors, and steps aside under DLLM_CONSTRAIN_NO_C=1."""
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -22,8 +23,11 @@ try:
 except ImportError:  # built without a C compiler: only the fallback tests apply
     _native = None
 
-needs_native = pytest.mark.skipif(_native is None, reason="the native extension is not built (no C compiler at "
-                                  "install time): the numpy walker is the only one")
+# tests of the native core need it built and selected (a run of the suite under DLLM_CONSTRAIN_NO_C=1 checks the
+# numpy and Python paths everywhere else)
+needs_native = pytest.mark.skipif(_native is None or bool(os.environ.get(_cwalk.NO_C_ENV)),
+                                  reason="the native extension is not built (no C compiler at install time) or "
+                                         "DLLM_CONSTRAIN_NO_C is set: the numpy walker is the only one")
 
 
 @dataclass
