@@ -524,7 +524,8 @@ class LLMEngine:
         if not proposals:
             if s.constraint is not None and not bool(s.committed.any()):
                 # an all-open canvas is completable iff some output fits it: the time-bounded fit check of
-                # new_canvas_state let an output that does not fit in (undecided is not refused); say so now
+                # new_canvas_state let an output that does not fit in (undecided is not refused); say so now (the
+                # regular canvas raises this at its first mask call itself; this covers every other constraint)
                 raise ConstraintTooLongError(len(view) + 1, len(view))
             raise ConstraintError(
                 f"request {s.index}: no open position of block {s.block} has an allowed token; "

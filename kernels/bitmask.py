@@ -39,8 +39,8 @@ except ImportError:
     _bitmask_cpu = None
 
 __all__ = [
-    "TOKENS_PER_WORD", "allocate_token_bitmask", "apply_token_bitmask_inplace", "bitmask_bytes", "clear_token", "pack_bool_mask", "packed_width",
-    "row_allows", "row_tokens", "set_token", "single_token_rows", "unpack_bitmask", "unpack_bitmask_into",
+    "TOKENS_PER_WORD", "allocate_token_bitmask", "apply_token_bitmask_inplace", "bitmask_bytes", "clear_token",
+    "pack_bool_mask", "packed_width", "row_allows", "row_tokens", "set_token", "single_token_rows", "unpack_bitmask", "unpack_bitmask_into",
     "write_row",
 ]
 

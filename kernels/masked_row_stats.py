@@ -147,12 +147,11 @@ def _as_packed_or_bool(allowed: torch.Tensor | None, rows: int, vocab: int,
 
 
 def _disallowed_view(allowed: torch.Tensor, vocab: int, scratch: torch.Tensor) -> torch.Tensor:
-    """bool [rows, vocab], True where the token is NOT allowed, written into the byte buffer `scratch`."""
+    """bool [rows, vocab], True where the bool mask `allowed` does NOT allow the token, written into the byte buffer
+    `scratch` (packed masks go through apply_token_bitmask_inplace instead)."""
     rows = allowed.shape[0]
-    if allowed.dtype == torch.bool:
-        out = scratch[: rows * vocab].view(torch.bool).view(rows, vocab)
-        return torch.bitwise_not(allowed, out=out)
-    return unpack_bitmask_into(allowed, scratch, invert=True)[:, :vocab]
+    out = scratch[: rows * vocab].view(torch.bool).view(rows, vocab)
+    return torch.bitwise_not(allowed, out=out)
 
 
 def noise_dtype(device: torch.device | str) -> torch.dtype:

@@ -373,6 +373,28 @@ def make_tiny_llama(folder: Path, seed: int = 0, *, layers: int = 2, hidden: int
     return folder
 
 
+def test_the_random_llama_takes_another_tokenizer_and_shape(tmp_path):
+    # what benchmarks/bench_vllm.py serves with --tokenizer / --model-size: the vocabulary, the special tokens (ids 0,
+    # 1, 2) and the shapes come from the arguments; heads are of dim 64
+    from safetensors import safe_open
+
+    src = tmp_path / "tok"
+    src.mkdir()
+    build_tiny_tokenizer().save(str(src / "tokenizer.json"))
+    folder = make_tiny_llama(tmp_path / "m", layers=3, hidden=192, heads=3, intermediate=64, tokenizer_dir=src)
+    config = json.loads((folder / "config.json").read_text())
+    tok_config = json.loads((folder / "tokenizer_config.json").read_text())
+    vocab = build_tiny_tokenizer().get_vocab_size(with_added_tokens=True)
+    assert (config["vocab_size"], config["num_hidden_layers"], config["hidden_size"]) == (vocab, 3, 192)
+    assert [tok_config[k] for k in ("bos_token", "eos_token", "pad_token")] == [
+        build_tiny_tokenizer().id_to_token(i) for i in range(3)]
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        assert tuple(f.get_tensor("model.embed_tokens.weight").shape) == (vocab, 192)
+        assert "model.layers.2.mlp.down_proj.weight" in f.keys()
+    with pytest.raises(ValueError, match="heads"):
+        make_tiny_llama(tmp_path / "bad", hidden=100, heads=2)
+
+
 def _plugin_site(tmp: Path) -> Path | None:
     """The `vllm.general_plugins` entry point for the server's processes. When the installed
     dllm-constrain already declares it (pyproject), nothing is added; otherwise a minimal dist-info

@@ -814,17 +814,10 @@ done:
 
 static PyObject *RowStore_get_n_rows(RowStoreObject *self, void *closure) { return PyLong_FromSsize_t(self->n_rows); }
 
-static PyObject *RowStore_known(RowStoreObject *self, PyObject *arg) {
-    Py_ssize_t q = PyLong_AsSsize_t(arg);
-    if (q == -1 && PyErr_Occurred()) return NULL;
-    return PyBool_FromLong(q > 0 && q < self->cap_states && self->known[q]);
-}
-
 static PyMethodDef RowStore_methods[] = {
     {"add_row", (PyCFunction)RowStore_add_row, METH_O, RowStore_add_row_doc},
     {"add_state", (PyCFunction)RowStore_add_state, METH_VARARGS, RowStore_add_state_doc},
     {"row", (PyCFunction)RowStore_row, METH_VARARGS, RowStore_row_doc},
-    {"known", (PyCFunction)RowStore_known, METH_O, "known(q) -> whether q's transitions were added"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -456,7 +456,7 @@ class CanvasState:
                     written[j] = row
                     self._prove(c)
                 done[j] = True
-            if p == frontier and not o[j].any() and frontier == 0 and c.count(None) == self.n:
+            if p == frontier == 0 and not o[j].any() and c.count(None) == self.n:
                 # the frontier row is exact here (a search that ran out of time fired the deadline instead), so an
                 # empty one on an all-open canvas proves that no output fits: the fit check of new_canvas_state is
                 # time-bounded and lets an undecided canvas length in

@@ -66,7 +66,8 @@ class DllmConstrainLogitsProcessor(LogitsProcessor):
         self._info = None
         self.max_model_len = self.model_config.max_model_len
         self._mask: torch.Tensor | None = None  # the batch's token bitmask (see _bitmask)
-        self._unpacked: torch.Tensor | None = None  # its bits, unpacked in place each step
+        # scratch for its bits where the native CPU kernel does not apply (apply_token_bitmask_inplace's torch path)
+        self._unpacked: torch.Tensor | None = None
         self._batch_size = 0
         self._pool = (ThreadPoolExecutor(1, thread_name_prefix="dllm-constrain-masks")
                       if mask_thread_enabled(device) else None)
