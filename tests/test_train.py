@@ -279,3 +279,31 @@ def test_the_copy_probe_scores_every_stated_scalar_value_of_the_held_out_request
     assert 0.0 <= probe["token_accuracy"] <= 1.0 and 0.0 <= probe["whole_value_accuracy"] <= 1.0
     assert 0.0 <= probe["left_to_right_value_accuracy"] <= 1.0
     assert 0.0 <= probe["first_token_accuracy"] <= 1.0 and 0.0 <= probe["later_token_accuracy"] <= 1.0
+
+
+def _answer_mask_rates(prefix_share: float) -> tuple[float, float]:
+    """Masked fraction of the first and the last quarter of the answers, over many noised rows."""
+    import random
+
+    from dllm_constrain.train.trainer import make_batch
+
+    cfg = TrainConfig(max_canvas=48, prefix_share=prefix_share)
+    pairs = [([0, 5, 6, 7], list(range(10, 50)))] * 64
+    first = last = 0.0
+    gen = torch.Generator().manual_seed(0)
+    for i in range(20):
+        b = make_batch(pairs, cfg, random.Random(i), gen)
+        answer = b["masked"][:, 4:4 + 40].float()
+        first += answer[:, :10].mean().item() / 20
+        last += answer[:, 30:].mean().item() / 20
+    return first, last
+
+
+def test_prefix_noising_keeps_the_start_of_the_answer_known_more_often_than_its_end():
+    first, last = _answer_mask_rates(1.0)
+    assert first < 0.6 * last
+
+
+def test_uniform_noising_masks_the_start_and_the_end_of_the_answer_alike():
+    first, last = _answer_mask_rates(0.0)
+    assert abs(first - last) < 0.05

@@ -77,6 +77,7 @@ class TrainConfig:
     eval_batches: int = 4
     simple_share: float = 0.0  # share of schema examples with 1-3 flat short fields (a copy-skill curriculum)
     copy_share: float = 0.0  # share of examples that are pure copy tasks (echo a span of the request)
+    prefix_share: float = 0.0  # share of rows noised as a known answer prefix + masked suffix (see make_batch)
 
 
 def build_model(cfg: TrainConfig) -> LLaDAModel:
@@ -159,7 +160,13 @@ def encode_examples(examples: list[dict], tok: Tokenizer, max_canvas: int) -> li
 
 def make_batch(pairs: list[tuple[list[int], list[int]]], cfg: TrainConfig, rng: random.Random,
                gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """Left-padded [prompt | answer + EOS padding] rows, with the noised input and the masked targets."""
+    """Left-padded [prompt | answer + EOS padding] rows, with the noised input and the masked targets.
+
+    A row is noised either as in LLaDA (every answer position masked with probability t) or, with probability
+    `cfg.prefix_share`, as a semi-autoregressive decode sees it: the answer's first c positions (c uniform over
+    the answer) are known and each later position is masked with probability t. Constrained decoding commits
+    the forced structure and the confident left part first, so a value's first token is mostly predicted from
+    a known prefix and an all-masked right side, a state the uniform noise almost never shows."""
     canvas = min(cfg.max_canvas, max(len(a) for _, a in pairs) + rng.randint(1, 24))
     plen = max(len(p) for p, _ in pairs)
     rows, keep, answer_region = [], [], []
@@ -174,6 +181,12 @@ def make_batch(pairs: list[tuple[list[int], list[int]]], cfg: TrainConfig, rng: 
     region = torch.tensor(answer_region)
     t = (1 - cfg.eps) * torch.rand(len(rows), 1, generator=gen) + cfg.eps
     masked = (torch.rand(ids.shape, generator=gen) < t) & region
+    if cfg.prefix_share > 0:
+        prefix_rows = torch.rand(len(rows), 1, generator=gen) < cfg.prefix_share
+        answer_len = torch.tensor([[min(len(a), canvas)] for _, a in pairs], dtype=torch.float32)
+        cut = plen + (torch.rand(len(rows), 1, generator=gen) * (answer_len + 1)).floor().long()
+        known = torch.arange(ids.shape[1]).unsqueeze(0) < cut
+        masked &= ~(known & prefix_rows)
     noisy = ids.masked_fill(masked, MASK)
     return {"ids": ids, "noisy": noisy, "masked": masked, "t": t.expand_as(ids), "kpm": key_padding_mask,
             "canvas": torch.full((len(rows),), canvas)}
