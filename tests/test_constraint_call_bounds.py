@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from constraint_support import brute_force_allowed, brute_force_completable, regex_accepts, tiny_info
 from dllm_constrain.constraints import ConstraintCompiler
 from dllm_constrain.constraints import canvas as canvas_mod
+from dllm_constrain.constraints.bounds import INF
 from dllm_constrain.constraints import compiler as compiler_mod
 from dllm_constrain.constraints.canvas_frontier import FrontierSearch
 from dllm_constrain.constraints.deadline import CallDeadline, activate, fire_active
@@ -325,3 +326,40 @@ def test_the_fit_check_out_of_time_lets_the_request_in_and_decides_when_unbounde
     assert cc.fits(2, timeout_s=0.5) is True  # undecided: never refuses what might fit
     assert cc.fits(2, timeout_s=None) is False
     assert cc.fits(4, timeout_s=None) is True
+
+
+def longest_match_tokens_on_shortest_path(alg, q: int) -> int:
+    """Reference for greedy_tokens_to_accept: spell q's shortest byte continuation (lowest byte first), then count
+    the tokens of its longest-match tokenization, every lookahead the vocabulary's longest token."""
+    path, s = bytearray(), q
+    while not alg.dfa.accepting[s]:
+        b, s = alg._greedy_next(s)
+        if b < 0:
+            return INF
+        path.append(b)
+    count, L = 0, alg.ta.max_token_len
+    while path:
+        k = alg.ta.longest_token_prefix(bytes(path[:L]))
+        if k == 0:
+            return INF
+        del path[:k]
+        count += 1
+    return count
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text("abc{}:\"", min_size=1, max_size=5), min_size=1, max_size=12), st.sampled_from(
+    [r'\{"ab":(a|bc)*\}', r"(abc){2,4}c?", r'a{3}b*"c"', r"(ab|c){0,5}\}"]))
+def test_the_greedy_token_bound_equals_longest_match_over_the_whole_lookahead(words, pattern):
+    spelled = [b"abc", b"abcabc", b'{"ab":', b"aaab", b"bc}"]  # tokens longer than a byte along shortest paths
+    tokens = list(dict.fromkeys([w.encode() for w in words] + spelled + [bytes([b]) for b in b'abc{}:"']))
+    alg = compile_fresh(pattern, tokens).algebra
+    seen, todo = {START}, [START]
+    while todo:  # every live DFA state reachable from the start
+        s = todo.pop()
+        alg.dfa.expand(s)
+        for u in set(alg.dfa.T[s].tolist()) - {DEAD} - seen:
+            seen.add(u)
+            todo.append(u)
+    for s in sorted(seen):
+        assert alg.greedy_tokens_to_accept(s) == longest_match_tokens_on_shortest_path(alg, s)

@@ -116,3 +116,17 @@ def test_two_ids_with_the_same_bytes_are_both_allowed():
     a, b = cc.ta.walk_tokens(1)
     c, d = cc.ta._walk_tokens_numpy(1)
     assert sorted(zip(a.tolist(), b.tolist())) == sorted(zip(c.tolist(), d.tolist()))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.binary(min_size=1, max_size=4), min_size=1, max_size=30), st.binary(max_size=5))
+def test_a_token_prefix_is_recognised_exactly(tokens, data):
+    info = TokenizerInfo(list(tokens) + [None, None], eos_id=len(tokens), mask_id=len(tokens) + 1)
+    assert info.is_token_prefix(data) == any(t.startswith(data) for t in tokens)
+
+
+@given(st.lists(st.integers(0, 3000), max_size=200))
+def test_a_set_built_from_indices_has_exactly_those_members(indices):
+    from dllm_constrain.constraints.token_automaton import bits_from, bits_of
+
+    assert bits_of(bits_from(np.array(indices, dtype=np.int64))) == sorted(set(indices))

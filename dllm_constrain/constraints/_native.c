@@ -528,6 +528,7 @@ typedef struct {
     Py_ssize_t n_rows, cap_rows;
     uint32_t *stamp;               /* per row: the build that ORed it last */
     uint32_t cur;
+    int32_t max_u;                 /* the largest target added so far */
 } RowStoreObject;
 
 static int grow(void **p, Py_ssize_t *cap, Py_ssize_t need, size_t item) {
@@ -710,6 +711,7 @@ static PyObject *RowStore_add_state(RowStoreObject *self, PyObject *args) {
         }
         if (check_row_id(self, r) < 0) goto fail;
         self->e_u[first + j] = u;
+        if (u > self->max_u) self->max_u = u;
         self->e_row[first + j] = (int32_t)r;
         self->e_off[first + j] = 0;
         self->e_len[first + j] = 0;
@@ -812,12 +814,107 @@ done:
     return result;
 }
 
+/* the members of a state set, a little-endian bitset: for (byte, v = set[byte]; v; v &= v - 1) q = byte * 8 + ctz */
+#define FOR_MEMBERS(set, len, q)                                                                                   \
+    for (Py_ssize_t _byte = 0; _byte < (len); _byte++)                                                             \
+        for (unsigned _v = (set)[_byte]; _v; _v &= _v - 1)                                                         \
+            for (Py_ssize_t q = _byte * 8 + __builtin_ctz(_v), _once = 1; _once; _once = 0)
+
+static inline int known_state(const RowStoreObject *self, Py_ssize_t q) {
+    return q < self->cap_states && self->known[q];
+}
+
+static int append_long(PyObject *list, Py_ssize_t q) {
+    PyObject *v = PyLong_FromSsize_t(q);
+    if (!v) return -1;
+    int rc = PyList_Append(list, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+PyDoc_STRVAR(RowStore_step_open_doc,
+"step_open(f, accepting) -> (succ, unknown, any_accepting)\n\n"
+"Over the live members of the state set f (a little-endian bitset as bytes; bit 0 = ENDED, skipped): succ, the\n"
+"union of the known members' token successors (bytes); unknown, the members with no transitions added, ascending;\n"
+"any_accepting, whether some live member accepts (accepting: a byte per state).");
+
+static PyObject *RowStore_step_open(RowStoreObject *self, PyObject *args) {
+    Py_buffer f, acc;
+    if (!PyArg_ParseTuple(args, "y*y*:step_open", &f, &acc)) return NULL;
+    PyObject *out = NULL, *unknown = NULL, *result = NULL;
+    out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)self->max_u / 8 + 1);
+    unknown = PyList_New(0);
+    if (!out || !unknown) goto done;
+    uint8_t *succ = (uint8_t *)PyBytes_AS_STRING(out);
+    memset(succ, 0, (size_t)PyBytes_GET_SIZE(out));
+    const uint8_t *a = f.buf, *ac = acc.buf;
+    int any_acc = 0;
+    FOR_MEMBERS(a, f.len, q) {
+        if (q == 0) continue;
+        if (q < acc.len && ac[q]) any_acc = 1;
+        if (!known_state(self, q)) {
+            if (append_long(unknown, q) < 0) goto done;
+            continue;
+        }
+        Py_ssize_t e0 = self->e_first[q], e1 = e0 + self->e_count[q];
+        for (Py_ssize_t e = e0; e < e1; e++) succ[self->e_u[e] >> 3] |= (uint8_t)(1u << (self->e_u[e] & 7));
+    }
+    result = Py_BuildValue("(OOO)", out, unknown, any_acc ? Py_True : Py_False);
+done:
+    Py_XDECREF(out);
+    Py_XDECREF(unknown);
+    PyBuffer_Release(&f);
+    PyBuffer_Release(&acc);
+    return result;
+}
+
+PyDoc_STRVAR(RowStore_back_open_doc,
+"back_open(f, x, accepting, ended_ok) -> (back, unknown)\n\n"
+"The members of state set f that an open position takes into state set x (bitsets as bytes, bit 0 = ENDED): ENDED\n"
+"and accepting members when ended_ok (x holds ENDED: an EOS gets there), and the members with a known token\n"
+"successor in x (back, bytes of f's length); unknown: the other members whose transitions are not added, ascending.");
+
+static PyObject *RowStore_back_open(RowStoreObject *self, PyObject *args) {
+    Py_buffer f, x, acc;
+    int ended_ok;
+    if (!PyArg_ParseTuple(args, "y*y*y*p:back_open", &f, &x, &acc, &ended_ok)) return NULL;
+    PyObject *out = NULL, *unknown = NULL, *result = NULL;
+    out = PyBytes_FromStringAndSize(NULL, f.len);
+    unknown = PyList_New(0);
+    if (!out || !unknown) goto done;
+    uint8_t *back = (uint8_t *)PyBytes_AS_STRING(out);
+    memset(back, 0, (size_t)f.len);
+    const uint8_t *a = f.buf, *b = x.buf, *ac = acc.buf;
+    FOR_MEMBERS(a, f.len, q) {
+        int in = 0;
+        if (q == 0 || (ended_ok && q < acc.len && ac[q])) {
+            in = ended_ok;
+        } else if (!known_state(self, q)) {
+            if (append_long(unknown, q) < 0) goto done;
+        } else {
+            Py_ssize_t e0 = self->e_first[q], e1 = e0 + self->e_count[q];
+            for (Py_ssize_t e = e0; e < e1 && !in; e++) in = has_bit(b, x.len, self->e_u[e]);
+        }
+        if (in) back[q >> 3] |= (uint8_t)(1u << (q & 7));
+    }
+    result = Py_BuildValue("(OO)", out, unknown);
+done:
+    Py_XDECREF(out);
+    Py_XDECREF(unknown);
+    PyBuffer_Release(&f);
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&acc);
+    return result;
+}
+
 static PyObject *RowStore_get_n_rows(RowStoreObject *self, void *closure) { return PyLong_FromSsize_t(self->n_rows); }
 
 static PyMethodDef RowStore_methods[] = {
     {"add_row", (PyCFunction)RowStore_add_row, METH_O, RowStore_add_row_doc},
     {"add_state", (PyCFunction)RowStore_add_state, METH_VARARGS, RowStore_add_state_doc},
     {"row", (PyCFunction)RowStore_row, METH_VARARGS, RowStore_row_doc},
+    {"step_open", (PyCFunction)RowStore_step_open, METH_VARARGS, RowStore_step_open_doc},
+    {"back_open", (PyCFunction)RowStore_back_open, METH_VARARGS, RowStore_back_open_doc},
     {NULL, NULL, 0, NULL},
 };
 

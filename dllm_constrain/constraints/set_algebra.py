@@ -23,7 +23,7 @@ import numpy as np
 from .bounds import INF
 from .deadline import check_active
 from .deriv import DEAD, START
-from .token_automaton import TokenAutomaton, bits_of
+from .token_automaton import TokenAutomaton, bits_from, bits_of
 
 ENDED = 0  # bit 0 of a state set
 ENDED_BIT = 1
@@ -73,6 +73,11 @@ class Budget:
 
 
 UNLIMITED = 1 << 62
+
+
+def as_bytes(x: int) -> bytes:
+    """A state set as the row store reads it: little-endian bytes."""
+    return x.to_bytes((x.bit_length() + 7) // 8, "little")
 
 
 def checked_chunks(members: list[int], size: int = 256):
@@ -166,7 +171,12 @@ class SetAlgebra:
         if r is not None:
             return r
         part = self._open_part.get(F)
-        if part is None:
+        rs = self.ta.row_store
+        if part is None and rs is not None:
+            # first visit, in C: the known members' successors at once; only the unknown ones are looked at below
+            data, todo, any_acc = rs.step_open(as_bytes(F), self.dfa.accepting)
+            r, ended = int.from_bytes(data, "little"), bool(F & ENDED_BIT) or any_acc
+        elif part is None:
             # first visit: every member; ENDED joins when F holds ENDED or an accepting state
             acc = self.dfa.accepting
             ended = bool(F & ENDED_BIT) or any(acc[q] for q in self.members(F) if q != ENDED)
@@ -243,7 +253,12 @@ class SetAlgebra:
             return r
         sget = self.ta.succ_bits.get
         part = self._back_part.get(key)
-        if part is None:
+        rs = self.ta.row_store
+        if part is None and rs is not None:
+            # first visit, in C: ENDED, accepting and known members decided at once; the unknown ones below
+            data, todo = rs.back_open(as_bytes(F), as_bytes(X), self.dfa.accepting, bool(X & ENDED_BIT))
+            r = int.from_bytes(data, "little")
+        elif part is None:
             acc = self.dfa.accepting
             ended_ok = bool(X & ENDED_BIT)
             r = 0
@@ -376,6 +391,7 @@ class SetAlgebra:
             return r
         dfa = self.dfa
         L = max(1, self.ta.max_token_len)
+        is_prefix = self.ta.tok.is_token_prefix
         chain: list[int] = []
         s = q
         while True:
@@ -389,6 +405,9 @@ class SetAlgebra:
             if dfa.accepting[s]:
                 r = memo[s] = 0
                 break
+            # the path's bytes while some token still starts with them: the longest token prefixing the path is
+            # found within them (every prefix of that token is a token prefix), and a path of structural JSON leaves
+            # the token trie after a few bytes instead of the vocabulary's longest token
             head = bytearray()
             states = [s]
             u = s
@@ -398,6 +417,8 @@ class SetAlgebra:
                     break
                 head.append(b)
                 states.append(u)
+                if not is_prefix(bytes(head)):
+                    break
             k = self.ta.longest_token_prefix(bytes(head))
             if k == 0:  # a dead end on the path, or a byte no token spells
                 r = memo[s] = INF
@@ -452,16 +473,7 @@ class SetAlgebra:
             return r
         part = self._fin_part.get(key)
         if part is None:
-            r = 0
-            dist = self.dfa.dist
-            acc = self.dfa.accepting
-            easy = self.ta.single_byte_complete
-            todo: list[int] = []
-            for q in self.members(F):
-                if q == ENDED or acc[q] or (easy and int(dist[q]) <= m):
-                    r |= 1 << q
-                else:
-                    todo.append(q)
+            r, todo = self._finish_at_once(F, m)
         else:
             r, todo = part
         undecided: list[int] = []
@@ -481,6 +493,29 @@ class SetAlgebra:
             self._remember_part(self._fin_part, key, (r, undecided))
             budget.cuts += 1
         return r
+
+    def _finish_at_once(self, F: int, m: int) -> tuple[int, list[int]]:
+        """(the members of F that finish within m positions by a table lookup: ENDED, accepting states and, when
+        every byte is a token, states at most m bytes from acceptance; the other members), in one numpy pass for
+        large sets (a Python loop over thousands of members cost more than the rest of a mask call)."""
+        ms = self.members(F)
+        dist = self.dfa.dist
+        acc = self.dfa.accepting
+        easy = self.ta.single_byte_complete
+        if len(ms) > 48:
+            arr = np.asarray(ms, dtype=np.int64)
+            sel = acc[arr] | (arr == ENDED)
+            if easy:
+                sel |= dist[arr] <= m
+            return bits_from(arr[sel]), arr[~sel].tolist()
+        r = 0
+        todo: list[int] = []
+        for q in ms:
+            if q == ENDED or acc[q] or (easy and int(dist[q]) <= m):
+                r |= 1 << q
+            else:
+                todo.append(q)
+        return r, todo
 
     # ------------------------------------------------------------------ rows
     def row(self, Bi: int, Bn: int, vocab_size: int) -> np.ndarray:

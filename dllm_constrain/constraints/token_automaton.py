@@ -436,6 +436,16 @@ NO_IDS = np.zeros(0, dtype=np.int64)
 SCATTER_MAX = 500  # sparse tokens set bit by bit up to this many; a bool row and packbits beyond (packed_row)
 
 
+def bits_from(indices: np.ndarray) -> int:
+    """The set (an int used as a bitset) of the given non-negative indices, in one numpy pack (the inverse of
+    `bits_of`)."""
+    if not indices.size:
+        return 0
+    flags = np.zeros(int(indices.max()) + 1, dtype=bool)
+    flags[indices] = True
+    return int.from_bytes(np.packbits(flags, bitorder="little").tobytes(), "little")
+
+
 def bits_of(x: int) -> list[int]:
     """Indices of the set bits of x, ascending. Peeling the low bit costs O(size) per bit on a big int, so
     large sets go through one numpy unpack of the int's bytes instead (4-25x faster at thousands of states)."""

@@ -11,6 +11,8 @@ caches instances per (path, ids), so every constraint compiled for the same toke
 """
 from __future__ import annotations
 
+from bisect import bisect_left
+
 import functools
 import hashlib
 import json
@@ -101,6 +103,7 @@ class TokenizerInfo:
         self._trie: TokenTrie | None = None
         self._pre = None
         self._byte_set: frozenset[bytes] | None = None
+        self._sorted_bytes: list[bytes] | None = None
         self._singles: bool | None = None
         self._max_len: int | None = None
         self._lock = threading.Lock()
@@ -215,6 +218,15 @@ class TokenizerInfo:
         if self._byte_set is None:
             self._byte_set = frozenset(b for b in self.token_bytes if b)
         return self._byte_set
+
+    def is_token_prefix(self, data: bytes) -> bool:
+        """Whether some token's bytes start with `data` (binary search over the sorted token byte strings: the
+        first string >= data is the one that would start with it)."""
+        sb = self._sorted_bytes
+        if sb is None:
+            sb = self._sorted_bytes = sorted(self.byte_set())
+        i = bisect_left(sb, data)
+        return i < len(sb) and sb[i].startswith(data)
 
     def preorder_trie(self):
         """The trie in DFS preorder for the C walker (built once, cached)."""
