@@ -4,6 +4,7 @@
     OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/bench_constraint_overhead.py              # 40 schemas, 3 runs
     python benchmarks/bench_constraint_overhead.py --n-per-subset 1 --runs 1 --json out.json   # quick
     OMP_NUM_THREADS=1 taskset -c 0,1 python benchmarks/bench_constraint_overhead.py --mask-workers 1  # masks beside
+    OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/bench_constraint_overhead.py --no-forced-tokens  # same forward mix
 
 Schemas: `--n-per-subset` of each JSONSchemaBench subset, drawn as benchmarks/bench_masks.py draws them (the sample
 of ../shared/tools/anchors_mask_bench.py; 4 per subset = 40 schemas). For each schema the model input is the same
@@ -53,6 +54,9 @@ def main() -> int:
     ap.add_argument("--mask-workers", type=int, default=None,
                     help="EngineConfig.mask_workers (default: the engine's choice, 0 on CPU): with 1 and a core of its own "
                          "(taskset -c 0,1 with one torch thread) the masks run beside the forward, as on a GPU host")
+    ap.add_argument("--no-forced-tokens", action="store_true",
+                    help="SamplingParams.forced_tokens=False: positions the mask forces wait for the model, so the "
+                         "constrained run does the free run's mix of forwards and the ratio is the constraint's own cost")
     args = ap.parse_args()
 
     import torch
@@ -77,7 +81,8 @@ def main() -> int:
     engine = LLMEngine(llm.model, llm.tokenizer, config=config)
 
     def prepare(schema: Any) -> Request:
-        build, _, _ = llm._prepare(PROMPT, generate_options({"schema": schema}))
+        options = {"schema": schema} if not args.no_forced_tokens else {"schema": schema, "forced_tokens": False}
+        build, _, _ = llm._prepare(PROMPT, generate_options(options))
         [req] = build()
         return req
 
@@ -145,7 +150,7 @@ def main() -> int:
 
     print(f"\n# bench_constraint_overhead: {len(rows)} schemas ({len(left_out)} left out), {args.runs} runs, "
           f"model {args.model or 'bundled'}, torch threads {torch.get_num_threads()}, mask workers "
-          f"{engine.config.mask_workers}, cpu affinity {sorted(os.sched_getaffinity(0))}")
+          f"{engine.config.mask_workers}, forced tokens {'off' if args.no_forced_tokens else 'on'}, cpu affinity {sorted(os.sched_getaffinity(0))}")
     print("| configuration | per forward: mean ratio | p50 | p90 | worst | per call: mean ratio | worst | NFE (sum) |")
     print("|---|---|---|---|---|---|---|---|")
     print(f"| free | 1 | | | | 1 | | {sum(r['free_nfe'] for r in rows):.0f} |")
