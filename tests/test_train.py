@@ -44,6 +44,7 @@ def test_heldout_split_uses_lead_phrasings_the_training_split_never_produces():
     for e in ExampleGenerator(11, plain_text_share=0.0, split="heldout").examples(100):
         assert not any(e["request"].startswith(lead) for lead in train_leads)
     assert set(HELDOUT.pairs).isdisjoint(TRAIN.pairs) and set(HELDOUT.leads).isdisjoint(TRAIN.leads)
+    assert set(HELDOUT.bool_pairs).isdisjoint(TRAIN.bool_pairs)
 
 
 def test_simple_share_gives_flat_requests_of_one_to_three_short_fields():

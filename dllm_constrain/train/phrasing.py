@@ -23,11 +23,21 @@ class Phrasing:
 TRAIN = Phrasing(
     leads=("Create a record with", "Fill in the form:", "Make an entry where", "Return JSON for", "Record this:",
            "Describe an item with", "I need data:", "Generate an object,", "New entry:", "Store the following:",
-           "Build a JSON object with", "Log this entry:", "Data:", "Make a record for", "Please record", ""),
+           "Build a JSON object with", "Log this entry:", "Data:", "Make a record for", "Please record", "Add this:",
+           "Save this entry:", "Note this:", "Put on file:", "Create an item where", "Write down", ""),
+    # many ways to join a key to its value (verbs, modals, symbols, value first), so that what the model learns is to
+    # skip the joining words, not a list of them: the held-out phrasings below are none of these
     pairs=("{k} {v}", "{k} is {v}", "{k}: {v}", "the {k} is {v}", "{k} = {v}", "{k} set to {v}", "with {k} {v}",
-           "{k} was {v}", "its {k} is {v}", "{v} as {k}", "{k} equal to {v}"),
-    bool_pairs=("{k} is {yes}", "{k}: {yes}", "{k} {yes}", "{k} = {yes}", "{k} set to {yes}"),
-    joiners=("; ", ", ", " and ", "; ", ", ", "\n- ", ". "),
+           "{k} was {v}", "its {k} is {v}", "{v} as {k}", "{k} equal to {v}", "{k} must be {v}", "{k} will be {v}",
+           "{k} becomes {v}", "{k} is now {v}", "{k} => {v}", "{k} := {v}", "{k} == {v}", "{k} equals {v}",
+           "change {k} to {v}", "update {k} to {v}", "make {k} {v}", "use {v} for {k}", "{v} for {k}",
+           "{v} is the {k}", "the {k}: {v}", "{k} would be {v}", "{k} has to be {v}", "let {k} be {v}",
+           "assign {v} to {k}", "{k} needs to be {v}", "{k} ought to be {v}", "{k}={v}", "{k} - {v}",
+           "{k} (value {v})", "give {k} the value {v}", "{k} is going to be {v}", "{k} reads {v}"),
+    bool_pairs=("{k} is {yes}", "{k}: {yes}", "{k} {yes}", "{k} = {yes}", "{k} set to {yes}", "{k} must be {yes}",
+                "{k} == {yes}", "make {k} {yes}", "{k} becomes {yes}", "{k} is now {yes}", "let {k} be {yes}",
+                "{k} => {yes}", "change {k} to {yes}"),
+    joiners=("; ", ", ", " and ", "; ", ", ", "\n- ", ". ", " / ", "\n", " || ", ";\n", " + "),
     yes_no=(("true", "false"), ("yes", "no")),
 )
 
