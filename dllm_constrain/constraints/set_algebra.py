@@ -23,7 +23,7 @@ import numpy as np
 from .bounds import INF
 from .deadline import check_active
 from .deriv import DEAD, START
-from .token_automaton import TokenAutomaton, bits_from, bits_of
+from .token_automaton import TokenAutomaton, as_bytes, bits_from, bits_of
 
 ENDED = 0  # bit 0 of a state set
 ENDED_BIT = 1
@@ -73,11 +73,6 @@ class Budget:
 
 
 UNLIMITED = 1 << 62
-
-
-def as_bytes(x: int) -> bytes:
-    """A state set as the row store reads it: little-endian bytes."""
-    return x.to_bytes((x.bit_length() + 7) // 8, "little")
 
 
 def checked_chunks(members: list[int], size: int = 256):

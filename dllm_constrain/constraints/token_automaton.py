@@ -374,9 +374,7 @@ class TokenAutomaton:
         in C from the row store (one loop over Bi's members instead of SetAlgebra._split_step and packed_row in
         Python): (the row, read-only; whether some member's transitions are not known yet, which the row leaves out,
         so that it must not be cached). Needs `row_store`."""
-        bi = Bi.to_bytes((Bi.bit_length() + 7) // 8, "little")
-        bn = Bn.to_bytes((Bn.bit_length() + 7) // 8, "little")
-        data, unknown = self.row_store.row(bi, bn, self.dfa.accepting, self.eos_id)
+        data, unknown = self.row_store.row(as_bytes(Bi), as_bytes(Bn), self.dfa.accepting, self.eos_id)
         return np.frombuffer(data, dtype=np.uint8), unknown
 
     def _union(self, ids: set[int]) -> np.ndarray:
@@ -434,6 +432,11 @@ class TokenAutomaton:
 
 NO_IDS = np.zeros(0, dtype=np.int64)
 SCATTER_MAX = 500  # sparse tokens set bit by bit up to this many; a bool row and packbits beyond (packed_row)
+
+
+def as_bytes(x: int) -> bytes:
+    """A state set as the row store reads it: little-endian bytes."""
+    return x.to_bytes((x.bit_length() + 7) // 8, "little")
 
 
 def bits_from(indices: np.ndarray) -> int:
