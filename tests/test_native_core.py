@@ -220,6 +220,76 @@ def test_open_steps_of_state_sets_in_c_equal_the_python_loops(full, toks, data):
         assert results[0] == results[1]
 
 
+def byte_distances(full: np.ndarray, accepting: list[bool]) -> np.ndarray:
+    """Bytes from each state to an accepting one over the complete table (INF where none is reachable)."""
+    from dllm_constrain.constraints.bounds import INF
+
+    n = full.shape[0]
+    dist = np.full(n, INF, dtype=np.int64)
+    for s in range(1, n):
+        if accepting[s]:
+            dist[s] = 0
+    for _ in range(n):
+        for s in range(1, n):
+            succ = dist[full[s][full[s] != 0]]
+            if succ.size:
+                dist[s] = min(dist[s], int(succ.min()) + 1)
+    return dist
+
+
+@needs_native
+@settings(max_examples=150, deadline=None)
+@given(byte_tables(), vocabularies(), st.data())
+def test_finishing_members_decided_in_c_equal_the_python_loop(full, toks, data):
+    # which members of random sets can finish within m positions: the C first visit (table lookups and the
+    # thresholds earlier searches left) and the Python loop over every member give the same sets, call after call
+    from dllm_constrain.constraints.set_algebra import SetAlgebra
+
+    n = full.shape[0]
+    accepting = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    accepting[0] = False
+    dist = byte_distances(full, accepting)
+    algebras = []
+    for use_c in (True, False):
+        ta = automaton(full, toks, use_c=True)
+        ta.dfa.accepting[:n] = accepting
+        ta.dfa.dist[:n] = dist
+        alg = SetAlgebra(ta)
+        if not use_c:
+            alg._finish_split = None
+        algebras.append(alg)
+    assert algebras[0]._finish_split is not None
+    for _ in range(8):
+        F, m = data.draw(st.integers(0, 2 ** n - 1)), data.draw(st.integers(-1, 6))
+        assert algebras[0].finishers(F, m) == algebras[1].finishers(F, m)
+
+
+@needs_native
+def test_finish_split_reads_thresholds_and_treats_states_past_the_arrays_as_unknown():
+    # states 1..4 in f; 1 accepting; 2 known to finish within 2; 3 known not to within 5; 4 past the threshold arrays
+    f = bytes([0b11110])
+    dist = np.array([0, 0, 3, 3, 3], dtype=np.int64)
+    acc = np.array([0, 1, 0, 0, 0], dtype=bool)
+    ft = np.array([9, 9, 2], dtype=np.int32)
+    ff = np.array([-1, -1, -1, 5], dtype=np.int32)
+    fin, todo = _native.finish_split(f, 3, dist, acc, ft, ff, False, 4)
+    assert fin == bytes([0b00110]) and todo == [4]
+    fin, todo = _native.finish_split(f, 1, dist, acc, ft, ff, False, 4)  # below 2's threshold: searched again
+    assert fin == bytes([0b00010]) and todo == [2, 4]
+    fin, todo = _native.finish_split(f, 5, dist, acc, ft, ff, False, 4)  # at 3's largest known failure
+    assert fin == bytes([0b00110]) and todo == [4]
+    fin, todo = _native.finish_split(f, 6, dist, acc, ft, ff, False, 4)  # above it
+    assert fin == bytes([0b00110]) and todo == [3, 4]
+    fin, todo = _native.finish_split(f, 3, dist, acc, ft, ff, False, 2)  # 3 bytes need 2 tokens of at most 2 bytes
+    assert fin == bytes([0b00110]) and todo == [4]
+    fin, todo = _native.finish_split(f, 1, dist, acc, ft, ff, False, 2)  # ... so 1 position is too few
+    assert fin == bytes([0b00010]) and todo == []
+    fin, todo = _native.finish_split(f, 0, dist, acc, ft, ff, False, 4)  # no position left: only acceptance
+    assert fin == bytes([0b00010]) and todo == []
+    fin, todo = _native.finish_split(f, 3, dist, acc, ft, ff, True, 4)  # every byte a token: 3 bytes in 3 tokens
+    assert fin == bytes([0b11110]) and todo == []
+
+
 @needs_native
 def test_the_row_store_refuses_malformed_input():
     store = _native.RowStore(8)

@@ -907,6 +907,66 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(finish_split_doc,
+"finish_split(f, m, dist, accepting, fin_true, fin_false, easy, max_token_len) -> (finish, todo)\n\n"
+"The members of state set f (a little-endian bitset as bytes; bit 0 = ENDED) that can reach acceptance within m\n"
+"more positions by a table lookup, and those the tables leave open. finish (bytes of f's length): ENDED, accepting\n"
+"states, states at most m bytes from acceptance when every byte is a token (easy), states whose smallest m known to\n"
+"suffice (fin_true, int32 per state) is <= m. Left out as proven unable: every live state when m <= 0, states whose\n"
+"largest m known not to suffice (fin_false, int32) is >= m, states more than m longest tokens from acceptance. todo:\n"
+"the others, ascending (decided by the search). dist: int64 bytes to acceptance per state; accepting: a byte per\n"
+"state; states past an array's end count as unknown there.");
+
+static PyObject *finish_split(PyObject *module, PyObject *args) {
+    Py_buffer f, dist, acc, ft, ff;
+    long long m;
+    int easy;
+    Py_ssize_t L;
+    if (!PyArg_ParseTuple(args, "y*Ly*y*y*y*pn:finish_split", &f, &m, &dist, &acc, &ft, &ff, &easy, &L)) return NULL;
+    PyObject *out = NULL, *todo = NULL, *result = NULL;
+    if (L < 1) L = 1;
+    out = PyBytes_FromStringAndSize(NULL, f.len);
+    todo = PyList_New(0);
+    if (!out || !todo) goto done;
+    uint8_t *fin = (uint8_t *)PyBytes_AS_STRING(out);
+    memset(fin, 0, (size_t)f.len);
+    const uint8_t *a = f.buf, *ac = acc.buf;
+    const int64_t *d = dist.buf;
+    const int32_t *t_true = ft.buf, *t_false = ff.buf;
+    Py_ssize_t n_dist = dist.len / (Py_ssize_t)sizeof(int64_t), n_true = ft.len / (Py_ssize_t)sizeof(int32_t),
+               n_false = ff.len / (Py_ssize_t)sizeof(int32_t);
+    FOR_MEMBERS(a, f.len, q) {
+        int yes = 0;
+        if (q == 0 || (q < acc.len && ac[q])) {
+            yes = 1;
+        } else if (m <= 0) {
+            continue;
+        } else if (q < n_dist && easy && d[q] <= m) {
+            yes = 1;
+        } else if (q < n_true && t_true[q] <= m) {
+            yes = 1;
+        } else if (q < n_false && t_false[q] >= m) {
+            continue;
+        } else if (q < n_dist && (d[q] + L - 1) / L > m) {
+            continue;
+        } else {
+            if (append_long(todo, q) < 0) goto done;
+            continue;
+        }
+        if (yes) fin[q >> 3] |= (uint8_t)(1u << (q & 7));
+    }
+    result = Py_BuildValue("(OO)", out, todo);
+done:
+    Py_XDECREF(out);
+    Py_XDECREF(todo);
+    PyBuffer_Release(&f);
+    PyBuffer_Release(&dist);
+    PyBuffer_Release(&acc);
+    PyBuffer_Release(&ft);
+    PyBuffer_Release(&ff);
+    return result;
+}
+
 static PyObject *RowStore_get_n_rows(RowStoreObject *self, void *closure) { return PyLong_FromSsize_t(self->n_rows); }
 
 static PyMethodDef RowStore_methods[] = {
@@ -937,6 +997,7 @@ static PyTypeObject RowStoreType = {
 
 static PyMethodDef module_methods[] = {
     {"group_by_target", (PyCFunction)group_by_target, METH_VARARGS, group_by_target_doc},
+    {"finish_split", (PyCFunction)finish_split, METH_VARARGS, finish_split_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -23,9 +23,11 @@ import numpy as np
 from .bounds import INF
 from .deadline import check_active
 from .deriv import DEAD, START
+from . import _cwalk
 from .token_automaton import TokenAutomaton, as_bytes, bits_from, bits_of
 
 ENDED = 0  # bit 0 of a state set
+_NO_TRUE = np.iinfo(np.int32).max  # no m known to suffice
 ENDED_BIT = 1
 START_BIT = 1 << START
 
@@ -108,9 +110,13 @@ class SetAlgebra:
         self._back_part: dict[tuple[int, int], tuple[int, list[int]]] = {}
         self._fin_part: dict[tuple[int, int], tuple[int, list[int]]] = {}
         self._back_tok: dict[tuple[int, int, int], int] = {}
-        # can-finish memo per state: (largest m known False, smallest m known True)
+        # can-finish memo per state: (largest m known False, smallest m known True); mirrored into int32 arrays
+        # (state -> threshold) that the native `finish_split` reads to decide a set's members at once
         self._fin_false: dict[int, int] = {}
         self._fin_true: dict[int, int] = {}
+        self._fin_true_arr = np.full(64, _NO_TRUE, dtype=np.int32)
+        self._fin_false_arr = np.full(64, -1, dtype=np.int32)
+        self._finish_split = _cwalk.load().finish_split if ta.row_store is not None else None
         self._fin_sets: dict[tuple[int, int], int] = {}
         self._succ_sorted: dict[int, list[int]] = {}
         self._greedy: dict[int, int] = {}
@@ -333,8 +339,9 @@ class SetAlgebra:
         f = self._fin_false.get(q)
         if f is not None and f >= m:
             return False
-        if self.greedy_tokens_to_accept(q, budget) <= m:
-            self._fin_true[q] = min(m, self._fin_true.get(q, INF))
+        g = self.greedy_tokens_to_accept(q, budget)
+        if g <= m:
+            self._note_true(q, g)  # an upper bound on the tokens q needs: every m >= g suffices
             return True
         if budget is not None:
             if (q, m) in budget.undecided:
@@ -348,7 +355,7 @@ class SetAlgebra:
         check_active(q, "deciding whether it can finish")
         L = max(1, self.ta.max_token_len)
         if -(-int(self.dfa.dist[q]) // L) > m:  # not even with the longest tokens
-            self._fin_false[q] = max(m, self._fin_false.get(q, -1))
+            self._note_false(q, m)
             return False
         succ = self._succ_by_dist(q, budget)
         if succ is None:
@@ -358,7 +365,7 @@ class SetAlgebra:
         for u in succ:
             r = self.finish3(u, m - 1, budget)
             if r is True:
-                self._fin_true[q] = min(m, self._fin_true.get(q, INF))
+                self._note_true(q, m)
                 return True
             if r is None:
                 undecided = True
@@ -367,8 +374,26 @@ class SetAlgebra:
         if undecided:
             budget.undecided.add((q, m))
             return None
-        self._fin_false[q] = max(m, self._fin_false.get(q, -1))
+        self._note_false(q, m)
         return False
+
+    def _note_true(self, q: int, m: int) -> None:
+        """q can finish within m positions (so within any more)."""
+        if m < self._fin_true.get(q, INF):
+            self._fin_true[q] = m
+            arr = self._fin_true_arr
+            if q >= len(arr):
+                arr = self._fin_true_arr = _grown(arr, q, _NO_TRUE)
+            arr[q] = min(m, _NO_TRUE)
+
+    def _note_false(self, q: int, m: int) -> None:
+        """q cannot finish within m positions (nor within fewer)."""
+        if m > self._fin_false.get(q, -1):
+            self._fin_false[q] = m
+            arr = self._fin_false_arr
+            if q >= len(arr):
+                arr = self._fin_false_arr = _grown(arr, q, -1)
+            arr[q] = min(m, _NO_TRUE)
 
     def greedy_tokens_to_accept(self, q: int, budget: Budget | None = None) -> int:
         """An upper bound on the tokens q needs: the shortest byte continuation (lowest byte first at each
@@ -467,7 +492,13 @@ class SetAlgebra:
         if r is not None:
             return r
         part = self._fin_part.get(key)
-        if part is None:
+        if part is None and self._finish_split is not None:
+            # first visit, in C: the members the tables decide (accepting, distance, known thresholds) at once
+            data, todo = self._finish_split(
+                as_bytes(F), m, self.dfa.dist, self.dfa.accepting, self._fin_true_arr, self._fin_false_arr,
+                self.ta.single_byte_complete, self.ta.max_token_len)
+            r = int.from_bytes(data, "little")
+        elif part is None:
             r, todo = self._finish_at_once(F, m)
         else:
             r, todo = part
@@ -592,3 +623,8 @@ class SetAlgebra:
         return full, partial, eos_ok, unknown
 
 
+def _grown(arr: np.ndarray, q: int, fill: int) -> np.ndarray:
+    """arr extended (doubling) so that index q exists, the new entries set to fill."""
+    out = np.full(max(2 * len(arr), q + 1), fill, dtype=arr.dtype)
+    out[: len(arr)] = arr
+    return out
