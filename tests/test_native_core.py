@@ -66,6 +66,14 @@ class LazyTableDFA:
         self.T[s] = self.full[s]
         self.expanded[s] = True
 
+    def walk(self, s: int, data: bytes) -> int:
+        for b in data:
+            if s == 0:
+                return 0
+            self.expand(s)
+            s = int(self.T[s, b])
+        return s
+
     def ensure_rows(self, ids: np.ndarray) -> None:
         for s in np.unique(ids[~self.expanded[ids]]).tolist():
             self.expand(s)
@@ -262,6 +270,32 @@ def test_finishing_members_decided_in_c_equal_the_python_loop(full, toks, data):
     for _ in range(8):
         F, m = data.draw(st.integers(0, 2 ** n - 1)), data.draw(st.integers(-1, 6))
         assert algebras[0].finishers(F, m) == algebras[1].finishers(F, m)
+
+
+@needs_native
+@settings(max_examples=150, deadline=None)
+@given(byte_tables(), vocabularies(), st.data())
+def test_committed_token_backward_steps_in_c_equal_the_python_loop(full, toks, data):
+    # {q in F : token t takes q into X} from random sets, some DFA rows expanded and some not: the C walk over the
+    # expanded rows (the Python walk finishing the members it leaves) and the Python walk over every member agree
+    from dllm_constrain.constraints.set_algebra import SetAlgebra
+
+    n = full.shape[0]
+    expanded = data.draw(st.lists(st.integers(1, n - 1), max_size=n))
+    algebras = []
+    for use_c in (True, False):
+        ta = automaton(full, toks, use_c=True)
+        for q in expanded:
+            ta.dfa.expand(q)
+        alg = SetAlgebra(ta)
+        if not use_c:
+            alg._back_tok_walk = None
+        algebras.append(alg)
+    assert algebras[0]._back_tok_walk is not None
+    for _ in range(8):
+        F, X = data.draw(st.integers(0, 2 ** n - 1)), data.draw(st.integers(0, 2 ** n - 1))
+        t = data.draw(st.integers(0, len(toks) - 1))
+        assert algebras[0].back_tok(F, t, X) == algebras[1].back_tok(F, t, X)
 
 
 @needs_native

@@ -967,6 +967,62 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(back_tok_walk_doc,
+"back_tok_walk(f, token, x, table, expanded) -> (back, todo)\n\n"
+"The members of state set f (a little-endian bitset as bytes; bit 0 = ENDED, skipped) that the bytes of a committed\n"
+"token take into state set x, walking the byte DFA's table (int32 [states, 256], state 0 = DEAD) through expanded\n"
+"rows only. back: bytes of f's length; todo: the members whose walk reaches a row not expanded yet, ascending\n"
+"(walked by the caller, which expands rows).");
+
+static PyObject *back_tok_walk(PyObject *module, PyObject *args) {
+    Py_buffer f, tok, x, tab, exp;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*:back_tok_walk", &f, &tok, &x, &tab, &exp)) return NULL;
+    PyObject *out = NULL, *todo = NULL, *result = NULL;
+    Py_ssize_t n_states = exp.len;
+    if (tab.len < n_states * 256 * (Py_ssize_t)sizeof(int32_t)) {
+        PyErr_SetString(PyExc_ValueError, "table: fewer rows than expanded flags");
+        goto done;
+    }
+    out = PyBytes_FromStringAndSize(NULL, f.len);
+    todo = PyList_New(0);
+    if (!out || !todo) goto done;
+    uint8_t *back = (uint8_t *)PyBytes_AS_STRING(out);
+    memset(back, 0, (size_t)f.len);
+    const uint8_t *a = f.buf, *tb = tok.buf, *xs = x.buf, *ex = exp.buf;
+    const int32_t *T = tab.buf;
+    FOR_MEMBERS(a, f.len, q) {
+        if (q == 0) continue;
+        Py_ssize_t s = q;
+        int stuck = 0;
+        for (Py_ssize_t i = 0; i < tok.len && s != 0; i++) {
+            if (s >= n_states || !ex[s]) {
+                stuck = 1;
+                break;
+            }
+            s = T[s * 256 + tb[i]];
+            if (s < 0 || s >= n_states) {
+                PyErr_Format(PyExc_ValueError, "table: target %zd outside the %zd states", s, n_states);
+                goto done;
+            }
+        }
+        if (stuck) {
+            if (append_long(todo, q) < 0) goto done;
+        } else if (s != 0 && has_bit(xs, x.len, s)) {
+            back[q >> 3] |= (uint8_t)(1u << (q & 7));
+        }
+    }
+    result = Py_BuildValue("(OO)", out, todo);
+done:
+    Py_XDECREF(out);
+    Py_XDECREF(todo);
+    PyBuffer_Release(&f);
+    PyBuffer_Release(&tok);
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&tab);
+    PyBuffer_Release(&exp);
+    return result;
+}
+
 static PyObject *RowStore_get_n_rows(RowStoreObject *self, void *closure) { return PyLong_FromSsize_t(self->n_rows); }
 
 static PyMethodDef RowStore_methods[] = {
@@ -998,6 +1054,7 @@ static PyTypeObject RowStoreType = {
 static PyMethodDef module_methods[] = {
     {"group_by_target", (PyCFunction)group_by_target, METH_VARARGS, group_by_target_doc},
     {"finish_split", (PyCFunction)finish_split, METH_VARARGS, finish_split_doc},
+    {"back_tok_walk", (PyCFunction)back_tok_walk, METH_VARARGS, back_tok_walk_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -116,7 +116,10 @@ class SetAlgebra:
         self._fin_true: dict[int, int] = {}
         self._fin_true_arr = np.full(64, _NO_TRUE, dtype=np.int32)
         self._fin_false_arr = np.full(64, -1, dtype=np.int32)
-        self._finish_split = _cwalk.load().finish_split if ta.row_store is not None else None
+        native = _cwalk.load() if ta.row_store is not None else None
+        self._finish_split = native.finish_split if native is not None else None
+        # a committed token's backward step walked in C over the byte DFA's expanded rows (tables DFAs only)
+        self._back_tok_walk = native.back_tok_walk if native is not None and hasattr(ta.dfa, "T") else None
         self._fin_sets: dict[tuple[int, int], int] = {}
         self._succ_sorted: dict[int, list[int]] = {}
         self._greedy: dict[int, int] = {}
@@ -307,11 +310,19 @@ class SetAlgebra:
                         r |= 1 << q
         else:
             d = self.ta.delta
-            for q in self.members(F):
-                if q != ENDED:
-                    u = d(q, t)
-                    if u != DEAD and (X >> u) & 1:
-                        r |= 1 << q
+            tb = self.ta.tok.token_bytes
+            walk = self._back_tok_walk
+            if walk is not None and 0 <= t < len(tb) and tb[t] is not None and len(self.members(F)) > 2:
+                # in C through the rows expanded so far; the members whose walk needs a new row below
+                dfa = self.dfa
+                data, todo = walk(as_bytes(F), tb[t], as_bytes(X), dfa.T, dfa.expanded)
+                r = int.from_bytes(data, "little")
+            else:
+                todo = [q for q in self.members(F) if q != ENDED]
+            for q in todo:
+                u = d(q, t)
+                if u != DEAD and (X >> u) & 1:
+                    r |= 1 << q
         self._back_tok[key] = r
         return r
 
