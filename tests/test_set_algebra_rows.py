@@ -30,3 +30,21 @@ def test_the_row_cache_is_bounded_by_its_byte_budget(monkeypatch) -> None:
     monkeypatch.setattr(set_algebra, "ROW_CACHE_BYTES", 80)  # 80 one-byte rows
     alg = _fill_rows(100)
     assert alg.max_rows == 80 and len(alg.rows) == 80
+
+
+def test_a_state_that_allows_no_token_is_known_with_no_successor() -> None:
+    # after "ab" nothing but EOS may follow: the state's transitions are computed (none), so sets holding it are
+    # exact; left unknown, every backward step over such a set was cut and sent the frontier to its exact fallback
+    from dllm_constrain.constraints.set_algebra import Budget
+
+    clear_cache()
+    info = tiny_info([b"a", b"b"])
+    cc = ConstraintCompiler(info).compile_regex("ab")
+    alg = cc.algebra
+    after_a = alg.step_open(START_BIT)
+    end = alg.step_open(after_a)
+    [q] = [x for x in alg.members(end) if x != 0]
+    assert alg.ta.trans(q).n_allowed == 0 and alg.ta.succ_bits[q] == 0
+    budget = Budget(0)
+    alg.back_open(end, alg.step_open(end), budget)
+    assert budget.cuts == 0

@@ -208,7 +208,9 @@ class TokenAutomaton:
                 return tt
             check_active(s)  # a request's call deadline: before the walk (the table is published only once whole)
             tt = self._compute_trans(s)
-            if tt.n_allowed:
+            if s != DEAD:
+                # published even without an allowed token (the state after a closing brace allows only EOS): such a
+                # state is known, with no successor, or every set holding it would look partial
                 if self.row_store is not None:
                     self.row_store.add_state(s, [(u, tt.dense.get(u, -1), tt.sparse.get(u, NO_IDS)) for u in tt.targets],
                                              tt.all_row, tt.all_sparse)
