@@ -426,6 +426,9 @@ class CanvasState:
             self._prove(c)
         b = self._b
         V = self.vocab_size
+        row_of = self.alg.row
+        clock = time.perf_counter
+        packed = o.dtype == np.uint8 and o.shape[1] == (V + 7) // 8  # rows copied as they are cached
         order = sorted(range(len(positions)), key=lambda j: positions[j] != frontier)  # the frontier first (stable)
         for j in order:
             p = positions[j]
@@ -435,15 +438,18 @@ class CanvasState:
                     set_token(o[j], c[p])
                 done[j] = True
                 continue
-            if p != frontier and soft_end is not None and time.perf_counter() > soft_end:
+            if p != frontier and soft_end is not None and clock() > soft_end:
                 self.rows_deferred += 1
                 continue
             stop_at = None if p == frontier else soft_end
-            bi = b(an, p, stop_at)
-            bn = b(an, p + 1, stop_at) if bi else 0
+            bi = B[p] if p < len(B) and B[p] is not None else b(an, p, stop_at)
+            bn = (B[p + 1] if p + 1 < len(B) and B[p + 1] is not None else b(an, p + 1, stop_at)) if bi else 0
             if bi and bn:
-                row = written[j] = self.alg.row(bi, bn, V)
-                write_row(o[j], row)
+                row = written[j] = row_of(bi, bn, V)
+                if packed and row.shape[0] == o.shape[1]:
+                    o[j] = row
+                else:
+                    write_row(o[j], row)
                 done[j] = True  # sound; at the frontier it stands if the exact decision below runs out of time
             if p == frontier and self._budget is not None and (self._budget.cuts or not o[j].any()):
                 # the budget cut part of the sets: the frontier row may miss tokens; decided exactly
