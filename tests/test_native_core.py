@@ -198,6 +198,22 @@ def test_rows_between_state_sets_built_in_c_equal_the_python_rows(full, toks, de
         token_automaton.DENSE_MIN, token_automaton.SMALL = saved
 
 
+def twin_algebras(full: np.ndarray, toks: list[bytes | None], prepare, python_path) -> list:
+    """Two SetAlgebras over identical automata (`prepare(ta)` applied to each): the first with its native paths, the
+    second switched to the Python loops by `python_path(alg)`."""
+    from dllm_constrain.constraints.set_algebra import SetAlgebra
+
+    algebras = []
+    for native in (True, False):
+        ta = automaton(full, toks, use_c=True)
+        prepare(ta)
+        alg = SetAlgebra(ta)
+        if not native:
+            python_path(alg)
+        algebras.append(alg)
+    return algebras
+
+
 @needs_native
 @settings(max_examples=150, deadline=None)
 @given(byte_tables(), vocabularies(), st.data())
@@ -205,20 +221,18 @@ def test_open_steps_of_state_sets_in_c_equal_the_python_loops(full, toks, data):
     # forward (step_open) and backward (back_open) over an open position, from random sets with some states'
     # transitions unknown and random accepting states: the C first visit and the Python loop agree on the result
     # and on the members they leave for later (a budget of 0 new transitions keeps the unknown ones unknown)
-    from dllm_constrain.constraints.set_algebra import Budget, SetAlgebra
+    from dllm_constrain.constraints.set_algebra import Budget
 
     n = full.shape[0]
     accepting = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
     known = data.draw(st.lists(st.integers(1, n - 1), max_size=n))
-    algebras = []
-    for use_store in (True, False):  # two identical automata: one read through the row store, one without it
-        ta = automaton(full, toks, use_c=True)
+
+    def prepare(ta):
         ta.dfa.accepting[:n] = accepting
         for q in known:
             ta.trans(q)
-        if not use_store:
-            ta.row_store = None
-        algebras.append(SetAlgebra(ta))
+
+    algebras = twin_algebras(full, toks, prepare, lambda alg: setattr(alg.ta, "row_store", None))
     assert algebras[0].ta.row_store is not None
     sets = st.integers(0, 2 ** n - 1)
     for _ in range(5):
@@ -251,21 +265,16 @@ def byte_distances(full: np.ndarray, accepting: list[bool]) -> np.ndarray:
 def test_finishing_members_decided_in_c_equal_the_python_loop(full, toks, data):
     # which members of random sets can finish within m positions: the C first visit (table lookups and the
     # thresholds earlier searches left) and the Python loop over every member give the same sets, call after call
-    from dllm_constrain.constraints.set_algebra import SetAlgebra
-
     n = full.shape[0]
     accepting = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
     accepting[0] = False
     dist = byte_distances(full, accepting)
-    algebras = []
-    for use_c in (True, False):
-        ta = automaton(full, toks, use_c=True)
+
+    def prepare(ta):
         ta.dfa.accepting[:n] = accepting
         ta.dfa.dist[:n] = dist
-        alg = SetAlgebra(ta)
-        if not use_c:
-            alg._finish_split = None
-        algebras.append(alg)
+
+    algebras = twin_algebras(full, toks, prepare, lambda alg: setattr(alg, "_finish_split", None))
     assert algebras[0]._finish_split is not None
     for _ in range(8):
         F, m = data.draw(st.integers(0, 2 ** n - 1)), data.draw(st.integers(-1, 6))
@@ -278,19 +287,14 @@ def test_finishing_members_decided_in_c_equal_the_python_loop(full, toks, data):
 def test_committed_token_backward_steps_in_c_equal_the_python_loop(full, toks, data):
     # {q in F : token t takes q into X} from random sets, some DFA rows expanded and some not: the C walk over the
     # expanded rows (the Python walk finishing the members it leaves) and the Python walk over every member agree
-    from dllm_constrain.constraints.set_algebra import SetAlgebra
-
     n = full.shape[0]
     expanded = data.draw(st.lists(st.integers(1, n - 1), max_size=n))
-    algebras = []
-    for use_c in (True, False):
-        ta = automaton(full, toks, use_c=True)
+
+    def prepare(ta):
         for q in expanded:
             ta.dfa.expand(q)
-        alg = SetAlgebra(ta)
-        if not use_c:
-            alg._back_tok_walk = None
-        algebras.append(alg)
+
+    algebras = twin_algebras(full, toks, prepare, lambda alg: setattr(alg, "_back_tok_walk", None))
     assert algebras[0]._back_tok_walk is not None
     for _ in range(8):
         F, X = data.draw(st.integers(0, 2 ** n - 1)), data.draw(st.integers(0, 2 ** n - 1))
