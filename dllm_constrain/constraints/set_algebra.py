@@ -20,16 +20,16 @@ from collections import OrderedDict
 
 import numpy as np
 
+from . import _cwalk
 from .bounds import INF
 from .deadline import check_active
 from .deriv import DEAD, START
-from . import _cwalk
 from .token_automaton import TokenAutomaton, as_bytes, bits_from, bits_of
 
 ENDED = 0  # bit 0 of a state set
-_NO_TRUE = np.iinfo(np.int32).max  # no m known to suffice
 ENDED_BIT = 1
 START_BIT = 1 << START
+_NO_TRUE = np.iinfo(np.int32).max  # can-finish threshold array: no m known to suffice
 
 
 class Budget:
