@@ -16,7 +16,9 @@ through part of its members counts as a cut of the call (see canvas.py's docstri
 from __future__ import annotations
 
 import time
+from array import array
 from collections import OrderedDict
+from itertools import repeat
 
 import numpy as np
 
@@ -29,7 +31,7 @@ from .token_automaton import TokenAutomaton, as_bytes, bits_from, bits_of
 ENDED = 0  # bit 0 of a state set
 ENDED_BIT = 1
 START_BIT = 1 << START
-_NO_TRUE = np.iinfo(np.int32).max  # can-finish threshold array: no m known to suffice
+_NO_TRUE = (1 << 31) - 1  # can-finish threshold: no m known to suffice
 
 
 class Budget:
@@ -110,12 +112,11 @@ class SetAlgebra:
         self._back_part: dict[tuple[int, int], tuple[int, list[int]]] = {}
         self._fin_part: dict[tuple[int, int], tuple[int, list[int]]] = {}
         self._back_tok: dict[tuple[int, int, int], int] = {}
-        # can-finish memo per state: (largest m known False, smallest m known True); mirrored into int32 arrays
-        # (state -> threshold) that the native `finish_split` reads to decide a set's members at once
-        self._fin_false: dict[int, int] = {}
-        self._fin_true: dict[int, int] = {}
-        self._fin_true_arr = np.full(64, _NO_TRUE, dtype=np.int32)
-        self._fin_false_arr = np.full(64, -1, dtype=np.int32)
+        # can-finish memo per state, as int32 arrays indexed by state (Python reads them like lists, the native
+        # `finish_split` as buffers): the largest m known not to suffice (-1: none) and the smallest m known to suffice
+        # (_NO_TRUE: none); states past an array's end have neither
+        self._fin_false = array("i")
+        self._fin_true = array("i")
         native = _cwalk.load() if ta.row_store is not None else None
         self._finish_split = native.finish_split if native is not None else None
         # a committed token's backward step walked in C over the byte DFA's expanded rows (tables DFAs only)
@@ -344,11 +345,10 @@ class SetAlgebra:
             return False
         if self.ta.single_byte_complete and int(self.dfa.dist[q]) <= m:
             return True  # spell the shortest byte path with single-byte tokens
-        t = self._fin_true.get(q)
-        if t is not None and t <= m:
+        ft, ff = self._fin_true, self._fin_false
+        if q < len(ft) and ft[q] <= m:
             return True
-        f = self._fin_false.get(q)
-        if f is not None and f >= m:
+        if q < len(ff) and ff[q] >= m:
             return False
         g = self.greedy_tokens_to_accept(q, budget)
         if g <= m:
@@ -390,21 +390,17 @@ class SetAlgebra:
 
     def _note_true(self, q: int, m: int) -> None:
         """q can finish within m positions (so within any more)."""
-        if m < self._fin_true.get(q, INF):
-            self._fin_true[q] = m
-            arr = self._fin_true_arr
-            if q >= len(arr):
-                arr = self._fin_true_arr = _grown(arr, q, _NO_TRUE)
-            arr[q] = min(m, _NO_TRUE)
+        ft = self._fin_true
+        _cover(ft, q, _NO_TRUE)
+        if m < ft[q]:
+            ft[q] = m
 
     def _note_false(self, q: int, m: int) -> None:
         """q cannot finish within m positions (nor within fewer)."""
-        if m > self._fin_false.get(q, -1):
-            self._fin_false[q] = m
-            arr = self._fin_false_arr
-            if q >= len(arr):
-                arr = self._fin_false_arr = _grown(arr, q, -1)
-            arr[q] = min(m, _NO_TRUE)
+        ff = self._fin_false
+        _cover(ff, q, -1)
+        if m > ff[q]:
+            ff[q] = min(m, _NO_TRUE)
 
     def greedy_tokens_to_accept(self, q: int, budget: Budget | None = None) -> int:
         """An upper bound on the tokens q needs: the shortest byte continuation (lowest byte first at each
@@ -506,7 +502,7 @@ class SetAlgebra:
         if part is None and self._finish_split is not None:
             # first visit, in C: the members the tables decide (accepting, distance, known thresholds) at once
             data, todo = self._finish_split(
-                as_bytes(F), m, self.dfa.dist, self.dfa.accepting, self._fin_true_arr, self._fin_false_arr,
+                as_bytes(F), m, self.dfa.dist, self.dfa.accepting, self._fin_true, self._fin_false,
                 self.ta.single_byte_complete, self.ta.max_token_len)
             r = int.from_bytes(data, "little")
         elif part is None:
@@ -634,8 +630,8 @@ class SetAlgebra:
         return full, partial, eos_ok, unknown
 
 
-def _grown(arr: np.ndarray, q: int, fill: int) -> np.ndarray:
-    """arr extended (doubling) so that index q exists, the new entries set to fill."""
-    out = np.full(max(2 * len(arr), q + 1), fill, dtype=arr.dtype)
-    out[: len(arr)] = arr
-    return out
+def _cover(arr: array, q: int, fill: int) -> None:
+    """Extend arr (at least doubling) so that index q exists, the new entries set to fill."""
+    n = len(arr)
+    if q >= n:
+        arr.extend(repeat(fill, max(n, q + 1 - n, 64)))
