@@ -443,8 +443,14 @@ class LLMEngine:
         self._settle(s)
         if s.done or s.constraint is None:
             return False
-        if workers and not (s.params.forced_tokens and self._frontier_forced(s, timing)):
-            return True
+        if workers:
+            if not s.params.forced_tokens:
+                return True
+            hinted = self._commit_prefix_forced(s, timing)
+            if hinted is not None:
+                return hinted
+            if not self._frontier_forced(s, timing):
+                return True
         if s.params.forced_tokens:
             self._commit_forced(s, timing)
         else:
@@ -452,6 +458,47 @@ class LLMEngine:
             s.allowed_cache = (positions, self._timed_allowed(s, s.canvas_view(self.special.mask_id), positions,
                                                               timing))
         return False
+
+    def _commit_prefix_forced(self, s: RequestState, timing: MaskTiming | None) -> bool | None:
+        """With mask workers: commit, before the forward, the chain of tokens the committed prefix alone forces at
+        the left frontier (the constraint's cheap `prefix_forced_token` hint: no mask is computed), moving to the
+        next block when one closes (a block closed this way costs no forward). Returns whether the step's masks
+        go to the workers (False: the request ended), or None when the constraint offers no hint (the caller
+        probes the frontier's mask instead).
+
+        Why it is safe: the canvas is completable and the prefix row is a superset of the frontier's mask, so a
+        single prefix token is the frontier's only allowed token. Positions forced by tokens to their right are
+        found by the masks beside the forward and committed after it (`_take_masks`)."""
+        hint = getattr(s.constraint, "prefix_forced_token", None)
+        if not callable(hint):
+            return None
+        mask_id = self.special.mask_id
+        while not s.done:
+            positions = s.open_in_block()
+            view = s.canvas_view(mask_id)
+            start = time.perf_counter()
+            token = hint(view, positions[0])
+            if timing is not None:
+                timing.add_mask(start, time.perf_counter(), probe=True)
+            if token is None or (positions[0], token) in s.banned or not self._base_allows(token):
+                break
+            steps_left = s.budget[s.block] - s.block_step
+            block_before = s.block
+            s.commit([positions[0]], [token])
+            s.forced_tokens += 1
+            self._settle(s)
+            if s.block != block_before or s.done:
+                self._count_saved(s, steps_left)
+        return not s.done
+
+    def _base_allows(self, token: int) -> bool:
+        """Whether the engine's own mask (specials the model may not write) allows `token`."""
+        return 0 <= token < self.vocab_size and bool(self.base_allowed[token])
+
+    @staticmethod
+    def _count_saved(s: RequestState, steps_left: int) -> None:
+        """A block closed by forced tokens without a forward: the rest of its step budget is saved."""
+        s.forwards_saved += max(1, steps_left) if s.params.policy in ("quota", "entropy", "margin") else 1
 
     def _frontier_forced(self, s: RequestState, timing: MaskTiming | None) -> bool:
         """Whether the mask of the active block's leftmost open position allows a single token."""
@@ -581,8 +628,7 @@ class LLMEngine:
             block_before = s.block
             closed = self._force_rows(s, positions, allowed)
             if closed:
-                # the active block closed without a forward: the rest of its step budget is saved
-                s.forwards_saved += max(1, steps_left) if s.params.policy in ("quota", "entropy", "margin") else 1
+                self._count_saved(s, steps_left)
             if not s.done and s.block == block_before:
                 return
             s.allowed_cache = None

@@ -160,6 +160,47 @@ def test_forced_tokens_are_exactly_the_positions_with_one_completion_token(data)
     assert state.forced_tokens(canvas) == want
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_a_prefix_forced_token_is_the_frontier_mask_whole(data):
+    """The cheap hint the engine uses to choose between committing before the forward and masks beside it: when
+    it names a token, that token is the only one any completion puts at the frontier (sound); elsewhere than the
+    frontier it names nothing."""
+    tokens = data.draw(tiny_vocabularies())
+    pattern = data.draw(small_regexes())
+    cc, info = _compiled(pattern, tokens)
+    canvas = data.draw(canvases(len(tokens), info.eos_id, info.mask_id))
+    try:
+        state = cc.new_canvas_state(len(canvas), expand_budget=None, timeout_s=None)
+    except ConstraintTooLongError:
+        return
+    expected = brute_force_allowed(canvas, tokens, info.eos_id, info.mask_id, regex_accepts(pattern))
+    assume(any(expected.values()))  # the engine keeps its canvas completable
+    opens = [i for i, c in enumerate(canvas) if c == info.mask_id]
+    state.allowed_tokens(canvas, opens)  # the transitions the hint reads are known after a mask call
+    for i in range(len(canvas)):
+        hint = state.prefix_forced_token(canvas, i)
+        if i != (opens[0] if opens else None):
+            assert hint is None
+        elif hint is not None:
+            assert expected[i] == {hint}
+
+
+def test_the_prefix_forced_token_follows_the_committed_prefix_only():
+    tokens = [b"a", b"b", b"c", b"d"]
+    cc, info = _compiled("ab[cd]", tokens)
+    m, eos = info.mask_id, info.eos_id
+    state = cc.new_canvas_state(4, expand_budget=None, timeout_s=None)
+    state.allowed_tokens([m] * 4, [0, 1, 2, 3])
+    assert state.prefix_forced_token([m, m, m, m], 0) == 0  # "a"
+    assert state.prefix_forced_token([0, m, m, m], 1) == 1  # "b" after "a"
+    assert state.prefix_forced_token([0, 1, m, m], 2) is None  # "c" or "d"
+    assert state.prefix_forced_token([0, 1, m, m], 3) is None  # not the frontier
+    assert state.prefix_forced_token([0, 1, 2, m], 3) == eos  # the text is whole: only EOS
+    # forced by a committed token to its right, not by the prefix: not reported (the masks find it)
+    assert state.prefix_forced_token([0, 1, m, eos], 2) is None
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.data(), st.integers(0, 2**32 - 1))
 def test_random_decoding_with_random_commit_orders_always_ends_valid(data, seed):

@@ -11,7 +11,9 @@ Specifications:
     (exact canvas states); with forced_tokens on, the results do not depend on the number of workers (>= 1) and a run is
     reproducible for its seeds; with a model blind to the canvas, forced tokens on, serial and overlapped
     results are identical too (the forward's context is the only difference between the paths);
-  * a canvas the constraint fixes whole still needs no forward (the first step of a block stays serial).
+  * a canvas the constraint fixes whole still needs no forward: the tokens the committed prefix forces at the
+    frontier are committed before the forward, from the constraint's cheap hint, with no mask computed on the
+    loop thread (every mask of the step is computed beside the forward).
 """
 from __future__ import annotations
 
@@ -185,6 +187,27 @@ def test_blocks_the_constraint_fixes_whole_still_need_no_forward(workers: int) -
     (res,) = _generate(workers, [Request([40, 41], params, COMPILER.compile_regex("abc"))])
     assert TOKENIZER.decode(res.token_ids) == "abc"
     assert res.nfe == 0 and res.forced_tokens == 3 and res.forwards_saved == 3
+
+
+def test_the_prefix_forced_chain_is_committed_before_the_forward_and_no_mask_is_computed_serially() -> None:
+    """"ab" then a free choice: the chain a, b is committed from the hint before the first forward (which sees
+    it); every mask call runs on a worker thread."""
+    state = _exact(COMPILER.compile_regex("ab[cd]+"), 6)
+    loop_thread = threading.get_ident()
+    threads: list[int] = []
+    fill = state.fill_token_bitmask
+
+    def recorded(canvas, positions, out):
+        threads.append(threading.get_ident())
+        fill(canvas, positions, out)
+
+    state.fill_token_bitmask = recorded
+    params = SamplingParams(max_new_tokens=6, block_length=6, seed=0)
+    (res,) = _generate(1, [Request([40, 41], params, state)])
+    text = TOKENIZER.decode(res.token_ids)
+    assert text.startswith("ab") and set(text[2:]) <= set("cd") and len(text) > 2
+    assert res.forced_tokens >= 2 and res.nfe >= 1
+    assert threads and loop_thread not in threads
 
 
 @settings(max_examples=12, deadline=None)

@@ -600,6 +600,40 @@ class CanvasState:
                 out[i] = tok
         return out
 
+    def prefix_forced_token(self, canvas: Sequence[int], position: int) -> int | None:
+        """The token the committed prefix alone forces at `position` when it is the left frontier (the first open
+        position): the only token of the left-to-right prefix row there (EOS included), from transitions already
+        known; None when the prefix allows several tokens, when `position` is not the frontier, or when deciding it
+        would need new work (an unknown transition). No call deadline, no budget, no exploration: a cheap hint.
+
+        Why it is enough: the prefix row is a superset of the canvas mask at the frontier, and the canvas is kept
+        completable, so a single prefix token is the frontier's forced token. The converse does not hold (committed
+        tokens to the right can force a position the prefix leaves free): the engine uses the hint only to choose
+        between committing forced tokens before the forward and computing the masks beside it, and either choice
+        keeps every commit verified."""
+        c = self._norm(canvas)
+        if first_open(c) != position:
+            return None
+        alg = self.alg
+        F = self._forward(c, position)[position]  # every position before it is committed: exact token steps
+        if not F:
+            return None
+        token: int | None = self.eos if alg.any_accepting(F) else None  # EOS ends an accepted text
+        for q in alg.members(F):
+            if q == ENDED:
+                continue  # after an EOS only EOS follows
+            tt = self.ta.known_trans(q)
+            if tt is None or tt.n_allowed > 1:
+                return None
+            if tt.n_allowed == 1:
+                if tt.all_sparse is None or tt.all_sparse.size != 1:
+                    return None
+                t = int(tt.all_sparse[0])
+                if token is not None and t != token:
+                    return None
+                token = t
+        return token
+
     # ------------------------------------------------------------------ extras
     def allowed_sets(self, canvas: Sequence[int]) -> list[set[int] | None]:
         """Test helper: allowed token ids per position (None for committed positions)."""

@@ -198,6 +198,10 @@ class TokenAutomaton:
                 tgts = np.concatenate((tgts, self._buf[tr.dup_nodes[m]]))
         return tok_ids, tgts
 
+    def known_trans(self, s: int) -> TokTrans | None:
+        """The token transitions of state s if they were computed already, else None (no work, no lock)."""
+        return self._trans.get(s)
+
     def trans(self, s: int) -> TokTrans:
         tt = self._trans.get(s)
         if tt is not None:
