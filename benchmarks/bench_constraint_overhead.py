@@ -21,7 +21,9 @@ machine's load moves them alike:
 Per configuration: wall time of the `LLMEngine.generate` call (compilation of the cold request included: it happens
 inside `generate()` for a user), forwards (NFE) and wall time per forward; the figures per schema are medians over
 the runs, and the ratios are constrained / free per forward (the constraint's forced tokens may save forwards, so the
-per-call ratio is printed too). Every constrained answer is checked against its compiled constraint (and counted).
+per-call ratio is printed too). The per-forward ratio is then split in two additive parts, from the engine's own
+forward timing: the forwards themselves (a call that needs fewer forwards keeps the costly ones, so its forwards
+cost more on average) and everything else (the constraint's work, compilation, the engine's per-step work). Every constrained answer is checked against its compiled constraint (and counted).
 A schema that does not compile or does not fit the canvas is left out and named.
 """
 from __future__ import annotations
@@ -86,27 +88,28 @@ def main() -> int:
         [req] = build()
         return req
 
-    def timed(req: Request) -> tuple[float, Any]:
+    def timed(req: Request) -> tuple[float, Any, float]:
+        """(wall seconds, result, seconds of the call's forwards alone: engine.mask_timing)."""
         t0 = time.perf_counter()
         [res] = engine.generate([req], raise_errors=False)
-        return time.perf_counter() - t0, res
+        return time.perf_counter() - t0, res, engine.mask_timing.forward_seconds
 
     def measure(free_req: Request, schema: Any) -> tuple[dict[str, list[tuple[float, int]]], int, int]:
         """The runs of one schema: (wall time, NFE) per configuration, constrained answers accepted, errors."""
-        per: dict[str, list[tuple[float, int]]] = {"free": [], "cold": [], "warm": []}
+        per: dict[str, list[tuple[float, int, float]]] = {"free": [], "cold": [], "warm": []}
         valid = errors = 0
         for _ in range(args.runs):
-            wall, res = timed(free_req)
-            per["free"].append((wall, res.nfe))
+            wall, res, fwd = timed(free_req)
+            per["free"].append((wall, res.nfe, fwd))
             clear_cache()
             t0 = time.perf_counter()
             cold_req = prepare(schema)  # compiles (inside generate() for a user)
             compile_s = time.perf_counter() - t0
-            wall, res = timed(cold_req)
-            per["cold"].append((compile_s + wall, res.nfe))
+            wall, res, fwd = timed(cold_req)
+            per["cold"].append((compile_s + wall, res.nfe, fwd))
             answers = [res]
-            wall, res = timed(Request(cold_req.prompt_ids, cold_req.params, cold_req.constraint))
-            per["warm"].append((wall, res.nfe))
+            wall, res, fwd = timed(Request(cold_req.prompt_ids, cold_req.params, cold_req.constraint))
+            per["warm"].append((wall, res.nfe, fwd))
             for r in answers + [res]:
                 if r.error is not None:
                     errors += 1
@@ -136,12 +139,19 @@ def main() -> int:
         row: dict[str, Any] = {"id": name, "subset": item["subset"], "prompt_tokens": len(probe.prompt_ids),
                                "valid": valid, "errors": errors, "answers": 2 * args.runs}
         for cfg, xs in per.items():
-            row[f"{cfg}_s"] = statistics.median(w for w, _ in xs)
-            row[f"{cfg}_nfe"] = statistics.median(n for _, n in xs)
-            row[f"{cfg}_per_forward_ms"] = statistics.median(1e3 * w / max(1, n) for w, n in xs)
+            row[f"{cfg}_s"] = statistics.median(w for w, _, _ in xs)
+            row[f"{cfg}_nfe"] = statistics.median(n for _, n, _ in xs)
+            row[f"{cfg}_per_forward_ms"] = statistics.median(1e3 * w / max(1, n) for w, n, _ in xs)
+            # the per-forward time split: the forward itself, and everything else of the call (the constraint's
+            # work, compilation of a cold request, the engine's own per-step work)
+            row[f"{cfg}_forward_ms"] = statistics.median(1e3 * f / max(1, n) for _, n, f in xs)
+            row[f"{cfg}_other_ms"] = statistics.median(1e3 * (w - f) / max(1, n) for w, n, f in xs)
         for cfg in ("cold", "warm"):
             row[f"{cfg}_ratio_per_forward"] = row[f"{cfg}_per_forward_ms"] / row["free_per_forward_ms"]
             row[f"{cfg}_ratio_call"] = row[f"{cfg}_s"] / row["free_s"]
+            # ratio - 1 = forward part + other part (each in units of the free run's time per forward)
+            row[f"{cfg}_forward_part"] = (row[f"{cfg}_forward_ms"] - row["free_forward_ms"]) / row["free_per_forward_ms"]
+            row[f"{cfg}_other_part"] = (row[f"{cfg}_other_ms"] - row["free_other_ms"]) / row["free_per_forward_ms"]
         rows.append(row)
         print(f"  {k + 1}/{len(items)} {name[:48]:48s} free {row['free_per_forward_ms']:6.1f} ms/fwd "
               f"({row['free_nfe']:.0f} fwd)  cold x{row['cold_ratio_per_forward']:.2f}  "
@@ -160,6 +170,15 @@ def main() -> int:
         worst = max(rows, key=lambda r: r[f"{cfg}_ratio_per_forward"])["id"]
         print(f"| {cfg} | {statistics.mean(pf):.3f} | {pct(pf, 0.5):.3f} | {pct(pf, 0.9):.3f} | {max(pf):.3f} "
               f"({worst}) | {statistics.mean(pc):.3f} | {max(pc):.3f} | {sum(r[f'{cfg}_nfe'] for r in rows):.0f} |")
+    print("Per-forward ratio - 1, split (means over schemas, in units of the free run's time per forward): the forward"
+          " itself (the mix of forwards: a constrained call that needs fewer forwards keeps the costly ones, the first"
+          " forward over the prompt and the block refreshes) + the rest of the call (the constraint's work, compilation"
+          " when cold, the engine's per-step work):")
+    for cfg in ("cold", "warm"):
+        fp = statistics.mean(r[f"{cfg}_forward_part"] for r in rows)
+        op = [r[f"{cfg}_other_part"] for r in rows]
+        print(f"  {cfg}: forward {fp:+.3f}, rest {statistics.mean(op):+.3f} (p50 {pct(op, 0.5):+.3f}, "
+              f"worst {max(op):+.3f})")
     total = {cfg: sum(r[f"{cfg}_s"] for r in rows) for cfg in ("free", "cold", "warm")}
     print(f"total wall: free {total['free']:.1f} s, cold {total['cold']:.1f} s ({total['cold'] / total['free']:.3f}x), "
           f"warm {total['warm']:.1f} s ({total['warm'] / total['free']:.3f}x)")
