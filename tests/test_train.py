@@ -282,6 +282,27 @@ def test_the_copy_probe_scores_every_stated_scalar_value_of_the_held_out_request
     assert 0.0 <= probe["first_token_accuracy"] <= 1.0 and 0.0 <= probe["later_token_accuracy"] <= 1.0
 
 
+def test_the_unconstrained_held_out_figures_decode_with_the_checkpoint_defaults(micro_run, monkeypatch):
+    """The unconstrained figures are what a user of the checkpoint gets: its generation_config.json (canvas, policy),
+    not the engine's bare defaults."""
+    from dllm_constrain.api import LLM, GenerationDefaults
+    from dllm_constrain.train.heldout import evaluate
+
+    out, _ = micro_run
+    seen = []
+    generate = LLM.generate
+
+    def spy(self, *args, **kwargs):
+        seen.append(self.defaults)
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(LLM, "generate", spy)
+    evaluate(str(out), n=2, batch_size=2)
+    expected = GenerationDefaults.from_folder(out)
+    assert expected != GenerationDefaults()  # the test would not tell otherwise
+    assert seen and all(d == expected for d in seen)
+
+
 def _answer_mask_rates(prefix_share: float) -> tuple[float, float]:
     """Masked fraction of the first and the last quarter of the answers, over many noised rows."""
     import random
