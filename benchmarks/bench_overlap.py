@@ -13,8 +13,9 @@ load moves them alike; the figures are medians over the runs:
   wall/forward     the call's wall time / its forwards (steps with a forward)
   forward          the forward's own wall time per forward
   mask/forward     mask computation time per forward (summed over requests; on workers or serial)
-  probe/forward    of it, the one-position frontier probes that decide whether a step stays serial (forced
-                   tokens on, mask workers >= 1)
+  probe/forward    of it, the frontier probes on the loop thread before the forward (forced tokens on, mask
+                   workers >= 1): the constraint's prefix hints (the tokens the committed prefix forces at the
+                   frontier), or a one-position mask for a constraint without the hint
   overlap          (mask time that ran while the forward was running) / (total mask time), from the mask jobs'
                    start/end and the forward's start/end timestamps (`engine.mask_workers.MaskTiming`)
   NFE              forwards summed over requests; forced: tokens committed as forced; saved: forwards_saved

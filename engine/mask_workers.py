@@ -47,7 +47,7 @@ class MaskTiming:
     mask_calls: int = 0  # mask computations (one per request and step, plus rare recomputations and probes)
     mask_seconds: float = 0.0
     overlapped_seconds: float = 0.0  # mask seconds inside a forward's [start, end)
-    probe_calls: int = 0  # of mask_calls: one-position frontier probes (LLMEngine._prepare_step)
+    probe_calls: int = 0  # of mask_calls: the frontier probes before the forward (prefix hints or one-position masks)
     probe_seconds: float = 0.0  # of mask_seconds
     forwards: int = 0
     forward_seconds: float = 0.0
