@@ -44,6 +44,8 @@ SCHEMA_VALUES = frozenset({"additionalProperties", "unevaluatedProperties", "pro
                             "additionalItems", "unevaluatedItems", "contains", "not", "if", "then", "else"})
 # spec keywords we refuse (always, or in the forms we cannot honour)
 KNOWN_UNSUPPORTED = frozenset({"$dynamicRef", "$recursiveRef", "extends", "disallow", "divisibleBy"})
+# the keywords a validator acts on: any other (annotations, extensions such as `x-*`, typos) it ignores
+VALIDATED = SUPPORTED | KNOWN_UNSUPPORTED
 ALL_TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
 
 
