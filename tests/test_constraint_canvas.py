@@ -144,9 +144,9 @@ def test_select_commits_keeps_a_jointly_consistent_greedy_subset(data):
             assert not brute_force_completable(c2, tokens, info.eos_id, info.mask_id, accepts)
 
 
-@settings(max_examples=40, deadline=None)
-@given(st.data())
-def test_forced_tokens_are_exactly_the_positions_with_one_completion_token(data):
+def _exact_case(data):
+    """A drawn regex, tiny vocabulary and canvas: (its exact canvas state, the canvas, the brute-force allowed sets
+    per open position, the mask id), or None when the canvas is too short for the regex."""
     tokens = data.draw(tiny_vocabularies())
     pattern = data.draw(small_regexes())
     cc, info = _compiled(pattern, tokens)
@@ -154,8 +154,18 @@ def test_forced_tokens_are_exactly_the_positions_with_one_completion_token(data)
     try:
         state = cc.new_canvas_state(len(canvas), expand_budget=None, timeout_s=None)
     except ConstraintTooLongError:
+        return None
+    return state, canvas, brute_force_allowed(canvas, tokens, info.eos_id, info.mask_id, regex_accepts(pattern)), \
+        info.mask_id
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_forced_tokens_are_exactly_the_positions_with_one_completion_token(data):
+    case = _exact_case(data)
+    if case is None:
         return
-    expected = brute_force_allowed(canvas, tokens, info.eos_id, info.mask_id, regex_accepts(pattern))
+    state, canvas, expected, _ = case
     want = {i: next(iter(s)) for i, s in expected.items() if len(s) == 1}
     assert state.forced_tokens(canvas) == want
 
@@ -166,17 +176,12 @@ def test_a_prefix_forced_token_is_the_frontier_mask_whole(data):
     """The cheap hint the engine uses to choose between committing before the forward and masks beside it: when
     it names a token, that token is the only one any completion puts at the frontier (sound); elsewhere than the
     frontier it names nothing."""
-    tokens = data.draw(tiny_vocabularies())
-    pattern = data.draw(small_regexes())
-    cc, info = _compiled(pattern, tokens)
-    canvas = data.draw(canvases(len(tokens), info.eos_id, info.mask_id))
-    try:
-        state = cc.new_canvas_state(len(canvas), expand_budget=None, timeout_s=None)
-    except ConstraintTooLongError:
+    case = _exact_case(data)
+    if case is None:
         return
-    expected = brute_force_allowed(canvas, tokens, info.eos_id, info.mask_id, regex_accepts(pattern))
+    state, canvas, expected, mask_id = case
     assume(any(expected.values()))  # the engine keeps its canvas completable
-    opens = [i for i, c in enumerate(canvas) if c == info.mask_id]
+    opens = [i for i, c in enumerate(canvas) if c == mask_id]
     state.allowed_tokens(canvas, opens)  # the transitions the hint reads are known after a mask call
     for i in range(len(canvas)):
         hint = state.prefix_forced_token(canvas, i)
