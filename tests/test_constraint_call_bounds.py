@@ -363,3 +363,67 @@ def test_the_greedy_token_bound_equals_longest_match_over_the_whole_lookahead(wo
             todo.append(u)
     for s in sorted(seen):
         assert alg.greedy_tokens_to_accept(s) == longest_match_tokens_on_shortest_path(alg, s)
+
+
+def _reachable_states(dfa, limit: int = 400) -> list[int]:
+    seen, todo = {START}, [START]
+    while todo and len(seen) < limit:
+        s = todo.pop()
+        dfa.expand(s)
+        for u in set(dfa.T[s].tolist()) - {DEAD} - seen:
+            seen.add(u)
+            todo.append(u)
+    return sorted(seen)
+
+
+@pytest.mark.parametrize("constraint", [
+    ("regex", r'\{"ab":(a|bc)*\}'), ("regex", r"(abc){2,4}c?|x+y"), ("regex", r"(ab|c){0,5}\}"),
+    ("schema", {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                                 "tags": {"type": "array", "items": {"enum": ["a", "bc"]}}},
+                "required": ["name", "age"]}),
+    ("schema", {"anyOf": [{"type": "boolean"}, {"type": "object", "properties": {"k": {"const": 1}},
+                                                "required": ["k"]}]}),
+])
+def test_the_first_byte_read_off_the_terms_starts_a_shortest_continuation(constraint) -> None:
+    """The greedy continuation's next byte comes from the terms (no derivative per byte class): it is always one
+    byte closer to acceptance, for every reachable state, regular expressions and JSON objects alike."""
+    kind, spec = constraint
+    tokens = [bytes([b]) for b in range(32, 127)]
+    compiler = ConstraintCompiler(tiny_info(tokens), cache=False)
+    cc = compiler.compile_regex(spec) if kind == "regex" else compiler.compile_json_schema(spec)
+    dfa = cc.algebra.dfa
+    terms = dfa.terms
+    decided = 0
+    for s in _reachable_states(dfa):
+        t = dfa.term_of[s]
+        b = terms.shortest_first_byte(t)
+        if terms.minlen(t) in (0, INF):
+            assert b == -1
+        elif b is not None:
+            decided += 1
+            assert terms.minlen(terms.deriv(t, b)) == terms.minlen(t) - 1
+    assert decided > 0
+
+
+@pytest.mark.parametrize("spec", [
+    {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]},
+    {"type": "object", "properties": {"a": {"enum": ["xyz", "w"]}, "b": {"type": "array", "minItems": 2}},
+     "required": ["b", "a"]},
+])
+def test_the_greedy_bound_on_fresh_automata_spells_an_accepted_text_and_bounds_the_token_distance(spec) -> None:
+    tokens = [bytes([b]) for b in range(32, 127)] + [b'{"', b'":', b'","', b'"}', b"name", b"age"]
+    cc = ConstraintCompiler(tiny_info(tokens), cache=False).compile_json_schema(spec)
+    alg, dfa = cc.algebra, cc.algebra.dfa
+    g = alg.greedy_tokens_to_accept(START)  # nothing expanded yet: the continuation is read off the terms
+    assert g < INF
+    text, s = bytearray(), START
+    while not dfa.accepting[s]:
+        b, s = alg._greedy_next(s)
+        text.append(b)
+    assert cc.accepts_text(bytes(text)) and len(text) == int(dfa.dist[START])
+    # the exact token distance (breadth-first over token transitions) is at most the bound
+    depth, layer, seen = 0, [START], {START}
+    while not any(dfa.accepting[q] for q in layer):
+        layer = [u for q in layer for u in cc.ta.trans(q).succ if u not in seen and not seen.add(u)]
+        depth += 1
+    assert depth <= g

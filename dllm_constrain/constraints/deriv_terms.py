@@ -41,6 +41,7 @@ class Terms:
         self._minlen: dict[int, int] = {T_NOTHING: INF, T_EMPTY: 0}
         self._deriv: dict[tuple[int, int], int] = {}
         self._cuts: dict[int, frozenset[int]] = {}
+        self._first: dict[int, int] = {}
         self._chars_bytes: dict[int, int] = {}
         # graphs: per graph, (edges by node, finals, eps closure, expansion cache, dist)
         self.graphs: list[dict] = []
@@ -352,6 +353,44 @@ class Terms:
         else:
             r = INF if k == NOTHING_K else 0
         self._minlen[t] = r
+        return r
+
+    def shortest_first_byte(self, t: int, depth: int = 0) -> int | None:
+        """The first byte of a shortest member of t, read off the terms (no derivative): -1 when t's shortest member
+        is empty or t has none; None when undecided (a chain of members with empty steps deeper than 64, such as
+        a loop of optional labels). Follows, at each alternative, the cheapest branch by `minlen`, so the byte
+        starts a shortest member: deriv(t, byte) is one byte shorter (the caller checks it)."""
+        r = self._first.get(t)
+        if r is not None:
+            return r
+        if depth > 64:
+            return None
+        if self.minlen(t) == 0 or self.minlen(t) >= INF:
+            r = -1
+        else:
+            k = self.kind[t]
+            nxt = depth + 1
+            if k == BYTES_K:
+                r = self.a[t][0][0]
+            elif k == LIT_K:
+                r = self.a[t][0]
+            elif k == CHARS_K:
+                r = self.shortest_first_byte(self.chars_to_bytes(t), nxt)
+            elif k == SEQ_K:
+                h = self.a[t]
+                r = self.shortest_first_byte(h if self.minlen(h) > 0 else self.b[t], nxt)
+            elif k == ALT_K:
+                r = self.shortest_first_byte(min(self.a[t], key=self.minlen), nxt)
+            elif k == REP_K:
+                r = self.shortest_first_byte(self.a[t], nxt)
+            elif k == GAT_K:
+                r = self.shortest_first_byte(self.expansion(t), nxt)
+            elif k == MEM_K:
+                r = self.shortest_first_byte(self.members_expansion(t), nxt)
+            else:
+                r = -1
+        if r is not None:
+            self._first[t] = r
         return r
 
     def _graph_dist(self, g: dict) -> None:

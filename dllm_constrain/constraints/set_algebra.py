@@ -461,10 +461,22 @@ class SetAlgebra:
         return memo[q]
 
     def _greedy_next(self, s: int) -> tuple[int, int]:
-        """(lowest byte taking s one byte closer to acceptance, the state it leads to), or (-1, DEAD)."""
+        """(a byte taking s one byte closer to acceptance, the state it leads to), or (-1, DEAD): the first byte of
+        a shortest member of s's term, read off the terms, and one derivative (a derivative DFA); otherwise, or if
+        that byte does not get closer, the lowest such byte of s's row (expanded: a derivative per byte class, which
+        along a long continuation is most of the walk's cost)."""
         st = self._greedy_step.get(s)
         if st is None:
             dfa = self.dfa
+            terms = getattr(dfa, "terms", None)
+            if terms is not None and not dfa.expanded[s]:
+                t = dfa.term_of[s]
+                b = terms.shortest_first_byte(t)
+                if b is not None and b >= 0:
+                    u = dfa.state_for(terms.deriv(t, b))
+                    if u != DEAD and int(dfa.dist[u]) == int(dfa.dist[s]) - 1:
+                        self._greedy_step[s] = st = (b, u)
+                        return st
             dfa.expand(s)
             row = dfa.T[s]
             d = int(dfa.dist[s])
