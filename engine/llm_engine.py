@@ -433,11 +433,12 @@ class LLMEngine:
         tokens, serially, unless the loop has mask workers (`workers`) and this step's masks can wait for them:
         then True is returned and the loop hands them to its workers, beside the forward.
 
-        With forced tokens on, the mask of the block's leftmost open position (the frontier) is computed first,
-        alone, a small part of the cost of the block's masks (docs/constraints.md has the measured figures). If it
-        allows one token, the step stays serial (forced tokens committed before the forward, which sees them, and
-        a block they close, or a cascade of them, costs no forward); if not, the block cannot close by forced
-        tokens at this step and its masks go beside the forward."""
+        With workers and forced tokens on, the tokens the committed prefix forces at the block's leftmost open
+        position (the frontier) are committed first, from the constraint's cheap hint (`_commit_prefix_forced`: no
+        mask computed; a block they close, or a cascade of them, costs no forward), and the block's masks go beside
+        the forward. A constraint without the hint has the frontier's mask computed alone instead: if it allows one
+        token the step stays serial (forced tokens committed before the forward, which sees them), if not the
+        masks go beside the forward (docs/constraints.md has the measured figures)."""
         self._check_step_bound(s)
         s.step += 1
         self._settle(s)
