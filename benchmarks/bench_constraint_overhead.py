@@ -10,7 +10,7 @@ Schemas: `--n-per-subset` of each JSONSchemaBench subset, drawn as benchmarks/be
 of ../shared/tools/anchors_mask_bench.py; 4 per subset = 40 schemas). For each schema the model input is the same
 token sequence in every configuration: the prompt "Write a JSON value for the schema." formatted with the schema's
 field sketch, as `generate(prompt, schema=...)` formats it. Per schema and run, one request alone (greedy, the
-checkpoint's defaults: canvas 96, blocks of 32, threshold 0.9), in three configurations, alternating so that the
+checkpoint's decoding defaults, generation_config.json), in three configurations, alternating so that the
 machine's load moves them alike:
 
   free   : no constraint;

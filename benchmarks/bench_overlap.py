@@ -6,7 +6,7 @@
 The bundled model generates one batch (one `LLMEngine.generate` call, the engine's scheduler) for every schema of
 examples/ and the first `--jsb` schemas of each `--subsets` file of ../shared/data/jsonschemabench (left out
 cleanly when that folder is absent; a schema that does not compile or fit the canvas is left out and counted),
-greedy, with the checkpoint's defaults (canvas 96, blocks of 32, policy threshold 0.9). Each configuration
+greedy, with the checkpoint's decoding defaults (generation_config.json). Each configuration
 (mask_workers x forced_tokens) runs `--runs` times, the configurations alternating inside a run so the machine's
 load moves them alike; the figures are medians over the runs:
 

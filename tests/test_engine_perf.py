@@ -87,7 +87,7 @@ def test_the_engine_runs_the_triton_kernels_and_they_agree_with_torch() -> None:
 
 
 def test_the_checkpoint_generation_config_sets_the_default_policy(tiny_checkpoint, tmp_path) -> None:
-    """generation_config.json may name the commit policy (the bundled model: threshold 0.9); callers that leave
+    """generation_config.json may name the commit policy (the bundled model: threshold 0.97); callers that leave
     policy/threshold unset get it, explicit arguments win."""
     import shutil
 
@@ -107,9 +107,9 @@ def test_the_checkpoint_generation_config_sets_the_default_policy(tiny_checkpoin
 
 
 def test_the_bundled_model_decodes_with_the_confidence_threshold_by_default() -> None:
-    """The shipped defaults are the fastest setting measured to keep the held-out figures (docs/performance.md)."""
+    """The shipped defaults: the confidence threshold the held-out figures chose (docs/performance.md)."""
     from dllm_constrain.api import GenerationDefaults, bundled_model_path
 
     defaults = GenerationDefaults.from_folder(bundled_model_path())
-    assert (defaults.policy, defaults.threshold) == ("threshold", 0.9)
+    assert (defaults.policy, defaults.threshold) == ("threshold", 0.97)
     assert (defaults.max_new_tokens, defaults.block_length) == (96, 32)

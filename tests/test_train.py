@@ -133,14 +133,17 @@ def test_micro_training_is_reproducible_by_seed(micro_run, tmp_path):
 
 
 def test_micro_training_writes_the_measured_decoding_defaults(micro_run):
-    """A retrained bundled model keeps the decoding defaults the engine benchmarks chose (threshold 0.9)."""
-    from dllm_constrain.api import GenerationDefaults
+    """A retrained bundled model keeps the decoding defaults the held-out figures chose (threshold 0.97), the ones
+    the shipped checkpoint carries."""
+    from dllm_constrain.api import GenerationDefaults, bundled_model_path
 
     out, _ = micro_run
     gen = json.loads((out / "generation_config.json").read_text())
-    assert gen["policy"] == "threshold" and gen["threshold"] == 0.9
+    assert gen["policy"] == "threshold" and gen["threshold"] == 0.97
     defaults = GenerationDefaults.from_folder(out)
-    assert defaults.policy == "threshold"
+    assert defaults.policy == "threshold" and defaults.threshold == 0.97
+    shipped = GenerationDefaults.from_folder(bundled_model_path())
+    assert (shipped.policy, shipped.threshold) == (defaults.policy, defaults.threshold)
 
 
 def _micro_config(tmp_path, **overrides) -> TrainConfig:
