@@ -126,10 +126,12 @@ class LLM:
 
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any, *, prompt_format: str = "auto",
-                   max_logit_rows: int = 32) -> "LLM":
-        """Wrap an already built DiffusionLM and tokenizer (our Tokenizer or a `tokenizers.Tokenizer`)."""
+                   max_logit_rows: int = 32, path: str | Path | None = None) -> "LLM":
+        """Wrap an already built DiffusionLM and tokenizer (our Tokenizer or a `tokenizers.Tokenizer`). `path`: the
+        checkpoint folder they were loaded from, whose generation_config.json gives the decoding defaults (without
+        it, the engine's own defaults)."""
         self = cls.__new__(cls)
-        self._setup(model, tokenizer, None, prompt_format, max_logit_rows)
+        self._setup(model, tokenizer, Path(path) if path is not None else None, prompt_format, max_logit_rows)
         return self
 
     def _setup(self, model: Any, tokenizer: Any, path: Path | None, prompt_format: str, max_logit_rows: int) -> None:
@@ -277,7 +279,7 @@ def _resolve_llm(model: Any) -> LLM:
     if isinstance(model, LLM):
         return model
     if hasattr(model, "model") and hasattr(model, "tokenizer") and hasattr(model.model, "special"):
-        return LLM.from_model(model.model, model.tokenizer)
+        return LLM.from_model(model.model, model.tokenizer, path=getattr(model, "path", None))
     if model is not None and not isinstance(model, (str, os.PathLike)):
         raise InvalidRequestError(f"model must be None, a checkpoint folder path, an LLM or a loaded checkpoint, "
                                   f"got {type(model).__name__}")

@@ -278,6 +278,21 @@ def test_a_loaded_checkpoint_object_is_accepted_as_the_model(tiny_checkpoint) ->
     dc.clear_model_cache()
 
 
+def test_a_loaded_checkpoint_object_decodes_with_its_generation_config(tiny_checkpoint, tmp_path) -> None:
+    import shutil
+
+    from dllm_constrain.api import GenerationDefaults
+    from dllm_constrain.engine.loader import load_checkpoint
+
+    folder = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, folder)
+    (folder / "generation_config.json").write_text(
+        '{"max_new_tokens": 16, "block_length": 8, "policy": "threshold", "threshold": 0.5}')
+    llm = _resolve_llm(load_checkpoint(folder))
+    assert llm.defaults == GenerationDefaults.from_folder(folder) != GenerationDefaults()
+    assert dc.LLM.from_model(llm.model, llm.tokenizer).defaults == GenerationDefaults()
+
+
 @pytest.mark.skipif(not (bundled_model_path() / "config.json").is_file(), reason="the bundled model is not trained yet")
 def test_the_bundled_model_is_the_default_and_answers_with_schema_valid_json() -> None:
     import json
