@@ -329,7 +329,7 @@ def test_the_fit_check_out_of_time_lets_the_request_in_and_decides_when_unbounde
 
 
 def longest_match_tokens_on_shortest_path(alg, q: int) -> int:
-    """Reference for greedy_tokens_to_accept: spell q's shortest byte continuation (lowest byte first), then count
+    """Reference for greedy_tokens_to_accept: spell q's shortest byte continuation (`_greedy_next`'s bytes), then count
     the tokens of its longest-match tokenization, every lookahead the vocabulary's longest token."""
     path, s = bytearray(), q
     while not alg.dfa.accepting[s]:

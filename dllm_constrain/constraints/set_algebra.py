@@ -403,8 +403,8 @@ class SetAlgebra:
             ff[q] = min(m, _NO_TRUE)
 
     def greedy_tokens_to_accept(self, q: int, budget: Budget | None = None) -> int:
-        """An upper bound on the tokens q needs: the shortest byte continuation (lowest byte first at each
-        step), tokenized by longest match. Needs DFA rows only, no token transitions.
+        """An upper bound on the tokens q needs: a shortest byte continuation (each step's byte from
+        `_greedy_next`), tokenized by longest match. Needs DFA rows only, no token transitions.
 
         The continuation is a function of the state (path(q) = b + path(next)), so after the longest token
         t that prefixes path(q) the rest is path(state after t): greedy(q) = 1 + greedy(that state), memoised

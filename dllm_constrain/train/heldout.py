@@ -92,7 +92,7 @@ def evaluate(model: str | None = None, n: int = 200, seed: int = HELDOUT_SEED, c
 
     llm = LLM(model)
     # unconstrained: the prompt as formatted, fed raw, with the checkpoint's decoding defaults (generation_config.json)
-    raw = LLM(model, prompt_format="raw") if not constrained else None
+    raw = LLM.from_model(llm.model, llm.tokenizer, prompt_format="raw", path=llm.path) if not constrained else None
     examples = ExampleGenerator(seed, plain_text_share=0.0, split="heldout").examples(n)
     records: list[dict[str, Any]] = []
     start = time.perf_counter()
