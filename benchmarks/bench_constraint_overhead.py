@@ -88,15 +88,17 @@ def main() -> int:
         [req] = build()
         return req
 
-    def timed(req: Request) -> tuple[float, Any, float]:
-        """(wall seconds, result, seconds of the call's forwards alone: engine.mask_timing)."""
+    def timed(req: Request) -> tuple[float, Any, tuple[float, int, float]]:
+        """(wall seconds, result, the call's forwards from engine.mask_timing: (seconds of all forwards, refresh
+        forwards, seconds of the refresh forwards))."""
         t0 = time.perf_counter()
         [res] = engine.generate([req], raise_errors=False)
-        return time.perf_counter() - t0, res, engine.mask_timing.forward_seconds
+        t = engine.mask_timing
+        return time.perf_counter() - t0, res, (t.forward_seconds, t.refresh_forwards, t.refresh_seconds)
 
     def measure(free_req: Request, schema: Any) -> tuple[dict[str, list[tuple[float, int]]], int, int]:
         """The runs of one schema: (wall time, NFE) per configuration, constrained answers accepted, errors."""
-        per: dict[str, list[tuple[float, int, float]]] = {"free": [], "cold": [], "warm": []}
+        per: dict[str, list[tuple[float, int, tuple[float, int, float]]]] = {"free": [], "cold": [], "warm": []}
         valid = errors = 0
         for _ in range(args.runs):
             wall, res, fwd = timed(free_req)
@@ -141,17 +143,35 @@ def main() -> int:
         for cfg, xs in per.items():
             row[f"{cfg}_s"] = statistics.median(w for w, _, _ in xs)
             row[f"{cfg}_nfe"] = statistics.median(n for _, n, _ in xs)
+            row[f"{cfg}_refreshes"] = statistics.median(r for _, _, (_, r, _) in xs)
             row[f"{cfg}_per_forward_ms"] = statistics.median(1e3 * w / max(1, n) for w, n, _ in xs)
             # the per-forward time split: the forward itself, and everything else of the call (the constraint's
             # work, compilation of a cold request, the engine's own per-step work)
-            row[f"{cfg}_forward_ms"] = statistics.median(1e3 * f / max(1, n) for _, n, f in xs)
-            row[f"{cfg}_other_ms"] = statistics.median(1e3 * (w - f) / max(1, n) for w, n, f in xs)
+            row[f"{cfg}_forward_ms"] = statistics.median(1e3 * f / max(1, n) for _, n, (f, _, _) in xs)
+            row[f"{cfg}_other_ms"] = statistics.median(1e3 * (w - f) / max(1, n) for w, n, (f, _, _) in xs)
+            # the cost of one forward of each kind: a refresh (the prompt's forward, block refreshes) and a KV-reuse step
+            row[f"{cfg}_refresh_ms"] = statistics.median(1e3 * rs / r for _, _, (_, r, rs) in xs if r) \
+                if any(r for _, _, (_, r, _) in xs) else None
+            row[f"{cfg}_reuse_ms"] = statistics.median(1e3 * (f - rs) / (n - r) for _, n, (f, r, rs) in xs if n > r) \
+                if any(n > r for _, n, (_, r, _) in xs) else None
+        free_fwd = row["free_forward_ms"]
         for cfg in ("cold", "warm"):
             row[f"{cfg}_ratio_per_forward"] = row[f"{cfg}_per_forward_ms"] / row["free_per_forward_ms"]
             row[f"{cfg}_ratio_call"] = row[f"{cfg}_s"] / row["free_s"]
             # ratio - 1 = forward part + other part (each in units of the free run's time per forward)
-            row[f"{cfg}_forward_part"] = (row[f"{cfg}_forward_ms"] - row["free_forward_ms"]) / row["free_per_forward_ms"]
+            row[f"{cfg}_forward_part"] = (row[f"{cfg}_forward_ms"] - free_fwd) / row["free_per_forward_ms"]
             row[f"{cfg}_other_part"] = (row[f"{cfg}_other_ms"] - row["free_other_ms"]) / row["free_per_forward_ms"]
+            # the free run's forwards priced at this call's mix of kinds (its refresh and reuse counts), per forward:
+            # what a free call's forwards would cost per forward had it needed the forwards this call needed
+            n, refreshes = row[f"{cfg}_nfe"], row[f"{cfg}_refreshes"]
+            ref_ms = row["free_refresh_ms"] if row["free_refresh_ms"] is not None else free_fwd
+            reuse_ms = row["free_reuse_ms"] if row["free_reuse_ms"] is not None else free_fwd
+            priced = (refreshes * ref_ms + (n - refreshes) * reuse_ms) / max(1, n)
+            # forward part = mix (the kinds' shares) + the forwards' own (the same kinds costing more or less)
+            row[f"{cfg}_mix_part"] = (priced - free_fwd) / row["free_per_forward_ms"]
+            row[f"{cfg}_same_kind_part"] = (row[f"{cfg}_forward_ms"] - priced) / row["free_per_forward_ms"]
+            # per-forward ratio against a free call with this call's mix of forwards
+            row[f"{cfg}_ratio_same_mix"] = row[f"{cfg}_per_forward_ms"] / (row["free_per_forward_ms"] + priced - free_fwd)
         rows.append(row)
         print(f"  {k + 1}/{len(items)} {name[:48]:48s} free {row['free_per_forward_ms']:6.1f} ms/fwd "
               f"({row['free_nfe']:.0f} fwd)  cold x{row['cold_ratio_per_forward']:.2f}  "
@@ -176,9 +196,21 @@ def main() -> int:
           " when cold, the engine's per-step work):")
     for cfg in ("cold", "warm"):
         fp = statistics.mean(r[f"{cfg}_forward_part"] for r in rows)
+        mp = statistics.mean(r[f"{cfg}_mix_part"] for r in rows)
+        kp = statistics.mean(r[f"{cfg}_same_kind_part"] for r in rows)
         op = [r[f"{cfg}_other_part"] for r in rows]
-        print(f"  {cfg}: forward {fp:+.3f}, rest {statistics.mean(op):+.3f} (p50 {pct(op, 0.5):+.3f}, "
-              f"worst {max(op):+.3f})")
+        print(f"  {cfg}: forward {fp:+.3f} (mix of kinds {mp:+.3f}, same kinds {kp:+.3f}), rest "
+              f"{statistics.mean(op):+.3f} (p50 {pct(op, 0.5):+.3f}, worst {max(op):+.3f})")
+    print("Per-forward ratio against a free call with the constrained call's mix of forwards (the free run's refresh"
+          " and KV-reuse forwards each at their own cost, counted as the constrained call counts them):")
+    for cfg in ("cold", "warm"):
+        sm = [r[f"{cfg}_ratio_same_mix"] for r in rows]
+        worst = max(rows, key=lambda r: r[f"{cfg}_ratio_same_mix"])["id"]
+        print(f"  {cfg}: mean {statistics.mean(sm):.3f}, p50 {pct(sm, 0.5):.3f}, p90 {pct(sm, 0.9):.3f}, "
+              f"worst {max(sm):.3f} ({worst})")
+    refreshes = {cfg: sum(r[f"{cfg}_refreshes"] for r in rows) for cfg in ("free", "cold", "warm")}
+    print("refresh forwards: " + ", ".join(f"{cfg} {refreshes[cfg]:.0f} of {sum(r[f'{cfg}_nfe'] for r in rows):.0f}"
+                                            for cfg in ("free", "cold", "warm")))
     total = {cfg: sum(r[f"{cfg}_s"] for r in rows) for cfg in ("free", "cold", "warm")}
     print(f"total wall: free {total['free']:.1f} s, cold {total['cold']:.1f} s ({total['cold'] / total['free']:.3f}x), "
           f"warm {total['warm']:.1f} s ({total['warm'] / total['free']:.3f}x)")

@@ -342,6 +342,7 @@ class LLMEngine:
         # every constraint call of the loop thread is done for this step until the join: the workers own the
         # constraints of the requests they were handed (engine.mask_workers)
         batch = loop.masks.submit(beside) if beside and loop.masks is not None else None
+        refreshed_before = loop.runner.stats.refresh_rows
         start = time.perf_counter()
         try:
             rows = loop.runner.forward_rows(live)
@@ -351,7 +352,7 @@ class LLMEngine:
             raise
         end = time.perf_counter()
         if live:
-            loop.timing.add_forward(start, end)
+            loop.timing.add_forward(start, end, refresh=loop.runner.stats.refresh_rows > refreshed_before)
         masks = batch.join(loop.timing, (start, end)) if batch is not None else {}
         for row in rows:
             s = row.state

@@ -51,6 +51,8 @@ class MaskTiming:
     probe_seconds: float = 0.0  # of mask_seconds
     forwards: int = 0
     forward_seconds: float = 0.0
+    refresh_forwards: int = 0  # of forwards: those in which a request refreshed (or ran whole without a cache)
+    refresh_seconds: float = 0.0  # of forward_seconds
 
     @property
     def overlap_fraction(self) -> float:
@@ -67,9 +69,12 @@ class MaskTiming:
         if forward is not None:
             self.overlapped_seconds += max(0.0, min(end, forward[1]) - max(start, forward[0]))
 
-    def add_forward(self, start: float, end: float) -> None:
+    def add_forward(self, start: float, end: float, refresh: bool = False) -> None:
         self.forwards += 1
         self.forward_seconds += end - start
+        if refresh:
+            self.refresh_forwards += 1
+            self.refresh_seconds += end - start
 
 
 @dataclass

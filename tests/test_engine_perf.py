@@ -20,6 +20,22 @@ def test_defaults_use_the_kv_cache_refreshed_once_per_block(llm) -> None:
     assert res.nfe == 16 and res.refreshes == 2  # one full forward per block, reuse otherwise
 
 
+def test_the_engine_times_its_forwards_by_kind_refreshes_among_them(llm) -> None:
+    """After a generate() call, mask_timing counts its forwards and, of them, the refreshes (the costly kind), so a
+    benchmark can price one call's mix of forwards at another's cost per kind."""
+    from dllm_constrain.engine.llm_engine import LLMEngine
+    from dllm_constrain.engine.state import Request, SamplingParams
+
+    engine = LLMEngine(llm.model, llm.tokenizer)
+    params = SamplingParams(max_new_tokens=16, block_length=8, steps=16)
+    [res] = engine.generate([Request([5, 6, 7], params)])
+    timing = engine.mask_timing
+    assert (timing.forwards, timing.refresh_forwards) == (res.nfe, res.refreshes) == (16, 2)
+    assert 0 < timing.refresh_seconds < timing.forward_seconds
+    [full] = engine.generate([Request([5, 6, 7], params)], config=EngineConfig(kv_cache="none"))
+    assert engine.mask_timing.forwards == engine.mask_timing.refresh_forwards == full.nfe == 16
+
+
 def test_settings_pass_through_generate(llm) -> None:
     kw = dict(max_new_tokens=16, block_length=8, steps=16)
     (full,) = llm.generate("hello", kv_cache="none", **kw)

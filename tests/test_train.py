@@ -212,6 +212,44 @@ def test_a_run_initialised_from_a_checkpoint_starts_at_its_function_with_a_wider
     assert tensors["model.transformer.shift_prev3.weight"].abs().sum() > 0  # trained, not left at zero
 
 
+def test_a_run_initialised_from_a_shallower_checkpoint_starts_at_its_function(tmp_path):
+    """--init-from DIR --n-layers deeper: the inserted blocks are copies of their left neighbour with zero output
+    projections, so before any step the grown model gives the checkpoint's logits; training then moves them."""
+    import dllm_constrain as dc
+    from dllm_constrain.train.trainer import build_model, init_from_checkpoint
+
+    train(_micro_config(tmp_path / "a", steps=2, token_shift=True, n_layers=2))
+    shallow = json.loads((tmp_path / "a" / "out" / "config.json").read_text())["n_layers"]
+    deep = _micro_config(tmp_path / "b", steps=2, token_shift=True, n_layers=shallow + 2,
+                         init_from=str(tmp_path / "a" / "out"))
+    model = build_model(deep).eval()
+    init_from_checkpoint(model, tmp_path / "a" / "out")
+    before = dc.LLM(str(tmp_path / "a" / "out")).model
+    ids = torch.tensor([[0, 40, 41, 42, 43, 3, 3, 44]])
+    with torch.no_grad():
+        assert torch.allclose(model(ids), before(ids), atol=1e-5)
+    train(deep)
+    tensors = load_file(str(tmp_path / "b" / "out" / "model.safetensors"))
+    assert json.loads((tmp_path / "b" / "out" / "config.json").read_text())["n_layers"] == shallow + 2
+    assert all(tensors[f"model.transformer.blocks.{i}.attn_out.weight"].abs().sum() > 0 for i in range(shallow + 2))
+
+
+def test_grown_blocks_are_spread_through_the_stack_after_the_block_they_copy():
+    from dllm_constrain.train.trainer import grown_layer_sources
+
+    assert grown_layer_sources(6, 8) == [(0, False), (1, False), (2, False), (2, True), (3, False), (4, False),
+                                         (5, False), (5, True)]
+    assert grown_layer_sources(4, 4) == [(i, False) for i in range(4)]
+    for old in range(1, 7):
+        for new in range(old, 2 * old + 1):
+            sources = grown_layer_sources(old, new)
+            assert len(sources) == new and [i for i, grown in sources if not grown] == list(range(old))
+    with pytest.raises(ValueError, match="shrink"):
+        grown_layer_sources(6, 4)
+    with pytest.raises(ValueError, match="at most one"):
+        grown_layer_sources(2, 5)
+
+
 def test_the_report_draws_a_run_and_its_init_from_successor_as_one_run(tmp_path):
     from dllm_constrain.train.report import chain_logs
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -125,16 +126,57 @@ def copy_friendly_init(model: LLaDAModel, out_scale: float = 0.5, head_scale: fl
         model.transformer["ff_out"].weight.copy_(head_scale * wte)
 
 
+def grown_layer_sources(old_layers: int, new_layers: int) -> list[tuple[int, bool]]:
+    """For each block of a model grown from `old_layers` to `new_layers` blocks: (the checkpoint block it starts
+    from, whether it is one of the inserted blocks). Inserted blocks are spread evenly through the stack, each
+    right after the block it copies, e.g. 6 -> 8: [0, 1, 2, 2*, 3, 4, 5, 5*]."""
+    if new_layers < old_layers:
+        raise ValueError(f"a model cannot shrink from {old_layers} to {new_layers} blocks")
+    extra = new_layers - old_layers
+    after = {old_layers - 1 - (i * old_layers) // extra for i in range(extra)} if extra else set()
+    if len(after) < extra:
+        raise ValueError(f"cannot insert {extra} blocks into {old_layers}: at most one after each block")
+    sources: list[tuple[int, bool]] = []
+    for i in range(old_layers):
+        sources.append((i, False))
+        if i in after:
+            sources.append((i, True))
+    return sources
+
+
 def init_from_checkpoint(model: LLaDAModel, folder: Path) -> Tokenizer:
-    """Load a previous checkpoint's weights into `model` and return its tokenizer; the model's wider token-shift
-    taps (`shift_prev{k}`) that the checkpoint lacks start at zero, so training begins exactly at the checkpoint's
-    function and only learns what the new inputs add (a fine-tune, not a restart). Anything else that does not
-    match is refused."""
+    """Load a previous checkpoint's weights into `model` and return its tokenizer, so training begins exactly at
+    the checkpoint's function (a fine-tune, not a restart) and only learns what the new parts add:
+
+    - wider token-shift taps (`shift_prev{k}`) that the checkpoint lacks start at zero;
+    - a deeper model (more blocks than the checkpoint) gets the extra blocks inserted evenly through the stack
+      (`grown_layer_sources`), each a copy of the block before it with its two output projections (`attn_out`,
+      `ff_out`) at zero: a residual block whose outputs are zero is the identity, so the grown model computes
+      what the checkpoint computed, while its inner weights start as a trained block's rather than noise (model
+      growth by depth, as in stacking / depth up-scaling, made function-preserving by the zero outputs).
+
+    Anything else that does not match is refused."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
     state = load_file(str(folder / "model.safetensors"))
     own = model.state_dict()
+    block = re.compile(r"model\.transformer\.blocks\.(\d+)\.(.+)")
+    old_layers = 1 + max((int(m.group(1)) for k in state if (m := block.match(k))), default=-1)
+    new_layers = model.config.n_layers
+    if new_layers != old_layers:
+        try:
+            sources = grown_layer_sources(old_layers, new_layers)
+        except ValueError as e:
+            raise ValueError(f"--init-from {folder}: {e}") from None
+        grown: dict[str, torch.Tensor] = {k: v for k, v in state.items() if not block.match(k)}
+        for new_i, (old_i, inserted) in enumerate(sources):
+            for k, v in state.items():
+                m = block.match(k)
+                if m and int(m.group(1)) == old_i:
+                    zero = inserted and m.group(2) in ("attn_out.weight", "ff_out.weight")
+                    grown[f"model.transformer.blocks.{new_i}.{m.group(2)}"] = torch.zeros_like(v) if zero else v.clone()
+        state = grown
     unexpected = sorted(set(state) - set(own))
     missing = sorted(set(own) - set(state))
     growable = [k for k in missing
