@@ -39,7 +39,8 @@ class Terms:
         self.intern: dict = {}
         self._nullable: dict[int, bool] = {T_NOTHING: False, T_EMPTY: True}
         self._minlen: dict[int, int] = {T_NOTHING: INF, T_EMPTY: 0}
-        self._deriv: dict[tuple[int, int], int] = {}
+        self._seq_nest: dict[tuple[int, int], int] = {}  # seq(h, t) for a sequence h, see seq()
+        self._deriv: dict[int, int] = {}  # (term << 8) | byte -> derivative (an int key hashes faster than a pair)
         self._cuts: dict[int, frozenset[int]] = {}
         self._first: dict[int, int] = {}
         self._chars_bytes: dict[int, int] = {}
@@ -97,7 +98,14 @@ class Terms:
             return h
         kind = self.kind
         if kind[h] == SEQ_K:
-            return self.seq(self.a[h], self.seq(self.b[h], t))
+            # re-nesting a sequence head walks its whole chain: remembered, since derivatives rebuild the same
+            # (chain, tail) pairs over and over (a repeated body's derivative is a chain before the repetition)
+            key = (h, t)
+            r = self._seq_nest.get(key)
+            if r is None:
+                r = self.seq(self.a[h], self.seq(self.b[h], t))
+                self._seq_nest[key] = r
+            return r
         if kind[h] == LIT_K and kind[t] == LIT_K:
             return self.lit(self.a[h] + self.a[t])
         if kind[h] == LIT_K and kind[t] == SEQ_K and kind[self.a[t]] == LIT_K:
@@ -456,7 +464,7 @@ class Terms:
         return r
 
     def deriv(self, t: int, byte: int) -> int:
-        key = (t, byte)
+        key = (t << 8) | byte
         r = self._deriv.get(key)
         if r is not None:
             return r
@@ -482,7 +490,16 @@ class Terms:
                 if r2 != T_NOTHING:
                     r = self.alt((r, r2))
         elif k == ALT_K:
-            r = self.alt([self.deriv(x, byte) for x in self.a[t]])
+            # the branches' derivatives are mostly remembered already: looked up here, without a call each
+            memo = self._deriv
+            ds = []
+            for x in self.a[t]:
+                d = memo.get((x << 8) | byte)
+                if d is None:
+                    d = self.deriv(x, byte)
+                if d != T_NOTHING:
+                    ds.append(d)
+            r = self.alt(ds)
         elif k == REP_K:
             x, lo, hi = self.a[t], self.b[t], self.c[t]
             dx = self.deriv(x, byte)
