@@ -156,6 +156,29 @@ def test_a_can_finish_search_out_of_steps_is_undecided_never_refuted() -> None:
     assert alg.finish3(w, 2) is False and alg.can_finish(w, 5) is True
 
 
+def test_a_can_finish_question_budgets_left_undecided_is_searched_again_at_exponentially_spaced_visits() -> None:
+    """A search cut by the same budget every call would cost every mask call the same work for nothing: later calls
+    search it again at their 2nd, 4th, 8th, ... visit only, answer undecided (sound) in between, and an exact call
+    (no budget) or a budget that suffices on a searching visit still decides it."""
+    cc = compile_fresh(FAR, FAR_TOKENS)
+    alg = cc.algebra
+    w = cc.ta.delta(START, 0)  # after "a": five more needed, so "within 2" needs a search (greedy bound 5)
+    searched: list[int] = []
+    for visit in range(1, 10):
+        spent = Budget(128)
+        spent.visits = 0  # any search is cut at once
+        assert alg.finish3(w, 2, spent) is None
+        if spent.visits != 0:  # a search took (and ran out of) a step
+            searched.append(visit)
+    assert searched == [1, 2, 4, 8]
+    assert alg.finish3(w, 2) is False  # exact: decided whatever the back-off
+    fresh = compile_fresh(FAR, FAR_TOKENS)
+    spent = Budget(128)
+    spent.visits = 0
+    assert fresh.algebra.finish3(w, 2, spent) is None
+    assert fresh.algebra.finish3(w, 2, Budget(128)) is False  # its second visit searches, with steps enough
+
+
 def test_the_frontier_leaves_out_undecided_states_and_does_not_remember_them_as_refuted() -> None:
     cc = compile_fresh(FAR, FAR_TOKENS)
     alg, n = cc.algebra, 3

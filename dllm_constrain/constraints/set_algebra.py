@@ -36,9 +36,9 @@ _NO_TRUE = (1 << 31) - 1  # can-finish threshold: no m known to suffice
 
 class Budget:
     """How many new token-transition computations one call may still do, and until when; and how many steps of the
-    can-finish search through known transitions (`visits`, and the same time: an undecided search is not remembered
-    across calls, so without a bound a call near the end of a wide canvas re-walked thousands of (state, length)
-    pairs each time)."""
+    can-finish search through known transitions (`visits`, and the same time: without a bound a call near the end of
+    a wide canvas re-walked thousands of (state, length) pairs each time; what a search leaves undecided is searched
+    again by later calls at exponentially spaced visits only, see SetAlgebra._undecided)."""
 
     __slots__ = ("left", "t_end", "undecided", "finish_left", "cuts", "visits")
 
@@ -115,6 +115,8 @@ class SetAlgebra:
         # can-finish memo per state, as int32 arrays indexed by state (Python reads them like lists, the native
         # `finish_split` as buffers): the largest m known not to suffice (-1: none) and the smallest m known to suffice
         # (_NO_TRUE: none); states past an array's end have neither
+        # (state, m) -> [visits, the visit that searches it again] of can-finish questions budgets left undecided
+        self._fin_backoff: dict[tuple[int, int], list[int]] = {}
         self._fin_false = array("i")
         self._fin_true = array("i")
         native = _cwalk.load() if ta.row_store is not None else None
@@ -357,11 +359,19 @@ class SetAlgebra:
         if budget is not None:
             if (q, m) in budget.undecided:
                 return None
+            backoff = self._fin_backoff.get((q, m))
+            if backoff is not None:
+                backoff[0] += 1
+                if backoff[0] < backoff[1]:
+                    # left undecided by earlier calls' budgets: searched again at exponentially spaced visits only
+                    # (the same search, cut by the same budget, cost every mask call the same work for nothing)
+                    budget.undecided.add((q, m))
+                    return None
             budget.visits -= 1
             if budget.visits < 0 or budget.past_time():
                 # this call's search steps (or its time) are spent: undecided (sound: q is left out)
                 budget.visits = -1
-                budget.undecided.add((q, m))
+                self._undecided(q, m, budget)
                 return None
         check_active(q, "deciding whether it can finish")
         L = max(1, self.ta.max_token_len)
@@ -370,7 +380,7 @@ class SetAlgebra:
             return False
         succ = self._succ_by_dist(q, budget)
         if succ is None:
-            budget.undecided.add((q, m))
+            self._undecided(q, m, budget)
             return None
         undecided = False
         for u in succ:
@@ -383,10 +393,22 @@ class SetAlgebra:
                 if budget is not None and budget.visits < 0:
                     break  # out of search steps: the other successors would answer undecided one by one
         if undecided:
-            budget.undecided.add((q, m))
+            self._undecided(q, m, budget)
             return None
         self._note_false(q, m)
         return False
+
+    def _undecided(self, q: int, m: int, budget: Budget) -> None:
+        """(q, m) is undecided within this call's budget: so for the rest of the call, and searched again by later
+        calls at their visits 2, 4, 8, ... of it (a decision found meanwhile through the thresholds comes first)."""
+        budget.undecided.add((q, m))
+        backoff = self._fin_backoff.get((q, m))
+        if backoff is None:
+            if len(self._fin_backoff) > 200_000:
+                self._fin_backoff.clear()
+            self._fin_backoff[(q, m)] = [1, 2]
+        else:
+            backoff[1] = 2 * backoff[0]
 
     def _note_true(self, q: int, m: int) -> None:
         """q can finish within m positions (so within any more)."""
