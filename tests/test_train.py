@@ -344,6 +344,37 @@ def test_the_unconstrained_held_out_figures_decode_with_the_checkpoint_defaults(
     assert seen and all(d == expected for d in seen)
 
 
+def test_the_held_out_figures_can_state_the_requests_in_the_training_phrasings(micro_run):
+    """--phrasing train: same requests' values, training split's phrasings (what unseen phrasings cost is the gap)."""
+    from dllm_constrain.train.data import ExampleGenerator
+    from dllm_constrain.train.heldout import HELDOUT_SEED, evaluate
+    from dllm_constrain.train.phrasing import HELDOUT
+
+    out, _ = micro_run
+    _, records = evaluate(str(out), n=4, batch_size=2, phrasing="train")
+    expected = ExampleGenerator(HELDOUT_SEED, plain_text_share=0.0, split="train").examples(4)
+    assert [r["request"] for r in records] == [e["request"] for e in expected]
+    assert not any(r["request"].startswith(lead) for lead in HELDOUT.leads for r in records)
+
+
+def test_the_held_out_script_passes_a_block_length_to_generation(micro_run, monkeypatch, capsys):
+    from dllm_constrain.api import LLM
+    from dllm_constrain.train.heldout import main
+
+    out, _ = micro_run
+    seen = []
+    generate = LLM.generate
+
+    def spy(self, *args, **kwargs):
+        seen.append(kwargs.get("block_length"))
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(LLM, "generate", spy)
+    main(["--model", str(out), "--n", "2", "--batch-size", "2", "--block-length", "1"])
+    assert seen and all(b == 1 for b in seen)
+    assert "field-value recall" in capsys.readouterr().out
+
+
 def _answer_mask_rates(prefix_share: float) -> tuple[float, float]:
     """Masked fraction of the first and the last quarter of the answers, over many noised rows."""
     import random

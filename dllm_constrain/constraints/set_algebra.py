@@ -115,10 +115,10 @@ class SetAlgebra:
         # can-finish memo per state, as int32 arrays indexed by state (Python reads them like lists, the native
         # `finish_split` as buffers): the largest m known not to suffice (-1: none) and the smallest m known to suffice
         # (_NO_TRUE: none); states past an array's end have neither
-        # (state, m) -> [visits, the visit that searches it again] of can-finish questions budgets left undecided
-        self._fin_backoff: dict[tuple[int, int], list[int]] = {}
         self._fin_false = array("i")
         self._fin_true = array("i")
+        # (state, m) -> [visits, the visit that searches it again] of can-finish questions budgets left undecided
+        self._fin_backoff: dict[tuple[int, int], list[int]] = {}
         native = _cwalk.load() if ta.row_store is not None else None
         self._finish_split = native.finish_split if native is not None else None
         # a committed token's backward step walked in C over the byte DFA's expanded rows (tables DFAs only)
