@@ -401,3 +401,43 @@ def test_prefix_noising_keeps_the_start_of_the_answer_known_more_often_than_its_
 def test_uniform_noising_masks_the_start_and_the_end_of_the_answer_alike():
     first, last = _answer_mask_rates(0.0)
     assert abs(first - last) < 0.05
+
+
+def test_value_spans_are_the_leaf_values_of_the_answer_never_its_keys():
+    from dllm_constrain.train.trainer import value_spans
+
+    answer = '{"name":"Ada \\"L\\"","age":36,"e":"","tags":["x",true],"o":{"k":null,"f":-1.5e3}}'
+    assert [answer[a:b] for a, b in value_spans(answer)] == ['Ada \\"L\\"', "36", "x", "true", "null", "-1.5e3"]
+    assert value_spans("SELECT name FROM users") == []
+
+
+def test_value_noising_masks_each_value_whole_or_not_at_all():
+    import random
+
+    from dllm_constrain.train.trainer import encode_examples, make_batch
+
+    tok = train_tokenizer((e["prompt"] + e["answer"] for e in ExampleGenerator(0).examples(300)), vocab_size=400)
+    examples = [e for e in ExampleGenerator(5, plain_text_share=0.0).examples(24)]
+    pairs = encode_examples(examples, tok, max_canvas=96)
+    cfg = TrainConfig(max_canvas=96, value_share=1.0)
+    gen = torch.Generator().manual_seed(0)
+    partly = whole = 0
+    for i in range(10):
+        b = make_batch(pairs, cfg, random.Random(i), gen)
+        plen = b["ids"].shape[1] - int(b["canvas"][0])
+        for r, (_, answer, value_of) in enumerate(pairs):
+            for k in set(value_of) - {-1}:
+                m = [bool(b["masked"][r, plen + j]) for j, v in enumerate(value_of) if v == k]
+                partly += any(m) and not all(m)
+                whole += all(m)
+    assert partly == 0 and whole > 0
+
+
+def test_the_answer_tokens_of_a_value_are_labelled_with_it_and_the_keys_with_none():
+    from dllm_constrain.train.trainer import encode_examples
+
+    tok = train_tokenizer((e["prompt"] + e["answer"] for e in ExampleGenerator(0).examples(300)), vocab_size=400)
+    [(_, answer, value_of)] = encode_examples([{"prompt": "Request: x\nAnswer: ",
+                                                "answer": '{"city":"Lima","age":7}'}], tok, max_canvas=32)
+    text = {k: "".join(tok.decode([t]) for t, v in zip(answer, value_of) if v == k) for k in set(value_of)}
+    assert "Lima" in text[0] and text[1] == "7" and "city" in text[-1] and "age" in text[-1]

@@ -25,7 +25,7 @@ import random
 import re
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,7 @@ class TrainConfig:
     simple_share: float = 0.0  # share of schema examples with 1-3 flat short fields (a copy-skill curriculum)
     copy_share: float = 0.0  # share of examples that are pure copy tasks (echo a span of the request)
     prefix_share: float = 0.0  # share of rows noised as a known answer prefix + masked suffix (see make_batch)
+    value_share: float = 0.0  # share of rows noised value by value: whole values masked, structure mostly known
 
 
 def build_model(cfg: TrainConfig) -> LLaDAModel:
@@ -194,18 +195,73 @@ def init_from_checkpoint(model: LLaDAModel, folder: Path) -> Tokenizer:
     return Tokenizer.from_file(str(folder / "tokenizer.json"))
 
 
-def encode_examples(examples: list[dict], tok: Tokenizer, max_canvas: int) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, answer ids) of each example whose answer fits the canvas with one EOS; others are dropped
-    (a truncated answer would teach the model to stop mid-value)."""
+def value_spans(answer: str) -> list[tuple[int, int]]:
+    """Character spans [start, end) of the leaf values of a compact JSON answer: the contents of strings in value
+    position (without their quotes: a token such as `":"` joins a key's quote to a value's, and is structure),
+    numbers, true, false, null; keys and punctuation are not in any span. [] when the answer is not JSON (the
+    plain-text tasks)."""
+    try:
+        json.loads(answer)
+    except ValueError:
+        return []
+    spans: list[tuple[int, int]] = []
+    stack: list[str] = []  # "{" or "["
+    expect_key = False
+    i, n = 0, len(answer)
+    while i < n:
+        ch = answer[i]
+        if ch in "{[":
+            stack.append(ch)
+            expect_key = ch == "{"
+            i += 1
+        elif ch in "}]":
+            stack.pop()
+            expect_key = False
+            i += 1
+        elif ch == ",":
+            expect_key = bool(stack) and stack[-1] == "{"
+            i += 1
+        elif ch == ":":
+            expect_key = False
+            i += 1
+        elif ch == '"':
+            j = i + 1
+            while answer[j] != '"':
+                j += 2 if answer[j] == "\\" else 1
+            if not expect_key and j > i + 1:
+                spans.append((i + 1, j))
+            i = j + 1
+        elif ch in " \t\r\n":
+            i += 1
+        else:  # a number or a literal: up to the next delimiter
+            j = i
+            while j < n and answer[j] not in ",]} \t\r\n":
+                j += 1
+            spans.append((i, j))
+            i = j
+    return spans
+
+
+def encode_examples(examples: list[dict], tok: Tokenizer, max_canvas: int
+                    ) -> list[tuple[list[int], list[int], list[int]]]:
+    """(prompt ids, answer ids, value of each answer token) of each example whose answer fits the canvas with one
+    EOS; others are dropped (a truncated answer would teach the model to stop mid-value). The value of a token is
+    the index of the leaf value (`value_spans`) it overlaps, -1 for structure (keys, punctuation, plain text)."""
     pairs = []
     for e in examples:
-        answer = tok.encode(e["answer"], add_special_tokens=False).ids
+        enc = tok.encode(e["answer"], add_special_tokens=False)
+        answer = enc.ids
         if len(answer) < max_canvas:
-            pairs.append((tok.encode(e["prompt"]).ids, answer))
+            spans = value_spans(e["answer"])
+            value_of = []
+            for start, end in enc.offsets:
+                k = next((k for k, (a, b) in enumerate(spans) if start < b and a < end), -1)
+                value_of.append(k)
+            pairs.append((tok.encode(e["prompt"]).ids, answer, value_of))
     return pairs
 
 
-def make_batch(pairs: list[tuple[list[int], list[int]]], cfg: TrainConfig, rng: random.Random,
+def make_batch(pairs: list[tuple[list[int], ...]], cfg: TrainConfig, rng: random.Random,
                gen: torch.Generator) -> dict[str, torch.Tensor]:
     """Left-padded [prompt | answer + EOS padding] rows, with the noised input and the masked targets.
 
@@ -213,11 +269,18 @@ def make_batch(pairs: list[tuple[list[int], list[int]]], cfg: TrainConfig, rng: 
     `cfg.prefix_share`, as a semi-autoregressive decode sees it: the answer's first c positions (c uniform over
     the answer) are known and each later position is masked with probability t. Constrained decoding commits
     the forced structure and the confident left part first, so a value's first token is mostly predicted from
-    a known prefix and an all-masked right side, a state the uniform noise almost never shows."""
-    canvas = min(cfg.max_canvas, max(len(a) for _, a in pairs) + rng.randint(1, 24))
-    plen = max(len(p) for p, _ in pairs)
+    a known prefix and an all-masked right side, a state the uniform noise almost never shows.
+
+    With probability `cfg.value_share` (rows whose answer has values: `encode_examples`' third field) a row is noised
+    value by value: each leaf value is masked whole with probability t, each other answer position with
+    probability t/2. That is the state constrained decoding asks about most (keys and punctuation forced or
+    committed, a value's tokens all still masked), and under the uniform noise a value of L tokens is masked whole
+    while its key of K tokens is known with probability L!K!/(L+K+1)! (under 1% for L = K = 3): without it the
+    model rarely has to find a value from its key alone."""
+    canvas = min(cfg.max_canvas, max(len(pa[1]) for pa in pairs) + rng.randint(1, 24))
+    plen = max(len(pa[0]) for pa in pairs)
     rows, keep, answer_region = [], [], []
-    for p, a in pairs:
+    for p, a, *_ in pairs:
         a = a[:canvas] + [EOS] * (canvas - len(a))
         pad = plen - len(p)
         rows.append([PAD] * pad + p + a)
@@ -234,6 +297,16 @@ def make_batch(pairs: list[tuple[list[int], list[int]]], cfg: TrainConfig, rng: 
         cut = plen + (torch.rand(len(rows), 1, generator=gen) * (answer_len + 1)).floor().long()
         known = torch.arange(ids.shape[1]).unsqueeze(0) < cut
         masked &= ~(known & prefix_rows)
+    if cfg.value_share > 0:
+        value_rows = (torch.rand(len(rows), 1, generator=gen) < cfg.value_share).squeeze(1).tolist()
+        for r, pa in enumerate(pairs):
+            if not value_rows[r] or len(pa) < 3 or max(pa[2], default=-1) < 0:
+                continue
+            value_of = torch.tensor(pa[2][:canvas] + [-1] * (canvas - min(len(pa[2]), canvas)))
+            n_values = int(value_of.max()) + 1
+            hit = torch.rand(n_values + 1, generator=gen) < t[r]  # the last entry stands for "no value"
+            other = torch.rand(canvas, generator=gen) < t[r] / 2
+            masked[r, plen:] = torch.where(value_of >= 0, hit[value_of.clamp(min=0)], other)
     noisy = ids.masked_fill(masked, MASK)
     return {"ids": ids, "noisy": noisy, "masked": masked, "t": t.expand_as(ids), "kpm": key_padding_mask,
             "canvas": torch.full((len(rows),), canvas)}
@@ -368,6 +441,7 @@ def _truncate_log(log_path: Path, step: int) -> None:
 def heldout_loss(run: _Run, cfg: TrainConfig) -> float:
     """Mean diffusion loss on fixed held-out batches (held-out phrasings, a seed training never uses)."""
     data = ExampleGenerator(HELDOUT_LOSS_SEED, split="heldout")
+    cfg = replace(cfg, value_share=0.0)  # the LLaDA noise only: comparable across runs of any noise mix
     rng = random.Random(HELDOUT_LOSS_SEED)
     gen = torch.Generator().manual_seed(HELDOUT_LOSS_SEED)
     run.model.eval()
