@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dllm_constrain.constraints import deriv
-from dllm_constrain.constraints.deriv import DEAD, START, DerivDFA
+from dllm_constrain.constraints.deriv import DEAD, START, DerivDFA, Terms
 from dllm_constrain.constraints.regex_parser import parse_regex
 from dllm_constrain.errors import CompilationTimeoutError
 
@@ -147,8 +147,8 @@ def test_a_request_interrupted_mid_growth_does_not_break_the_shared_compiled_con
 
 def test_a_term_whose_creation_was_interrupted_leaves_no_misaligned_fields() -> None:
     """An asynchronous exception between the field appends of a new term (simulated: a field appended
-    alone) must not shift later terms' fields."""
-    dfa = DerivDFA(parse_regex(PATTERN).node)
+    alone) must not shift later terms' fields (the Python algebra; the C one creates a term in one step)."""
+    dfa = DerivDFA(parse_regex(PATTERN).node, terms=Terms())
     terms = dfa.terms
     terms.a.append("half-made")  # as if interrupted right after the first append
     t = terms.lit(b"qq-new-literal")

@@ -22,7 +22,7 @@ from . import regex_ast as A
 from .bounds import INF
 from .byte_dfa import DEAD, START, LazyByteDFA
 from .deadline import Deadline, check_active
-from .deriv_terms import T_EMPTY, T_NOTHING, MembersTerms, Terms
+from .deriv_terms import T_EMPTY, T_NOTHING, MembersTerms, Terms, new_terms
 
 __all__ = ["DEAD", "START", "DerivDFA", "MembersTerms", "T_EMPTY", "T_NOTHING", "Terms"]
 
@@ -32,7 +32,7 @@ class DerivDFA(LazyByteDFA):
 
     def __init__(self, node: A.Node | None = None, deadline: Deadline | None = None, max_states: int = 500_000,
                  terms: Terms | None = None, start_term: int | None = None):
-        self.terms = terms if terms is not None else Terms(deadline)
+        self.terms = terms if terms is not None else new_terms(deadline)
         self.deadline = deadline
         self.terms.deadline = deadline
         self.max_states = max_states
@@ -119,17 +119,9 @@ class DerivDFA(LazyByteDFA):
         if self.deadline is not None:
             self.deadline.check()
         check_active(sid)  # a request's call deadline (canvas masks, min_tokens): before anything is built
-        terms = self.terms
-        t = self.term_of[sid]
-        cuts = sorted(terms.cuts(t) | {0, 256})
         row = np.zeros(256, dtype=np.int32)
-        deriv = terms.deriv
-        for i in range(len(cuts) - 1):
-            lo, hi = cuts[i], cuts[i + 1]
-            if lo >= 256:
-                break
-            d = deriv(t, lo)
-            row[lo:hi] = self.state_for(d) if d != T_NOTHING else DEAD
+        for lo, hi, d in self.terms.classes(self.term_of[sid]):  # bytes not listed lead to DEAD (0)
+            row[lo:hi] = self.state_for(d)
         # _add may have reallocated the tables meanwhile: write into the current ones
         self.T[sid] = row
         self.expanded[sid] = True

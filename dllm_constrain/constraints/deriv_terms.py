@@ -9,6 +9,7 @@ first bytes, and the derivative by one byte.
 from __future__ import annotations
 
 import heapq
+import os
 import sys
 from dataclasses import dataclass, field
 
@@ -296,8 +297,13 @@ class Terms:
         r = self._chars_bytes.get(t)
         if r is not None:
             return r
-        # UTF-8 byte sequences, sharing common first bytes
-        seqs = utf8_sequences(self.a[t])
+        r = self._utf8_term(self.a[t])
+        self._chars_bytes[t] = r
+        return r
+
+    def _utf8_term(self, ranges: A.Ranges) -> int:
+        """The code points in `ranges` as UTF-8 byte sequences, sharing common first bytes."""
+        seqs = utf8_sequences(ranges)
         by_first: dict[tuple[int, int], list] = {}
         for sq in seqs:
             by_first.setdefault(sq[0], []).append(sq[1:])
@@ -305,9 +311,7 @@ class Terms:
         for first, rests in by_first.items():
             tails = [self.seq_list([self.bytes_(((lo, hi),)) for lo, hi in rest]) for rest in rests]
             alts.append(self.seq(self.bytes_((first,)), self.alt(tails)))
-        r = self.alt(alts)
-        self._chars_bytes[t] = r
-        return r
+        return self.alt(alts)
 
     # ------------------------------------------------------------------ properties
     def nullable(self, t: int) -> bool:
@@ -324,11 +328,9 @@ class Terms:
         elif k == REP_K:
             r = self.b[t] == 0 or self.nullable(self.a[t])
         elif k == GAT_K:
-            g = self.graphs[self.a[t]]
-            r = any(w in g["finals"] for w in self._closure(g, self.b[t]))
+            r = self._gat_nullable(t)
         elif k == MEM_K:
-            m = self.members[self.a[t]]
-            r = OM.can_close(self.b[t], self.c[t], m.required_mask, m.lo)
+            r = self._mem_nullable(t)
         else:
             r = k == EMPTY_K
         self._nullable[t] = r
@@ -352,16 +354,27 @@ class Terms:
         elif k == REP_K:
             r = 0 if self.b[t] == 0 else min(INF, self.b[t] * self.minlen(self.a[t]))
         elif k == GAT_K:
-            g = self.graphs[self.a[t]]
-            if g["dist"] is None:
-                self._graph_dist(g)
-            r = g["dist"][self.b[t]]
+            r = self._gat_minlen(t)
         elif k == MEM_K:
             r = self._members_minlen(t)
         else:
             r = INF if k == NOTHING_K else 0
         self._minlen[t] = r
         return r
+
+    def _gat_nullable(self, t: int) -> bool:
+        g = self.graphs[self.a[t]]
+        return any(w in g["finals"] for w in self._closure(g, self.b[t]))
+
+    def _gat_minlen(self, t: int) -> int:
+        g = self.graphs[self.a[t]]
+        if g["dist"] is None:
+            self._graph_dist(g)
+        return g["dist"][self.b[t]]
+
+    def _mem_nullable(self, t: int) -> bool:
+        m = self.members[self.a[t]]
+        return OM.can_close(self.b[t], self.c[t], m.required_mask, m.lo)
 
     def shortest_first_byte(self, t: int, depth: int = 0) -> int | None:
         """The first byte of a shortest member of t, read off the terms (no derivative): -1 when t's shortest member
@@ -463,6 +476,18 @@ class Terms:
         self._cuts[t] = r
         return r
 
+    def classes(self, t: int) -> list[tuple[int, int, int]]:
+        """The row of t: [(lo, hi, derivative)] for the byte classes [lo, hi) whose derivative is not nothing (every
+        other byte leads to the dead state)."""
+        cuts = sorted(self.cuts(t) | {0, 256})
+        out = []
+        for lo, hi in zip(cuts, cuts[1:]):
+            if lo < 256:
+                d = self.deriv(t, lo)
+                if d != T_NOTHING:
+                    out.append((lo, hi, d))
+        return out
+
     def deriv(self, t: int, byte: int) -> int:
         key = (t << 8) | byte
         r = self._deriv.get(key)
@@ -512,6 +537,98 @@ class Terms:
             r = T_NOTHING
         self._deriv[key] = r
         return r
+
+
+class NativeTerms(Terms):
+    """Terms whose algebra runs in C (`_terms.c`: the same normal forms and memos as `Terms`). Code-point classes,
+    graph and member-list terms keep their payload here (`a`, `b`, `c` hold it, by term); the store asks for their
+    expansion and their nullable / minimal length once per term. Construction from the
+    regex AST, graphs and member lists are `Terms`' own code, running on the C constructors."""
+
+    def __init__(self, store_type, deadline: Deadline | None = None):
+        super().__init__(deadline)
+        store = store_type(self._expansion_of, self._props_of, self._tick)
+        self.store = store
+        self.kind = None  # the store knows the kinds (store.kind(t)); the payload maps below hold GAT / MEM only
+        self.a, self.b, self.c = {}, {}, {}
+        self._external_kind: dict[int, int] = {}
+        # the hot entry points are the store's own methods: no Python frame between a caller and the C code
+        self.bytes_ = store.bytes_
+        self.seq = store.seq
+        self.alt = store.alt
+        self.nullable = store.nullable
+        self.minlen = store.minlen
+        self.deriv = store.deriv
+        self.classes = store.classes
+        self.shortest_first_byte = store.shortest_first_byte
+
+    def lit(self, data: bytes) -> int:
+        return self.store.lit(bytes(data))
+
+    def rep(self, x: int, lo: int, hi: int | None) -> int:
+        return self.store.rep(x, lo, hi)
+
+    def chars(self, ranges: A.Ranges) -> int:
+        if not ranges:
+            return T_NOTHING
+        if len(ranges) == 1 and ranges[0][1] < 0x80:
+            return self.bytes_(ranges)
+        return self._external(("C", ranges), CHARS_K, ranges, None)
+
+    def _external(self, key: tuple, kind: int, a, b, c=None) -> int:
+        t = self.intern.get(key)
+        if t is None:
+            t = self.store.external(kind)
+            self.a[t], self.b[t], self.c[t] = a, b, c
+            self._external_kind[t] = kind
+            self.intern[key] = t  # last: an interrupted call leaves an unreachable term, never a half-made one
+        return t
+
+    def gat(self, g: int, u: int) -> int:
+        return self._external(("G", g, u), GAT_K, g, u)
+
+    def mem(self, i: int, used: int, tail: int) -> int:
+        return self._external(("M", i, used, tail), MEM_K, i, used, tail)
+
+    def cuts(self, t: int) -> frozenset[int]:
+        return frozenset(self.store.cuts(t))
+
+    @property
+    def n_terms(self) -> int:
+        return self.store.n_terms
+
+    # ---- what the store asks of graph and member-list terms
+    def _expansion_of(self, t: int) -> int:
+        kind = self._external_kind[t]
+        if kind == CHARS_K:
+            return self._utf8_term(self.a[t])  # the store remembers it
+        return self.expansion(t) if kind == GAT_K else self.members_expansion(t)
+
+    def _props_of(self, t: int) -> tuple[bool, int]:
+        kind = self._external_kind[t]
+        if kind == CHARS_K:
+            return False, len(chr(self.a[t][0][0]).encode("utf-8"))
+        if kind == GAT_K:
+            return self._gat_nullable(t), self._gat_minlen(t)
+        return self._mem_nullable(t), self._members_minlen(t)
+
+    def _tick(self) -> None:
+        if self.deadline is not None:
+            self.deadline.check()
+        check_active()
+
+
+def new_terms(deadline: Deadline | None = None) -> Terms:
+    """The term algebra: in C when the extension is built (and DLLM_CONSTRAIN_NO_C is not set), else `Terms`."""
+    from ._cwalk import NO_C_ENV
+
+    if not os.environ.get(NO_C_ENV):
+        try:
+            from ._terms import TermStore
+        except ImportError:
+            return Terms(deadline)
+        return NativeTerms(TermStore, deadline)
+    return Terms(deadline)
 
 
 @dataclass
