@@ -342,3 +342,44 @@ def test_canvas_masks_equal_the_brute_force_set_of_completable_tokens(required, 
     masks = state.allowed_tokens(canvas, opens)
     for j, i in enumerate(opens):
         assert set(torch.nonzero(masks[j]).flatten().tolist()) == expected[i], (schema, canvas, i)
+
+
+def _completion_by_enumeration(costs, req, extra_cost, sep, lo, hi, used, extra) -> int:
+    """The shortest completion from its definition: every set of unused entries (and at most one additional
+    member) that closes the list, cheapest first."""
+    from dllm_constrain.constraints.object_members import FROZEN, INF
+
+    if used == FROZEN:
+        return 0
+    free = [i for i in range(len(costs)) if not used >> i & 1]
+    best = INF
+    for r in range(len(free) + 1):
+        for chosen in itertools.combinations(free, r):
+            mask = used | sum(1 << i for i in chosen)
+            if mask & req != req or any(costs[i] >= INF for i in chosen):
+                continue
+            for one_extra in ((0, 1) if extra == 0 and extra_cost < INF else (0,)):
+                n = len(chosen) + one_extra
+                if mask.bit_count() + min(extra + one_extra, 1) < lo:
+                    continue
+                if hi is not None and used.bit_count() + extra + n > hi:
+                    continue
+                seps = n if (used or extra) else max(n - 1, 0)
+                best = min(best, sum(costs[i] for i in chosen) + one_extra * extra_cost + sep * seps)
+    return best
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([1, 2, 5, 9, 1 << 30]), min_size=0, max_size=6), st.data())
+def test_shortest_completion_is_the_cheapest_closing_set_of_members(costs, data):
+    from dllm_constrain.constraints.object_members import shortest_completion
+
+    n = len(costs)
+    req = data.draw(st.integers(0, (1 << n) - 1))
+    used = data.draw(st.integers(0, (1 << n) - 1))
+    extra = data.draw(st.integers(0, 1))
+    extra_cost = data.draw(st.sampled_from([3, 1 << 30]))
+    lo = data.draw(st.integers(0, n + 1))
+    hi = data.draw(st.one_of(st.none(), st.integers(lo, n + 2)))
+    assert shortest_completion(costs, req, extra_cost, 1, lo, hi, used, extra) == \
+        _completion_by_enumeration(costs, req, extra_cost, 1, lo, hi, used, extra)

@@ -109,21 +109,23 @@ def shortest_completion(entry_costs: Sequence[int], required_mask: int, extra_co
     completion of an unfrozen state never needs an additional member before a declared one.)"""
     if used == FROZEN:
         return 0
+    # the missing required entries, by their bits (not a pass over all entries: objects with hundreds of declared
+    # properties ask this of every member-list state the automaton reaches)
     need = required_mask & ~used
     total = 0
     added = 0
-    optional: list[int] = []
-    for i, w in enumerate(entry_costs):
-        bit = 1 << i
-        if need & bit:
-            if w >= INF:
-                return INF
-            total += w
-            added += 1
-        elif not used & bit and w < INF:
-            optional.append(w)
+    while need:
+        low = need & -need
+        w = entry_costs[low.bit_length() - 1]
+        if w >= INF:
+            return INF
+        total += w
+        added += 1
+        need ^= low
     k = max(0, lo - used.bit_count() - min(extra, 1) - added)
     if k:
+        taken = used | required_mask
+        optional = [w for i, w in enumerate(entry_costs) if not taken >> i & 1 and w < INF]
         pool = sorted(optional + ([extra_cost] if extra_cost < INF and extra == 0 else []))
         if len(pool) < k:
             return INF
