@@ -37,6 +37,7 @@ typedef struct {
     int8_t *nullable;   /* -1 unknown */
     int64_t *minlen;    /* -1 unknown */
     int32_t *cuts;      /* index into cutpool (4 words), -1 unknown */
+    int32_t *firsts;    /* index into cutpool (4 words): the bytes whose derivative is not nothing, -1 unknown */
     int16_t *first;     /* -3 unknown, -1 none, else a byte */
     int32_t *ext;       /* expansion of an external term, -1 unknown */
     uint8_t *bytes; int64_t nbytes, capbytes;
@@ -55,7 +56,7 @@ static int grow_terms(TermStore *S) {
 #define GROW(field, type) do { void *p = realloc(S->field, (size_t)cap * sizeof(type)); \
         if (!p) { PyErr_NoMemory(); return -1; } S->field = p; } while (0)
     GROW(kind, int8_t); GROW(a, int64_t); GROW(b, int64_t); GROW(c, int64_t);
-    GROW(nullable, int8_t); GROW(minlen, int64_t); GROW(cuts, int32_t); GROW(first, int16_t);
+    GROW(nullable, int8_t); GROW(minlen, int64_t); GROW(cuts, int32_t); GROW(firsts, int32_t); GROW(first, int16_t);
     GROW(ext, int32_t);
 #undef GROW
     S->cap = cap;
@@ -178,7 +179,7 @@ static int32_t new_term(TermStore *S, int kind, int64_t a, int64_t b, int64_t c)
     if (S->n == S->cap && grow_terms(S) < 0) return ERR;
     int64_t t = S->n;
     S->kind[t] = (int8_t)kind; S->a[t] = a; S->b[t] = b; S->c[t] = c;
-    S->nullable[t] = -1; S->minlen[t] = -1; S->cuts[t] = -1; S->first[t] = -3; S->ext[t] = -1;
+    S->nullable[t] = -1; S->minlen[t] = -1; S->cuts[t] = -1; S->firsts[t] = -1; S->first[t] = -3; S->ext[t] = -1;
     S->n = t + 1;
     return (int32_t)t;
 }
@@ -485,6 +486,8 @@ static int64_t minlen(TermStore *S, int32_t t) {
     return r;
 }
 
+static int64_t push_bits(TermStore *S, const uint64_t *w);
+
 /* the byte cuts of t into out[4] (bit v: the derivative may change at byte v; 0 and 256 are implicit) */
 static int cuts(TermStore *S, int32_t t, uint64_t *out) {
     int32_t ci = S->cuts[t];
@@ -538,6 +541,14 @@ static int cuts(TermStore *S, int32_t t, uint64_t *out) {
     }
     S->depth--;
     if (rc < 0) return -1;
+    int64_t at = push_bits(S, w);
+    if (at < 0) return -1;
+    S->cuts[t] = (int32_t)at;
+    memcpy(out, w, 32);
+    return 0;
+}
+
+static int64_t push_bits(TermStore *S, const uint64_t *w) {
     if (S->ncut == S->capcut) {
         int64_t cap = S->capcut ? S->capcut * 2 : 1024;
         void *p = realloc(S->cutpool, (size_t)cap * 32);
@@ -545,15 +556,84 @@ static int cuts(TermStore *S, int32_t t, uint64_t *out) {
         S->cutpool = p; S->capcut = cap;
     }
     memcpy(S->cutpool + 4 * S->ncut, w, 32);
-    S->cuts[t] = (int32_t)S->ncut++;
+    return S->ncut++;
+}
+
+/* the bytes whose derivative of t is not nothing, into out[4]: a derivative by any other byte is nothing without
+   a memo entry, and an alternation skips such branches with a bit test (a member list's alternation has a branch
+   per declared property, and almost every byte kills almost all of them) */
+static int firsts(TermStore *S, int32_t t, uint64_t *out) {
+    int32_t fi = S->firsts[t];
+    if (fi >= 0) { memcpy(out, S->cutpool + 4 * (int64_t)fi, 32); return 0; }
+    uint64_t w[4] = {0, 0, 0, 0}, v[4];
+    int k = S->kind[t], rc = 0;
+    if (++S->depth > MAX_DEPTH) { S->depth--; PyErr_SetString(PyExc_RecursionError, "term nesting too deep"); return -1; }
+    switch (k) {
+    case K_BYTES:
+        for (int64_t i = 0; i < S->b[t]; i += 2)
+            for (int x = S->bytes[S->a[t] + i]; x <= S->bytes[S->a[t] + i + 1]; x++) w[x >> 6] |= 1ULL << (x & 63);
+        break;
+    case K_LIT: {
+        int b0 = S->bytes[S->a[t]];
+        w[b0 >> 6] |= 1ULL << (b0 & 63);
+        break;
+    }
+    case K_SEQ: {
+        int32_t h = (int32_t)S->a[t];
+        rc = firsts(S, h, w);
+        if (rc == 0) {
+            int nl = nullable(S, h);
+            if (nl < 0) rc = -1;
+            else if (nl) {
+                rc = firsts(S, (int32_t)S->b[t], v);
+                for (int i = 0; i < 4; i++) w[i] |= v[i];
+            }
+        }
+        break;
+    }
+    case K_ALT:
+        for (int64_t i = 0; i < S->b[t] && rc == 0; i++) {
+            rc = firsts(S, S->ids[S->a[t] + i], v);
+            for (int j = 0; j < 4; j++) w[j] |= v[j];
+        }
+        break;
+    case K_REP:
+        rc = firsts(S, (int32_t)S->a[t], w);
+        break;
+    case K_GAT: case K_MEM: case K_CHARS: {
+        int32_t e = expansion(S, t);
+        rc = e < 0 ? -1 : firsts(S, e, w);
+        break;
+    }
+    default:
+        break;
+    }
+    S->depth--;
+    if (rc < 0) return -1;
+    int64_t at = push_bits(S, w);
+    if (at < 0) return -1;
+    S->firsts[t] = (int32_t)at;
     memcpy(out, w, 32);
     return 0;
+}
+
+/* 1 if byte may start a member of t, 0 if not, -1 on error */
+static inline int may_start(TermStore *S, int32_t t, int byte) {
+    int32_t fi = S->firsts[t];
+    if (fi < 0) {
+        uint64_t w[4];
+        if (firsts(S, t, w) < 0) return -1;
+        fi = S->firsts[t];
+    }
+    return (int)(S->cutpool[4 * (int64_t)fi + (byte >> 6)] >> (byte & 63) & 1);
 }
 
 static int32_t deriv(TermStore *S, int32_t t, int byte) {
     int64_t key = ((int64_t)t << 8) | byte;
     int32_t r;
     if (map_get(S->dkeys, S->dvals, S->dcap, key, &r)) return r;
+    int starts = may_start(S, t, byte);
+    if (starts <= 0) return starts < 0 ? ERR : T_NOTHING;
     if (++S->depth > MAX_DEPTH) { S->depth--; PyErr_SetString(PyExc_RecursionError, "term nesting too deep"); return ERR; }
     int k = S->kind[t];
     switch (k) {
@@ -587,7 +667,11 @@ static int32_t deriv(TermStore *S, int32_t t, int byte) {
         I32Vec ds = {0};
         r = T_NOTHING;
         for (int64_t i = 0; i < S->b[t]; i++) {
-            int32_t d = deriv(S, S->ids[S->a[t] + i], byte);
+            int32_t x = S->ids[S->a[t] + i];
+            int st = may_start(S, x, byte);
+            if (st < 0) { r = ERR; break; }
+            if (!st) continue;
+            int32_t d = deriv(S, x, byte);
             if (d < 0 || (d != T_NOTHING && i32_push(&ds, d) < 0)) { r = ERR; break; }
         }
         if (r != ERR) r = mk_alt(S, ds.v, ds.n);
@@ -702,7 +786,7 @@ static int TermStore_clear(TermStore *S) {
 static void TermStore_dealloc(TermStore *S) {
     PyObject_GC_UnTrack(S);
     TermStore_clear(S);
-    free(S->kind); free(S->a); free(S->b); free(S->c); free(S->nullable); free(S->minlen); free(S->cuts);
+    free(S->kind); free(S->a); free(S->b); free(S->c); free(S->nullable); free(S->minlen); free(S->cuts); free(S->firsts);
     free(S->first); free(S->ext); free(S->bytes); free(S->ids); free(S->cutpool); free(S->itab);
     free(S->dkeys); free(S->dvals); free(S->skeys); free(S->svals);
     Py_TYPE(S)->tp_free((PyObject *)S);
