@@ -20,6 +20,20 @@ from dllm_constrain.constraints.deriv import DEAD, START, DerivDFA
 TINY_ALPHABET = [b"a", b"b", b"c", b"\xc3", b"\xa9"]
 
 
+class DeadlineAfter:
+    """A deadline that expires at its n-th check (and counts down below zero if it never does: -1 - n checks)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def check(self) -> None:
+        from dllm_constrain.errors import CompilationTimeoutError
+
+        self.n -= 1
+        if self.n == 0:
+            raise CompilationTimeoutError("deadline expired")
+
+
 def tiny_info(tokens: Sequence[bytes]) -> TokenizerInfo:
     """Text tokens 0..k-1, then EOS = k, MASK = k+1."""
     k = len(tokens)

@@ -13,6 +13,8 @@ from dllm_constrain.constraints.deriv import DEAD, START, DerivDFA, Terms
 from dllm_constrain.constraints.regex_parser import parse_regex
 from dllm_constrain.errors import CompilationTimeoutError
 
+from constraint_support import DeadlineAfter
+
 PATTERN = r"(ab|cd|e[f-h]){0,60}z[0-9]{1,3}"  # a few hundred states: the tables grow past 64 and 128 rows
 
 
@@ -76,22 +78,10 @@ def test_an_exception_while_the_tables_grow_leaves_the_automaton_usable(monkeypa
     assert_consistent_and_equal_to_fresh(dfa)
 
 
-class _DeadlineAfter:
-    """A deadline that expires at its n-th check."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def check(self) -> None:
-        self.n -= 1
-        if self.n == 0:
-            raise CompilationTimeoutError("deadline expired")
-
-
 @pytest.mark.parametrize("checks", [1, 2, 7, 40, 65])
 def test_a_deadline_firing_in_the_middle_of_an_expansion_leaves_the_automaton_usable(checks: int) -> None:
     dfa = DerivDFA(parse_regex(PATTERN).node)
-    dfa.deadline = dfa.terms.deadline = _DeadlineAfter(checks)
+    dfa.deadline = dfa.terms.deadline = DeadlineAfter(checks)
     interrupted = False
     try:
         for w in words():

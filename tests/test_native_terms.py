@@ -13,6 +13,8 @@ from dllm_constrain.constraints.deriv_terms import NativeTerms, Terms, new_terms
 from dllm_constrain.constraints.regex_parser import parse_regex
 from dllm_constrain.errors import CompilationTimeoutError
 
+from constraint_support import DeadlineAfter
+
 _terms = pytest.importorskip("dllm_constrain.constraints._terms", reason="the C term algebra is not built")
 
 
@@ -93,16 +95,6 @@ def test_the_first_byte_of_a_shortest_member_agrees_with_the_python_algebra() ->
         assert dfa.terms.minlen(dfa.terms.deriv(t, b)) == dfa.terms.minlen(t) - 1
 
 
-class _DeadlineAfter:
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def check(self) -> None:
-        self.n -= 1
-        if self.n == 0:
-            raise CompilationTimeoutError("deadline expired")
-
-
 _LONG = r"(ab|cd|e[f-h]|[α-ω]x){0,5000}z[0-9]{1,3}"
 _WORD = ("ab" * 1500 + "αx" * 1000 + "cd" * 1400 + "z7").encode()
 
@@ -110,7 +102,7 @@ _WORD = ("ab" * 1500 + "αx" * 1000 + "cd" * 1400 + "z7").encode()
 def _store_checks() -> int:
     """How many times the C store checks the deadline while one automaton walks _WORD."""
     dfa = DerivDFA(parse_regex(_LONG).node, terms=native())
-    counter = _DeadlineAfter(-1)
+    counter = DeadlineAfter(-1)
     dfa.terms.deadline = counter
     dfa.walk(START, _WORD)
     return -1 - counter.n
@@ -124,7 +116,7 @@ def test_a_deadline_firing_inside_the_c_store_leaves_it_usable(where: str) -> No
     assert total >= 3
     node = parse_regex(_LONG).node
     dfa = DerivDFA(node, terms=native())
-    dfa.terms.deadline = _DeadlineAfter({"first": 1, "middle": total // 2, "last": total}[where])
+    dfa.terms.deadline = DeadlineAfter({"first": 1, "middle": total // 2, "last": total}[where])
     with pytest.raises(CompilationTimeoutError):
         dfa.walk(START, _WORD)
     dfa.terms.deadline = None

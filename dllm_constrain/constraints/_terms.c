@@ -486,12 +486,17 @@ static int64_t minlen(TermStore *S, int32_t t) {
     return r;
 }
 
-static int64_t push_bits(TermStore *S, const uint64_t *w);
+/* Two byte sets of a term, 256 bits each, memoised in the cut pool. CUTS: the bytes where t's derivative may change
+   (class boundaries; 0 and 256 are implicit). FIRSTS: the bytes whose derivative of t is not nothing, so that a
+   derivative by any other byte is nothing without a memo entry and an alternation skips such branches with a bit
+   test (a member list's alternation has a branch per declared property, and almost every byte kills almost all of
+   them). Both follow a sequence's head into its tail when the head is nullable, an alternation's branches, a
+   repetition's body and an external term's expansion; only their leaves differ. */
+enum { CUTS = 0, FIRSTS = 1 };
 
-/* the byte cuts of t into out[4] (bit v: the derivative may change at byte v; 0 and 256 are implicit) */
-static int cuts(TermStore *S, int32_t t, uint64_t *out) {
-    int32_t ci = S->cuts[t];
-    if (ci >= 0) { memcpy(out, S->cutpool + 4 * (int64_t)ci, 32); return 0; }
+static int byte_set(TermStore *S, int32_t t, int which, uint64_t *out) {
+    int32_t *memo = which == CUTS ? S->cuts : S->firsts;
+    if (memo[t] >= 0) { memcpy(out, S->cutpool + 4 * (int64_t)memo[t], 32); return 0; }
     uint64_t w[4] = {0, 0, 0, 0}, v[4];
     int k = S->kind[t], rc = 0;
     if (++S->depth > MAX_DEPTH) { S->depth--; PyErr_SetString(PyExc_RecursionError, "term nesting too deep"); return -1; }
@@ -499,24 +504,28 @@ static int cuts(TermStore *S, int32_t t, uint64_t *out) {
     case K_BYTES:
         for (int64_t i = 0; i < S->b[t]; i += 2) {
             int lo = S->bytes[S->a[t] + i], hi = S->bytes[S->a[t] + i + 1];
-            w[lo >> 6] |= 1ULL << (lo & 63);
-            if (hi + 1 < 256) w[(hi + 1) >> 6] |= 1ULL << ((hi + 1) & 63);
+            if (which == FIRSTS) {
+                for (int x = lo; x <= hi; x++) w[x >> 6] |= 1ULL << (x & 63);
+            } else {
+                w[lo >> 6] |= 1ULL << (lo & 63);
+                if (hi + 1 < 256) w[(hi + 1) >> 6] |= 1ULL << ((hi + 1) & 63);
+            }
         }
         break;
     case K_LIT: {
         int b0 = S->bytes[S->a[t]];
         w[b0 >> 6] |= 1ULL << (b0 & 63);
-        if (b0 + 1 < 256) w[(b0 + 1) >> 6] |= 1ULL << ((b0 + 1) & 63);
+        if (which == CUTS && b0 + 1 < 256) w[(b0 + 1) >> 6] |= 1ULL << ((b0 + 1) & 63);
         break;
     }
     case K_SEQ: {
         int32_t h = (int32_t)S->a[t];
-        rc = cuts(S, h, w);
+        rc = byte_set(S, h, which, w);
         if (rc == 0) {
             int nl = nullable(S, h);
             if (nl < 0) rc = -1;
             else if (nl) {
-                rc = cuts(S, (int32_t)S->b[t], v);
+                rc = byte_set(S, (int32_t)S->b[t], which, v);
                 for (int i = 0; i < 4; i++) w[i] |= v[i];
             }
         }
@@ -524,16 +533,16 @@ static int cuts(TermStore *S, int32_t t, uint64_t *out) {
     }
     case K_ALT:
         for (int64_t i = 0; i < S->b[t] && rc == 0; i++) {
-            rc = cuts(S, S->ids[S->a[t] + i], v);
+            rc = byte_set(S, S->ids[S->a[t] + i], which, v);
             for (int j = 0; j < 4; j++) w[j] |= v[j];
         }
         break;
     case K_REP:
-        rc = cuts(S, (int32_t)S->a[t], w);
+        rc = byte_set(S, (int32_t)S->a[t], which, w);
         break;
     case K_GAT: case K_MEM: case K_CHARS: {
         int32_t e = expansion(S, t);
-        rc = e < 0 ? -1 : cuts(S, e, w);
+        rc = e < 0 ? -1 : byte_set(S, e, which, w);
         break;
     }
     default:
@@ -541,14 +550,6 @@ static int cuts(TermStore *S, int32_t t, uint64_t *out) {
     }
     S->depth--;
     if (rc < 0) return -1;
-    int64_t at = push_bits(S, w);
-    if (at < 0) return -1;
-    S->cuts[t] = (int32_t)at;
-    memcpy(out, w, 32);
-    return 0;
-}
-
-static int64_t push_bits(TermStore *S, const uint64_t *w) {
     if (S->ncut == S->capcut) {
         int64_t cap = S->capcut ? S->capcut * 2 : 1024;
         void *p = realloc(S->cutpool, (size_t)cap * 32);
@@ -556,73 +557,20 @@ static int64_t push_bits(TermStore *S, const uint64_t *w) {
         S->cutpool = p; S->capcut = cap;
     }
     memcpy(S->cutpool + 4 * S->ncut, w, 32);
-    return S->ncut++;
-}
-
-/* the bytes whose derivative of t is not nothing, into out[4]: a derivative by any other byte is nothing without
-   a memo entry, and an alternation skips such branches with a bit test (a member list's alternation has a branch
-   per declared property, and almost every byte kills almost all of them) */
-static int firsts(TermStore *S, int32_t t, uint64_t *out) {
-    int32_t fi = S->firsts[t];
-    if (fi >= 0) { memcpy(out, S->cutpool + 4 * (int64_t)fi, 32); return 0; }
-    uint64_t w[4] = {0, 0, 0, 0}, v[4];
-    int k = S->kind[t], rc = 0;
-    if (++S->depth > MAX_DEPTH) { S->depth--; PyErr_SetString(PyExc_RecursionError, "term nesting too deep"); return -1; }
-    switch (k) {
-    case K_BYTES:
-        for (int64_t i = 0; i < S->b[t]; i += 2)
-            for (int x = S->bytes[S->a[t] + i]; x <= S->bytes[S->a[t] + i + 1]; x++) w[x >> 6] |= 1ULL << (x & 63);
-        break;
-    case K_LIT: {
-        int b0 = S->bytes[S->a[t]];
-        w[b0 >> 6] |= 1ULL << (b0 & 63);
-        break;
-    }
-    case K_SEQ: {
-        int32_t h = (int32_t)S->a[t];
-        rc = firsts(S, h, w);
-        if (rc == 0) {
-            int nl = nullable(S, h);
-            if (nl < 0) rc = -1;
-            else if (nl) {
-                rc = firsts(S, (int32_t)S->b[t], v);
-                for (int i = 0; i < 4; i++) w[i] |= v[i];
-            }
-        }
-        break;
-    }
-    case K_ALT:
-        for (int64_t i = 0; i < S->b[t] && rc == 0; i++) {
-            rc = firsts(S, S->ids[S->a[t] + i], v);
-            for (int j = 0; j < 4; j++) w[j] |= v[j];
-        }
-        break;
-    case K_REP:
-        rc = firsts(S, (int32_t)S->a[t], w);
-        break;
-    case K_GAT: case K_MEM: case K_CHARS: {
-        int32_t e = expansion(S, t);
-        rc = e < 0 ? -1 : firsts(S, e, w);
-        break;
-    }
-    default:
-        break;
-    }
-    S->depth--;
-    if (rc < 0) return -1;
-    int64_t at = push_bits(S, w);
-    if (at < 0) return -1;
-    S->firsts[t] = (int32_t)at;
+    /* the memo array may have moved while the recursion added terms: indexed afresh */
+    (which == CUTS ? S->cuts : S->firsts)[t] = (int32_t)S->ncut++;
     memcpy(out, w, 32);
     return 0;
 }
+
+static int cuts(TermStore *S, int32_t t, uint64_t *out) { return byte_set(S, t, CUTS, out); }
 
 /* 1 if byte may start a member of t, 0 if not, -1 on error */
 static inline int may_start(TermStore *S, int32_t t, int byte) {
     int32_t fi = S->firsts[t];
     if (fi < 0) {
         uint64_t w[4];
-        if (firsts(S, t, w) < 0) return -1;
+        if (byte_set(S, t, FIRSTS, w) < 0) return -1;
         fi = S->firsts[t];
     }
     return (int)(S->cutpool[4 * (int64_t)fi + (byte >> 6)] >> (byte & 63) & 1);
