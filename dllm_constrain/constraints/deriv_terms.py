@@ -542,14 +542,14 @@ class Terms:
 class NativeTerms(Terms):
     """Terms whose algebra runs in C (`_terms.c`: the same normal forms and memos as `Terms`). Code-point classes,
     graph and member-list terms keep their payload here (`a`, `b`, `c` hold it, by term); the store asks for their
-    expansion and their nullable / minimal length once per term. Construction from the
-    regex AST, graphs and member lists are `Terms`' own code, running on the C constructors."""
+    expansion and their nullable / minimal length once per term. Construction from the regex AST, graphs and member
+    lists is `Terms`' own code, running on the C constructors. `store_type` is `_terms.TermStore` (see `new_terms`)."""
 
-    def __init__(self, store_type, deadline: Deadline | None = None):
+    def __init__(self, store_type: type, deadline: Deadline | None = None):
         super().__init__(deadline)
         store = store_type(self._expansion_of, self._props_of, self._tick)
         self.store = store
-        self.kind = None  # the store knows the kinds (store.kind(t)); the payload maps below hold GAT / MEM only
+        self.kind = None  # the store knows the kinds (store.kind(t)); the maps below hold CHARS / GAT / MEM payloads
         self.a, self.b, self.c = {}, {}, {}
         self._external_kind: dict[int, int] = {}
         # the hot entry points are the store's own methods: no Python frame between a caller and the C code
