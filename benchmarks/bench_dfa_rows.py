@@ -5,7 +5,8 @@
     python benchmarks/bench_dfa_rows.py --n-per-subset 4 --rows 3000 --runs 5
 
 First exploration of a schema's automaton (the first requests' masks, the greedy continuation, the fit check) is
-mostly building DFA rows by derivatives (`DerivDFA.expand`, deriv_terms.py). For each schema of the bench_masks
+mostly building DFA rows by derivatives (`DerivDFA.expand`; the term algebra in C, `_terms.c`, or in Python with
+DLLM_CONSTRAIN_NO_C=1: run both to compare them). For each schema of the bench_masks
 sample (`--n-per-subset` per JSONSchemaBench subset), compiled afresh as `generate(prompt, schema=...)` compiles it,
 the rows reachable from the start are built breadth-first until `--rows` states are queued; the figure is the
 time per row over all schemas, median over `--runs` runs (each run compiles anew). To compare two layers, run

@@ -7,7 +7,8 @@ token automaton uses its numpy walker instead. Both give identical results (test
 
 The walk runs over the trie in DFS preorder (a node's subtree is the contiguous range [i, i + size[i])), so a dead
 node skips its whole subtree. The byte DFA is lazy: when the walk meets a state whose row is not computed yet it
-takes the GIL back, has the DFA expand it (in Python: derivatives) and goes on from that node.
+takes the GIL back, has the DFA expand it (derivatives: the term algebra of _terms.c, or deriv_terms.py without it) and
+goes on from that node.
 """
 from __future__ import annotations
 
