@@ -1,8 +1,9 @@
 """The lazy derivative DFA is shared by every request of a compiled constraint: an exception raised while it
 grows (a deadline, MemoryError, an asynchronous timeout) must leave it consistent, so that later calls work
-and agree with a fresh automaton."""
+and agree with a fresh automaton. With either term algebra: the C one (when built) and the Python fallback."""
 from __future__ import annotations
 
+import functools
 import random
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 
 from dllm_constrain.constraints import deriv
 from dllm_constrain.constraints.deriv import DEAD, START, DerivDFA, Terms
+from dllm_constrain.constraints.deriv_terms import NativeTerms
 from dllm_constrain.constraints.regex_parser import parse_regex
 from dllm_constrain.errors import CompilationTimeoutError
 
@@ -25,6 +27,17 @@ def words(seed: int = 0, n: int = 60) -> list[bytes]:
         body = "".join(rng.choice(["ab", "cd", "eg", "eh", "ax"]) for _ in range(rng.randrange(0, 70)))
         out.append((body + "z" + str(rng.randrange(0, 2000))).encode())
     return out
+
+
+@pytest.fixture(params=["python", "native"])
+def new_dfa(request):
+    """A DerivDFA factory on one term algebra (the C one skips when the extension is not built)."""
+    if request.param == "native":
+        _terms = pytest.importorskip("dllm_constrain.constraints._terms", reason="the C term algebra is not built")
+        make_terms = functools.partial(NativeTerms, _terms.TermStore)
+    else:
+        make_terms = Terms
+    return lambda node: DerivDFA(node, terms=make_terms())
 
 
 def assert_consistent_and_equal_to_fresh(dfa: DerivDFA) -> None:
@@ -67,8 +80,8 @@ class _FailingNumpy:
 
 
 @pytest.mark.parametrize("fail_at", [1, 2, 3, 4])
-def test_an_exception_while_the_tables_grow_leaves_the_automaton_usable(monkeypatch, fail_at: int) -> None:
-    dfa = DerivDFA(parse_regex(PATTERN).node)
+def test_an_exception_while_the_tables_grow_leaves_the_automaton_usable(monkeypatch, new_dfa, fail_at: int) -> None:
+    dfa = new_dfa(parse_regex(PATTERN).node)
     assert dfa.T.shape[0] == 64
     monkeypatch.setattr(deriv, "np", _FailingNumpy(rows=128, fail_at=fail_at))
     with pytest.raises(CompilationTimeoutError):
@@ -79,8 +92,8 @@ def test_an_exception_while_the_tables_grow_leaves_the_automaton_usable(monkeypa
 
 
 @pytest.mark.parametrize("checks", [1, 2, 7, 40, 65])
-def test_a_deadline_firing_in_the_middle_of_an_expansion_leaves_the_automaton_usable(checks: int) -> None:
-    dfa = DerivDFA(parse_regex(PATTERN).node)
+def test_a_deadline_firing_in_the_middle_of_an_expansion_leaves_the_automaton_usable(new_dfa, checks: int) -> None:
+    dfa = new_dfa(parse_regex(PATTERN).node)
     dfa.deadline = dfa.terms.deadline = DeadlineAfter(checks)
     interrupted = False
     try:
@@ -93,8 +106,8 @@ def test_a_deadline_firing_in_the_middle_of_an_expansion_leaves_the_automaton_us
     assert_consistent_and_equal_to_fresh(dfa)
 
 
-def test_an_exception_while_a_state_is_added_adds_nothing(monkeypatch) -> None:
-    dfa = DerivDFA(parse_regex(PATTERN).node)
+def test_an_exception_while_a_state_is_added_adds_nothing(monkeypatch, new_dfa) -> None:
+    dfa = new_dfa(parse_regex(PATTERN).node)
     dfa.walk(START, b"abab")
     n = dfa.n_states
     calls = {"n": 0}

@@ -303,8 +303,7 @@ def make_batch(pairs: list[tuple[list[int], ...]], cfg: TrainConfig, rng: random
             if not value_rows[r] or len(pa) < 3 or max(pa[2], default=-1) < 0:
                 continue
             value_of = torch.tensor(pa[2][:canvas] + [-1] * (canvas - min(len(pa[2]), canvas)))
-            n_values = int(value_of.max()) + 1
-            hit = torch.rand(n_values + 1, generator=gen) < t[r]  # the last entry stands for "no value"
+            hit = torch.rand(int(value_of.max()) + 1, generator=gen) < t[r]  # one draw per value
             other = torch.rand(canvas, generator=gen) < t[r] / 2
             masked[r, plen:] = torch.where(value_of >= 0, hit[value_of.clamp(min=0)], other)
     noisy = ids.masked_fill(masked, MASK)
