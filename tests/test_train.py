@@ -433,6 +433,18 @@ def test_value_noising_masks_each_value_whole_or_not_at_all():
     assert partly == 0 and whole > 0
 
 
+def test_prefix_and_value_noising_run_together_on_encoded_examples():
+    import random
+
+    from dllm_constrain.train.trainer import encode_examples, make_batch
+
+    tok = train_tokenizer((e["prompt"] + e["answer"] for e in ExampleGenerator(0).examples(300)), vocab_size=400)
+    pairs = encode_examples(ExampleGenerator(5, plain_text_share=0.0).examples(16), tok, max_canvas=96)
+    cfg = TrainConfig(max_canvas=96, prefix_share=0.5, value_share=0.5)
+    b = make_batch(pairs, cfg, random.Random(0), torch.Generator().manual_seed(0))
+    assert b["masked"].shape == b["ids"].shape and bool(b["masked"].any())
+
+
 def test_the_answer_tokens_of_a_value_are_labelled_with_it_and_the_keys_with_none():
     from dllm_constrain.train.trainer import encode_examples
 

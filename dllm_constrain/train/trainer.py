@@ -293,7 +293,7 @@ def make_batch(pairs: list[tuple[list[int], ...]], cfg: TrainConfig, rng: random
     masked = (torch.rand(ids.shape, generator=gen) < t) & region
     if cfg.prefix_share > 0:
         prefix_rows = torch.rand(len(rows), 1, generator=gen) < cfg.prefix_share
-        answer_len = torch.tensor([[min(len(a), canvas)] for _, a in pairs], dtype=torch.float32)
+        answer_len = torch.tensor([[min(len(a), canvas)] for _, a, *_ in pairs], dtype=torch.float32)
         cut = plen + (torch.rand(len(rows), 1, generator=gen) * (answer_len + 1)).floor().long()
         known = torch.arange(ids.shape[1]).unsqueeze(0) < cut
         masked &= ~(known & prefix_rows)
