@@ -276,15 +276,21 @@ class TokenAutomaton:
     def _finish_trans(self, tt: TokTrans, all_idx: np.ndarray | None) -> TokTrans:
         """Targets, successor bits and accepting states of a grouped `tt`; with `all_idx` (every allowed id, the
         numpy path) also the rows of every allowed token."""
-        tt.targets = tuple(sorted(list(tt.dense) + list(tt.sparse)))
-        tt.succ = frozenset(tt.targets)
-        b = 0
-        acc = self.dfa.accepting
-        for u in tt.targets:
-            b |= 1 << u
-            if acc[u]:
-                self.acc_bits |= 1 << u
-        tt.succ_bits = b
+        tt.targets = targets = tuple(sorted(list(tt.dense) + list(tt.sparse)))
+        tt.succ = frozenset(targets)
+        if targets:
+            # one buffer per set: `b |= 1 << u` per target allocates two ints of max(u) bits each time, and a
+            # state's targets are often numbered in the tens of thousands
+            acc = self.dfa.accepting
+            bits = bytearray((targets[-1] >> 3) + 1)
+            accepted = []
+            for u in targets:
+                bits[u >> 3] |= 1 << (u & 7)
+                if acc[u]:
+                    accepted.append(u)
+            tt.succ_bits = int.from_bytes(bits, "little")
+            if accepted:
+                self.acc_bits |= sum(1 << u for u in accepted)
         if all_idx is None:
             return tt
         # every allowed token: an interned packed row (unions over many states are then one OR-reduce
