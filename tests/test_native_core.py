@@ -18,66 +18,12 @@ from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo, _cwalk
 from dllm_constrain.constraints import token_automaton
 from dllm_constrain.constraints.token_automaton import TokenAutomaton
 
+from constraint_support import LazyTableDFA, needs_native, trans_fields
+
 try:
     from dllm_constrain.constraints import _native
 except ImportError:  # built without a C compiler: only the fallback tests apply
     _native = None
-
-# tests of the native core need it built and selected (a run of the suite under DLLM_CONSTRAIN_NO_C=1 checks the
-# numpy and Python paths everywhere else)
-needs_native = pytest.mark.skipif(_native is None or bool(os.environ.get(_cwalk.NO_C_ENV)),
-                                  reason="the native extension is not built (no C compiler at install time) or "
-                                         "DLLM_CONSTRAIN_NO_C is set: the numpy walker is the only one")
-
-
-@dataclass
-class LazyTableDFA:
-    """A lazy byte DFA over a hidden complete table (state 0 = DEAD): a row becomes visible in T only when expand()
-    computes it, and every `replace_every`-th expansion replaces the tables by larger copies, as DerivDFA does when
-    it grows, so a walk must read the tables afresh after expanding."""
-
-    full: np.ndarray  # int32 [n_states, 256]
-    replace_every: int = 0
-    T: np.ndarray = field(init=False)
-    expanded: np.ndarray = field(init=False)
-    accepting: np.ndarray = field(init=False)
-    expansions: int = 0
-
-    def __post_init__(self) -> None:
-        n = self.full.shape[0]
-        self.T = np.zeros((n, 256), dtype=np.int32)
-        self.expanded = np.zeros(n, dtype=bool)
-        self.expanded[0] = True
-        self.accepting = np.zeros(n, dtype=bool)
-        self.dist = np.zeros(n, dtype=np.int64)
-
-    def expand(self, s: int) -> None:
-        if self.expanded[s]:
-            return
-        self.expansions += 1
-        if self.replace_every and self.expansions % self.replace_every == 0:
-            T = np.zeros((self.T.shape[0] + 3, 256), dtype=np.int32)
-            expanded = np.zeros(T.shape[0], dtype=bool)
-            T[: self.T.shape[0]] = self.T
-            expanded[: self.expanded.shape[0]] = self.expanded
-            self.T, self.expanded = T, expanded
-            self.accepting = np.zeros(T.shape[0], dtype=bool)
-            self.dist = np.zeros(T.shape[0], dtype=np.int64)
-        self.T[s] = self.full[s]
-        self.expanded[s] = True
-
-    def walk(self, s: int, data: bytes) -> int:
-        for b in data:
-            if s == 0:
-                return 0
-            self.expand(s)
-            s = int(self.T[s, b])
-        return s
-
-    def ensure_rows(self, ids: np.ndarray) -> None:
-        for s in np.unique(ids[~self.expanded[ids]]).tolist():
-            self.expand(s)
-
 
 @st.composite
 def vocabularies(draw) -> list[bytes | None]:
@@ -143,16 +89,6 @@ def test_compiled_regex_masks_are_the_same_with_and_without_the_native_core():
         exact = cc.new_canvas_state(8, expand_budget=None, timeout_s=None)  # no budget, no time limit: every row
         masks.append(exact.allowed_tokens([12] * 8, list(range(8))))
     assert (masks[0] == masks[1]).all()
-
-
-def trans_fields(ta: TokenAutomaton, s: int) -> dict:
-    """A state's token transitions in comparable form (interned rows by content, not by row number)."""
-    tt = ta.trans(s)
-    return {"n": tt.n_allowed, "targets": tt.targets, "succ_bits": tt.succ_bits,
-            "sparse": {u: a.tolist() for u, a in tt.sparse.items()},
-            "dense": {u: ta.allp[k].tobytes() for u, k in tt.dense.items()},
-            "all_row": None if tt.all_row < 0 else ta.allp[tt.all_row].tobytes(),
-            "all_sparse": None if tt.all_sparse is None else tt.all_sparse.tolist()}
 
 
 @needs_native

@@ -58,6 +58,10 @@ class TokenAutomaton:
 
         native = _cwalk.load() if use_c else None  # None: no native core built, or DLLM_CONSTRAIN_NO_C=1
         self._cwalker = _cwalk.CWalker(native, tok.preorder_trie(), self.vocab_size) if native is not None else None
+        # states looping on the JSON-string byte class: the class tokens by length, a walk over the other tokens only
+        self._split = tok.class_split() if native is not None else None
+        self._rest_walker = (_cwalk.CWalker(native, self._split.rest_trie, self.vocab_size)
+                             if self._split is not None else None)
         # the known states' transitions in flat arrays: mask rows between state sets built in C (`set_row`)
         self.row_store = native.RowStore(self.nbytes) if native is not None and hasattr(native, "RowStore") else None
         self._trie = None  # level-order trie: only for the numpy walker (built on first use)
@@ -257,7 +261,14 @@ class TokenAutomaton:
 
     def _compute_trans_native(self, tt: TokTrans) -> TokTrans:
         """`_compute_trans` with the walk and its grouping in native code (no pass over the vocabulary per group)."""
-        n, groups, all_row, all_sorted = self._cwalker.walk_grouped(self.dfa, tt.state, self.nbytes, DENSE_MIN, SMALL)
+        walker = self._cwalker
+        if self._split is not None and self._split.n_class_tokens:
+            chain = self._split.chain(self.dfa, tt.state)
+            if chain is not None:
+                if any(chain):
+                    return self._compute_trans_split(tt, chain)
+                walker = self._rest_walker  # no class token is allowed: the other tokens are all there is
+        n, groups, all_row, all_sorted = walker.walk_grouped(self.dfa, tt.state, self.nbytes, DENSE_MIN, SMALL)
         tt.n_allowed = n
         for u, packed, data in groups:
             if packed:
@@ -271,6 +282,53 @@ class TokenAutomaton:
         self._finish_trans(tt, None)
         if all_row is not None:
             tt.all_row = self._intern_row(np.frombuffer(all_row, dtype=np.uint8))
+        return tt
+
+    def _compute_trans_split(self, tt: TokTrans, chain: list[int]) -> TokTrans:
+        """`_compute_trans_native` for a state whose class tokens go by length along `chain` (class_split.py): the
+        walk covers the other tokens only, and each target's group joins the class tokens of the lengths that reach
+        it (packed when the group has more than DENSE_MIN tokens, sorted ids otherwise, as from the whole walk)."""
+        sp = self._split
+        n_rest, groups, rest_all_row, rest_all_sorted = self._rest_walker.walk_grouped(
+            self.dfa, tt.state, self.nbytes, DENSE_MIN, SMALL)
+        lengths: dict[int, list[int]] = {}
+        for k, u in enumerate(chain, start=1):
+            if u != DEAD and sp.ids_by_len[k].size:  # a target only through tokens that exist
+                lengths.setdefault(u, []).append(k)
+        runs = {u: sp.runs(ks) for u, ks in lengths.items()}
+        rest = {u: (packed, data) for u, packed, data in groups}
+        alive = sp.runs(sorted(k for ks in lengths.values() for k in ks))
+        n = n_rest + sp.count_of(alive)
+        tt.n_allowed = n
+        for u in sorted(set(runs) | set(rest)):
+            r = runs.get(u, [])
+            packed, data = rest.get(u, (False, b""))
+            n_u = sp.count_of(r) + (DENSE_MIN + 1 if packed else len(data) // 8)
+            if n_u > DENSE_MIN:
+                row = sp.row_of(r)
+                if packed:
+                    row |= np.frombuffer(data, dtype=np.uint8)
+                else:
+                    _set_bits(row, np.frombuffer(data, dtype=np.int64))
+                tt.dense[u] = self._intern_row(row)
+            else:
+                tt.sparse[u] = np.sort(np.concatenate(sp.ids_of(r) + [np.frombuffer(data, dtype=np.int64)]))
+        if n <= DENSE_MIN:
+            tt.all_sparse = np.sort(np.concatenate(sp.ids_of(alive) + [np.frombuffer(rest_all_sorted, dtype=np.int64)]))
+        if n == 0:
+            return tt
+        self._finish_trans(tt, None)
+        if n > SMALL:
+            row = sp.row_of(alive)
+            if rest_all_row is not None:
+                row |= np.frombuffer(rest_all_row, dtype=np.uint8)
+            else:  # the walk found too few tokens for a row of them all: its groups have them
+                for _, packed, data in groups:
+                    if packed:
+                        row |= np.frombuffer(data, dtype=np.uint8)
+                    else:
+                        _set_bits(row, np.frombuffer(data, dtype=np.int64))
+            tt.all_row = self._intern_row(row)
         return tt
 
     def _finish_trans(self, tt: TokTrans, all_idx: np.ndarray | None) -> TokTrans:
@@ -444,6 +502,12 @@ class TokenAutomaton:
 
 NO_IDS = np.zeros(0, dtype=np.int64)
 SCATTER_MAX = 500  # sparse tokens set bit by bit up to this many; a bool row and packbits beyond (packed_row)
+
+
+def _set_bits(row: np.ndarray, ids: np.ndarray) -> None:
+    """Set the bits of token ids in a packed row (uint8; token t = bit t % 8 of byte t // 8), in place."""
+    if ids.size:
+        np.bitwise_or.at(row, ids >> 3, (1 << (ids & 7)).astype(np.uint8))
 
 
 def as_bytes(x: int) -> bytes:

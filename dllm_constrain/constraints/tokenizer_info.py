@@ -102,6 +102,7 @@ class TokenizerInfo:
         self.fingerprint = h.hexdigest()[:16]
         self._trie: TokenTrie | None = None
         self._pre = None
+        self._split = None
         self._byte_set: frozenset[bytes] | None = None
         self._sorted_bytes: list[bytes] | None = None
         self._singles: bool | None = None
@@ -237,6 +238,16 @@ class TokenizerInfo:
 
                     self._pre = PreorderTrie(self.token_bytes, self.vocab_size)
         return self._pre
+
+    def class_split(self):
+        """The vocabulary split by the JSON-string byte class, for the C walker (class_split.py; built once, cached)."""
+        if self._split is None:
+            with self._lock:
+                if self._split is None:
+                    from .class_split import ClassSplit
+
+                    self._split = ClassSplit(self.token_bytes, self.vocab_size)
+        return self._split
 
 
 _INFO_CACHE: dict = {}
