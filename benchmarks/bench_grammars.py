@@ -124,7 +124,7 @@ def section_steps(args, report: dict) -> None:
         print(f"[steps] skipped: no tokenizer at {path}")
         return
     tok, info = tokenizer_128k(path)
-    info.trie()
+    info.prepare()
     print(f"\n## Per-step constraint cost ({os.path.basename(path)}, {info.vocab_size} tokens; canvas = string + 4 "
           f"(>= {args.block}), blocks of {args.block}, {args.per_step} commits/step)\n")
     print("| grammar | compile s | first mask ms | strings (mean tokens) | steps | step median ms | step p95 ms |"

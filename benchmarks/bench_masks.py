@@ -69,15 +69,15 @@ def add_sample_args(ap: argparse.ArgumentParser) -> None:
 
 
 def load_tokenizer(tokenizer_dir: str):
-    """(tokenizers.Tokenizer, TokenizerInfo) of the tokenizer folder, the trie built, the pad token as the canvas
-    mask id (never produced by a constraint)."""
+    """(tokenizers.Tokenizer, TokenizerInfo) of the tokenizer folder, its per-tokenizer tables built (setup, not a
+    schema's time), the pad token as the canvas mask id (never produced by a constraint)."""
     from tokenizers import Tokenizer
 
     from dllm_constrain.constraints import TokenizerInfo
 
     tk = Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json"))
     info = TokenizerInfo.from_tokenizer(tokenizer_dir, mask_id=tk.token_to_id("<|pad|>"))
-    info.trie()
+    info.prepare()
     return tk, info
 
 

@@ -139,3 +139,19 @@ def test_a_json_string_state_is_computed_without_the_whole_trie_walk(vocab_info)
     whole.ta._split = None
     assert trans_fields(split.ta, s) == trans_fields(whole.ta, s)
     assert split.ta.trans(s).n_allowed > len(vocab_info.token_bytes) // 2
+
+
+@needs_native
+def test_prepare_builds_the_per_tokenizer_tables_before_the_first_constraint(vocab_info, monkeypatch):
+    from dllm_constrain.constraints import _cwalk, class_split
+
+    assert vocab_info.prepare() is vocab_info
+
+    def built_again(*args, **kwargs):
+        raise AssertionError("a per-tokenizer table was built after prepare()")
+
+    monkeypatch.setattr(_cwalk.PreorderTrie, "__init__", built_again)
+    monkeypatch.setattr(class_split.ClassSplit, "__init__", built_again)
+    cc = ConstraintCompiler(vocab_info, cache=False).compile_json_schema({"type": "string"})
+    state = cc.new_canvas_state(8)
+    assert state.allowed_tokens([vocab_info.mask_id] * 8, [0]).any()

@@ -31,7 +31,7 @@ class _Adapter:
         except Exception:  # pragma: no cover
             pass
         self.info = TokenizerInfo.from_tokenizer(tokdir)
-        self.info.trie()  # built once per tokenizer (setup, not compile)
+        self.info.prepare()  # the per-tokenizer tables, built once (setup, not compile)
         self.vocab_size = self.info.vocab_size
         self.eos_id = self.info.eos_id
         self.compiler = ConstraintCompiler(self.info, timeout_s=30.0)
