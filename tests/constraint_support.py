@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable, Sequence
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 
 from dllm_constrain.constraints import TokenizerInfo
 from dllm_constrain.constraints._cwalk import NO_C_ENV
+from dllm_constrain.constraints import token_automaton
 from dllm_constrain.constraints.token_automaton import TokenAutomaton
 from dllm_constrain.constraints.deriv import DEAD, START, DerivDFA
 
@@ -261,3 +263,21 @@ def trans_fields(ta: TokenAutomaton, s: int) -> dict:
             "dense": {u: ta.allp[k].tobytes() for u, k in tt.dense.items()},
             "all_row": None if tt.all_row < 0 else ta.allp[tt.all_row].tobytes(),
             "all_sparse": None if tt.all_sparse is None else tt.all_sparse.tolist()}
+
+
+def table_automaton(full: np.ndarray, toks: list[bytes | None], use_c: bool, replace_every: int = 0) -> TokenAutomaton:
+    """The token automaton of a LazyTableDFA over `toks` (its last two ids: EOS, mask)."""
+    info = TokenizerInfo(toks, eos_id=len(toks) - 2, mask_id=len(toks) - 1)
+    return TokenAutomaton(LazyTableDFA(full, replace_every), info, use_c=use_c)
+
+
+@contextmanager
+def grouping_thresholds(dense_min: int, small: int):
+    """Small grouping thresholds for the block, so that packed groups, the row of every token and the sorted ids
+    all occur in tiny vocabularies."""
+    saved = token_automaton.DENSE_MIN, token_automaton.SMALL
+    token_automaton.DENSE_MIN, token_automaton.SMALL = dense_min, small
+    try:
+        yield
+    finally:
+        token_automaton.DENSE_MIN, token_automaton.SMALL = saved

@@ -8,12 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo, token_automaton
+from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo
 from dllm_constrain.constraints.class_split import LOOP_CLASS, ClassSplit
 from dllm_constrain.constraints.deriv import DEAD
-from dllm_constrain.constraints.token_automaton import TokenAutomaton
 
-from constraint_support import LazyTableDFA, needs_native, trans_fields
+from constraint_support import grouping_thresholds, needs_native, table_automaton, trans_fields
 
 CLASS = np.frombuffer(LOOP_CLASS, dtype=np.uint8).astype(np.intp)
 
@@ -45,26 +44,16 @@ def chain_tables(draw, max_states: int = 10) -> np.ndarray:
     return full
 
 
-def automaton(full: np.ndarray, toks: list[bytes | None], use_c: bool) -> TokenAutomaton:
-    info = TokenizerInfo(toks, eos_id=len(toks) - 2, mask_id=len(toks) - 1)
-    return TokenAutomaton(LazyTableDFA(full), info, use_c=use_c)
-
-
 @needs_native
 @settings(max_examples=200, deadline=None)
 @given(chain_tables(), split_vocabularies(), st.integers(0, 12), st.integers(0, 12))
 def test_split_transitions_equal_the_whole_walks_from_every_state(full, toks, dense_min, small):
-    # small thresholds, so that packed and sparse groups, the row of every token and the sorted ids all occur
-    saved = token_automaton.DENSE_MIN, token_automaton.SMALL
-    token_automaton.DENSE_MIN, token_automaton.SMALL = dense_min, small
-    try:
-        split = automaton(full, toks, use_c=True)
-        fallback = automaton(full, toks, use_c=False)
+    with grouping_thresholds(dense_min, small):
+        split = table_automaton(full, toks, use_c=True)
+        fallback = table_automaton(full, toks, use_c=False)
         assert split._split is not None
         for s in range(1, full.shape[0]):
             assert trans_fields(split, s) == trans_fields(fallback, s)
-    finally:
-        token_automaton.DENSE_MIN, token_automaton.SMALL = saved
 
 
 @given(split_vocabularies(), st.lists(st.integers(1, 9), unique=True))

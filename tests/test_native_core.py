@@ -7,7 +7,6 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -15,10 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo, _cwalk
-from dllm_constrain.constraints import token_automaton
 from dllm_constrain.constraints.token_automaton import TokenAutomaton
 
-from constraint_support import LazyTableDFA, needs_native, trans_fields
+from constraint_support import LazyTableDFA, grouping_thresholds, needs_native, table_automaton, trans_fields
 
 try:
     from dllm_constrain.constraints import _native
@@ -46,9 +44,6 @@ def byte_tables(draw, max_states: int = 12) -> np.ndarray:
     return full
 
 
-def automaton(full: np.ndarray, toks: list[bytes | None], use_c: bool, replace_every: int = 0) -> TokenAutomaton:
-    info = TokenizerInfo(toks, eos_id=len(toks) - 2, mask_id=len(toks) - 1)
-    return TokenAutomaton(LazyTableDFA(full, replace_every), info, use_c=use_c)
 
 
 def pairs(tok: np.ndarray, tgt: np.ndarray) -> list[tuple[int, int]]:
@@ -59,8 +54,8 @@ def pairs(tok: np.ndarray, tgt: np.ndarray) -> list[tuple[int, int]]:
 @settings(max_examples=150, deadline=None)
 @given(byte_tables(), vocabularies(), st.integers(0, 3))
 def test_native_walk_equals_the_numpy_walk_from_every_state(full, toks, replace_every):
-    native = automaton(full, toks, use_c=True, replace_every=replace_every)
-    fallback = automaton(full, toks, use_c=False)
+    native = table_automaton(full, toks, use_c=True, replace_every=replace_every)
+    fallback = table_automaton(full, toks, use_c=False)
     assert native._cwalker is not None and fallback._cwalker is None
     for s in range(1, full.shape[0]):
         assert pairs(*native.walk_tokens(s)) == pairs(*fallback._walk_tokens_numpy(s))
@@ -71,9 +66,9 @@ def test_native_walk_equals_the_numpy_walk_from_every_state(full, toks, replace_
 @given(byte_tables(), vocabularies())
 def test_native_walk_expands_only_the_states_the_walk_reaches(full, toks):
     # a row is computed when a live trie node needs it, never for a state the walk does not reach
-    ta = automaton(full, toks, use_c=True)
+    ta = table_automaton(full, toks, use_c=True)
     ta.walk_tokens(1)
-    lazy = automaton(full, toks, use_c=False)
+    lazy = table_automaton(full, toks, use_c=False)
     lazy._walk_tokens_numpy(1)
     assert set(np.flatnonzero(ta.dfa.expanded)) - {1} == set(np.flatnonzero(lazy.dfa.expanded)) - {1}
 
@@ -95,17 +90,12 @@ def test_compiled_regex_masks_are_the_same_with_and_without_the_native_core():
 @settings(max_examples=150, deadline=None)
 @given(byte_tables(), vocabularies(), st.integers(0, 40), st.integers(0, 40))
 def test_native_grouping_gives_the_numpy_transitions_from_every_state(full, toks, dense_min, small):
-    # small thresholds, so that packed groups, the row of every token and the sorted ids all occur
-    saved = token_automaton.DENSE_MIN, token_automaton.SMALL
-    token_automaton.DENSE_MIN, token_automaton.SMALL = dense_min, small
-    try:
-        native = automaton(full, toks, use_c=True)
-        fallback = automaton(full, toks, use_c=False)
+    with grouping_thresholds(dense_min, small):
+        native = table_automaton(full, toks, use_c=True)
+        fallback = table_automaton(full, toks, use_c=False)
         assert native._cwalker.groups
         for s in range(1, full.shape[0]):
             assert trans_fields(native, s) == trans_fields(fallback, s)
-    finally:
-        token_automaton.DENSE_MIN, token_automaton.SMALL = saved
 
 
 @needs_native
@@ -115,10 +105,8 @@ def test_rows_between_state_sets_built_in_c_equal_the_python_rows(full, toks, de
     # random sets (bit 0 = ENDED), some states' transitions not computed yet, random accepting states
     from dllm_constrain.constraints.set_algebra import SetAlgebra
 
-    saved = token_automaton.DENSE_MIN, token_automaton.SMALL
-    token_automaton.DENSE_MIN, token_automaton.SMALL = dense_min, small
-    try:
-        ta = automaton(full, toks, use_c=True)
+    with grouping_thresholds(dense_min, small):
+        ta = table_automaton(full, toks, use_c=True)
         n = full.shape[0]
         ta.dfa.accepting[:n] = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
         for q in data.draw(st.lists(st.integers(1, n - 1), max_size=n)):
@@ -130,8 +118,6 @@ def test_rows_between_state_sets_built_in_c_equal_the_python_rows(full, toks, de
             row, unknown = ta.set_row(Bi, Bn)
             f, p, eos_ok, partial = alg._split_step(Bi, Bn)
             assert (row.tobytes(), unknown) == (ta.packed_row(f, p, eos_ok, alg.members).tobytes(), partial)
-    finally:
-        token_automaton.DENSE_MIN, token_automaton.SMALL = saved
 
 
 def twin_algebras(full: np.ndarray, toks: list[bytes | None], prepare, python_path) -> list:
@@ -141,7 +127,7 @@ def twin_algebras(full: np.ndarray, toks: list[bytes | None], prepare, python_pa
 
     algebras = []
     for native in (True, False):
-        ta = automaton(full, toks, use_c=True)
+        ta = table_automaton(full, toks, use_c=True)
         prepare(ta)
         alg = SetAlgebra(ta)
         if not native:
@@ -384,11 +370,11 @@ def test_threads_walking_one_shared_trie_at_once_get_the_sequential_results():
     full = np.zeros((6, 256), dtype=np.int32)
     for s in range(1, 6):
         full[s, [97, 98, 99, 0xC3]] = rng.integers(0, 6, size=4)
-    want = {s: pairs(*automaton(full, toks, use_c=False)._walk_tokens_numpy(s)) for s in range(1, 6)}
+    want = {s: pairs(*table_automaton(full, toks, use_c=False)._walk_tokens_numpy(s)) for s in range(1, 6)}
     got: dict[tuple[int, int], list] = {}
 
     def worker(k: int) -> None:
-        ta = automaton(full, toks, use_c=True)  # own DFA and scratch; the native trie is the tokenizer's
+        ta = table_automaton(full, toks, use_c=True)  # own DFA and scratch; the native trie is the tokenizer's
         for _ in range(20):
             for s in range(1, 6):
                 got[(k, s)] = pairs(*ta._cwalker.walk(ta.dfa, s))
@@ -471,7 +457,7 @@ def test_no_c_environment_variable_selects_the_numpy_walker(monkeypatch):
     assert _cwalk.load() is None
     full = np.zeros((3, 256), dtype=np.int32)
     full[1, 97], full[2, 98] = 2, 1
-    ta = automaton(full, [b"a", b"ab", b"b", None, None], use_c=True)
+    ta = table_automaton(full, [b"a", b"ab", b"b", None, None], use_c=True)
     assert ta._cwalker is None
     assert pairs(*ta.walk_tokens(1)) == [(0, 2), (1, 1)]
 
@@ -480,5 +466,5 @@ def test_no_c_environment_variable_selects_the_numpy_walker(monkeypatch):
 def test_without_the_environment_variable_the_native_core_is_used(monkeypatch):
     monkeypatch.delenv(_cwalk.NO_C_ENV, raising=False)
     assert _cwalk.load() is _native
-    ta = automaton(np.zeros((2, 256), dtype=np.int32), [b"a", None, None], use_c=True)
+    ta = table_automaton(np.zeros((2, 256), dtype=np.int32), [b"a", None, None], use_c=True)
     assert ta._cwalker is not None and ta._cwalker.core is ta.tok.preorder_trie().native(_native)
