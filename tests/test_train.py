@@ -453,3 +453,13 @@ def test_the_answer_tokens_of_a_value_are_labelled_with_it_and_the_keys_with_non
                                                 "answer": '{"city":"Lima","age":7}'}], tok, max_canvas=32)
     text = {k: "".join(tok.decode([t]) for t, v in zip(answer, value_of) if v == k) for k in set(value_of)}
     assert "Lima" in text[0] and text[1] == "7" and "city" in text[-1] and "age" in text[-1]
+
+
+def test_the_held_out_loss_uses_the_llada_noise_whatever_the_training_mix():
+    from dllm_constrain.train.trainer import _new_run, heldout_loss
+
+    base = dict(vocab_size=300, tokenizer_corpus=300, d_model=32, n_layers=1, n_heads=2, mlp_hidden_size=64,
+                max_canvas=32, batch_size=4, eval_batches=2, threads=1)
+    run = _new_run(TrainConfig(**base))
+    plain = heldout_loss(run, TrainConfig(**base))
+    assert heldout_loss(run, TrainConfig(**base, prefix_share=0.9, value_share=0.9)) == plain

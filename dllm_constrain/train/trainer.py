@@ -440,7 +440,7 @@ def _truncate_log(log_path: Path, step: int) -> None:
 def heldout_loss(run: _Run, cfg: TrainConfig) -> float:
     """Mean diffusion loss on fixed held-out batches (held-out phrasings, a seed training never uses)."""
     data = ExampleGenerator(HELDOUT_LOSS_SEED, split="heldout")
-    cfg = replace(cfg, value_share=0.0)  # the LLaDA noise only: comparable across runs of any noise mix
+    cfg = replace(cfg, value_share=0.0, prefix_share=0.0)  # the LLaDA noise only: comparable across noise mixes
     rng = random.Random(HELDOUT_LOSS_SEED)
     gen = torch.Generator().manual_seed(HELDOUT_LOSS_SEED)
     run.model.eval()
