@@ -514,3 +514,14 @@ def test_chat_template_from_checkpoint(tmp_path: Path) -> None:
     assert fmt.render(msgs) == "<system>Be brief.</s><user>Hi</s><assistant>"
     joined = ChatFormatter()
     assert joined.render(msgs + [{"role": "user", "content": "there"}]) == "Hi\nthere"
+
+
+def test_starting_the_backend_prepares_the_tokenizer_tables(spare_llm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dllm_constrain.constraints import TokenizerInfo
+
+    prepared: list[TokenizerInfo] = []
+    monkeypatch.setattr(TokenizerInfo, "prepare", lambda self: prepared.append(self) or self)
+    backend = EngineBackend(spare_llm)
+    backend.start()
+    backend.close()
+    assert prepared == [spare_llm.tokenizer_info()]

@@ -238,6 +238,9 @@ class EngineBackend:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
+        info = getattr(self.llm, "tokenizer_info", None)
+        if callable(info):  # the per-tokenizer tables of the constraint layer now, not in the first constrained request
+            info().prepare()
         with self._cond:
             if self._started:
                 return
