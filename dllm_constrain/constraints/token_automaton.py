@@ -26,6 +26,12 @@ DENSE_MIN = 2048  # groups larger than this are stored as packed bitsets
 SMALL = 32  # states allowing more tokens than this also keep a packed row of all of them
 
 
+def packed_row_bytes(vocab_size: int) -> int:
+    """Bytes of a packed token row (token t = bit t % 8 of byte t // 8), padded to whole uint64 words: the width of
+    every row the automaton keeps, and of the class rows it ORs into them (class_split.py)."""
+    return ((vocab_size + 63) // 64) * 8
+
+
 class TokTrans:
     """Token transitions out of one DFA state."""
 
@@ -48,7 +54,7 @@ class TokenAutomaton:
         self.dfa = dfa
         self.tok = tok
         self.vocab_size = tok.vocab_size
-        self.nbytes = ((self.vocab_size + 63) // 64) * 8  # packed rows, padded to whole uint64 words
+        self.nbytes = packed_row_bytes(self.vocab_size)
         self.eos_id = tok.eos_id
         self._trans: dict[int, TokTrans] = {}
         self._delta: dict[tuple[int, int], int] = {}

@@ -244,8 +244,7 @@ class TokenizerInfo:
         byte class, the sorted token bytes): about a second for a 128K vocabulary, paid here rather than by the
         first request that needs each table. Returns self."""
         self.trie()
-        self.byte_set()
-        self.is_token_prefix(b"")
+        self.is_token_prefix(b"")  # the sorted token bytes (and the set of them)
         from . import _cwalk
 
         if _cwalk.load() is not None:
