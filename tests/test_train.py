@@ -461,5 +461,21 @@ def test_the_held_out_loss_uses_the_llada_noise_whatever_the_training_mix():
     base = dict(vocab_size=300, tokenizer_corpus=300, d_model=32, n_layers=1, n_heads=2, mlp_hidden_size=64,
                 max_canvas=32, batch_size=4, eval_batches=2, threads=1)
     run = _new_run(TrainConfig(**base))
-    plain = heldout_loss(run, TrainConfig(**base))
-    assert heldout_loss(run, TrainConfig(**base, prefix_share=0.9, value_share=0.9)) == plain
+    plain = heldout_loss(run.model, run.tok, TrainConfig(**base))
+    assert heldout_loss(run.model, run.tok, TrainConfig(**base, prefix_share=0.9, value_share=0.9)) == plain
+
+
+def test_heldout_loss_of_an_exported_checkpoint_is_the_one_training_logged(tmp_path, capsys):
+    from dllm_constrain.train.heldout import main as heldout_main
+    from dllm_constrain.train.trainer import checkpoint_heldout_loss
+
+    cfg = TrainConfig(out=str(tmp_path), run_dir=str(tmp_path / "run"), vocab_size=300, tokenizer_corpus=300,
+                      d_model=32, n_layers=1, n_heads=2, mlp_hidden_size=64, max_canvas=32, batch_size=4, steps=6,
+                      log_every=100, threads=1, eval_every=6, eval_batches=2)
+    train(cfg)
+    logged = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    [final] = [r["heldout_loss"] for r in logged if "heldout_loss" in r]
+    assert checkpoint_heldout_loss(tmp_path, batches=2, batch_size=4, max_canvas=32) == pytest.approx(final, rel=1e-5)
+    heldout_main(["--model", str(tmp_path), "--loss", "--loss-batches", "1"])
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["batches"] == 1 and printed["heldout_loss"] > 0

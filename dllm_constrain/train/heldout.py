@@ -5,6 +5,7 @@ python -m dllm_constrain.train.heldout [--model DIR] [--n 200] [--seed 10007] [-
 python -m dllm_constrain.train.heldout --demos
 python -m dllm_constrain.train.heldout --copy-probe [--n 60]
 python -m dllm_constrain.train.heldout --prompt-fit ../shared/data/jsonschemabench [--max-new-tokens 256]
+python -m dllm_constrain.train.heldout --loss [--loss-batches 16]
 
 Held-out requests come from the generator's held-out split (phrasings the training split never produces) at a
 seed training never used, so every stated value is new too. Reports: valid-JSON rate and schema-valid rate
@@ -20,7 +21,8 @@ forward's argmax must give them back; it reports the share of value tokens and o
 `--demos` runs the README's examples (schema, regex, grammars) and prints each answer. `--prompt-fit` counts
 the JSONSchemaBench schemas whose prompt (a short request and the schema's field sketch) plus a canvas of
 `--max-new-tokens` fits the model's context, i.e. that `generate(prompt, schema=s, max_new_tokens=...)` does not
-refuse with PromptTooLongError.
+refuse with PromptTooLongError. `--loss` prints the checkpoint's held-out diffusion loss (the training's held-out
+measure, LLaDA noise only, over `--loss-batches` fixed batches of 32; training evaluates the first 4 of them).
 """
 from __future__ import annotations
 
@@ -230,6 +232,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--copy-probe", action="store_true",
                         help="teacher-forced copy accuracy of stated values (one masked value per forward)")
     parser.add_argument("--prompt-fit", metavar="DIR", help="JSONSchemaBench folder: count prompts that fit")
+    parser.add_argument("--loss", action="store_true", help="print the held-out diffusion loss of the checkpoint")
+    parser.add_argument("--loss-batches", type=int, default=16, help="batches of the held-out loss (default 16)")
     parser.add_argument("--out", default=None, help="write per-request records as JSONL here")
     args = parser.parse_args(argv)
     import torch
@@ -244,6 +248,16 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.prompt_fit:
         print(json.dumps(prompt_fit(args.prompt_fit, args.model, args.max_new_tokens or 256)))
+        return
+    if args.loss:
+        if args.loss_batches < 1:
+            parser.error("--loss-batches must be at least 1")
+        from dllm_constrain.api import bundled_model_path
+        from dllm_constrain.train.trainer import checkpoint_heldout_loss
+
+        folder = Path(args.model) if args.model else bundled_model_path()
+        print(json.dumps({"model": str(folder), "batches": args.loss_batches,
+                          "heldout_loss": checkpoint_heldout_loss(folder, args.loss_batches)}))
         return
     kwargs: dict[str, Any] = {} if args.max_new_tokens is None else {"max_new_tokens": args.max_new_tokens}
     if args.block_length is not None:

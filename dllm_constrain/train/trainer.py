@@ -437,20 +437,36 @@ def _truncate_log(log_path: Path, step: int) -> None:
     log_path.write_text("".join(line + "\n" for line in kept))
 
 
-def heldout_loss(run: _Run, cfg: TrainConfig) -> float:
-    """Mean diffusion loss on fixed held-out batches (held-out phrasings, a seed training never uses)."""
+def heldout_loss(model: LLaDAModel, tok: Tokenizer, cfg: TrainConfig) -> float:
+    """Mean diffusion loss on fixed held-out batches (held-out phrasings, a seed training never uses): the same
+    batches for every model, and the first k of n batches are those of a k-batch measure."""
     data = ExampleGenerator(HELDOUT_LOSS_SEED, split="heldout")
     cfg = replace(cfg, value_share=0.0, prefix_share=0.0)  # the LLaDA noise only: comparable across noise mixes
     rng = random.Random(HELDOUT_LOSS_SEED)
     gen = torch.Generator().manual_seed(HELDOUT_LOSS_SEED)
-    run.model.eval()
+    was_training = model.training
+    model.eval()
     losses = []
     with torch.no_grad():
         for _ in range(cfg.eval_batches):
-            pairs = encode_examples(data.examples(cfg.batch_size), run.tok, cfg.max_canvas)
-            losses.append(diffusion_loss(run.model, make_batch(pairs, cfg, rng, gen)).item())
-    run.model.train()
+            pairs = encode_examples(data.examples(cfg.batch_size), tok, cfg.max_canvas)
+            losses.append(diffusion_loss(model, make_batch(pairs, cfg, rng, gen)).item())
+    model.train(was_training)
     return sum(losses) / len(losses)
+
+
+def checkpoint_heldout_loss(folder: Path, batches: int = 16, batch_size: int = 32, max_canvas: int = 96) -> float:
+    """`heldout_loss` of an exported checkpoint (its config.json, weights and tokenizer), over `batches` batches of
+    `batch_size` (the training defaults: what its runs log, over their first `eval_batches`)."""
+    c = json.loads((folder / "config.json").read_text())
+    cfg = TrainConfig(d_model=c["d_model"], n_layers=c["n_layers"], n_heads=c["n_heads"],
+                      mlp_hidden_size=c["mlp_hidden_size"], vocab_size=c["vocab_size"],
+                      token_shift=bool(c.get("input_token_shift", False)),
+                      token_shift_left=int(c.get("token_shift_left", 1)), eval_batches=batches,
+                      batch_size=batch_size, max_canvas=max_canvas)
+    model = build_model(cfg)
+    tok = init_from_checkpoint(model, folder)
+    return heldout_loss(model, tok, cfg)
 
 
 def train(cfg: TrainConfig) -> dict:
@@ -495,7 +511,7 @@ def train(cfg: TrainConfig) -> dict:
                 print(f"step {run.step:5d} loss {total:.4f} ema {run.ema:.4f} {run.seconds:.0f}s", flush=True)
             run.step += 1
             if cfg.eval_every and run.step % cfg.eval_every == 0:
-                h = heldout_loss(run, cfg)
+                h = heldout_loss(run.model, run.tok, cfg)
                 log.write(json.dumps({"step": run.step, "heldout_loss": h, "seconds": run.seconds}) + "\n")
                 print(f"step {run.step:5d} held-out loss {h:.4f}", flush=True)
             if run.step % cfg.save_every == 0:
