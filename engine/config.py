@@ -67,6 +67,11 @@ class EngineConfig:
     # CUDA (the host is idle during the forward), 0 on CPU (the forward's own ops want the cores and the GIL:
     # measured slower overlapped, docs/constraints.md)
     mask_workers: int | None = None
+    # run packed forwards as the model's TorchScript twin on torch's inter-op pool, so the loop thread waits without
+    # the GIL and the mask workers' Python runs beside the forward (engine.models.llada_scripted; LLaDA with a dense
+    # cache); None: on when the loop has mask workers and the model runs on the CPU; True: whenever the model has
+    # it; False: never
+    gil_free_forward: bool | None = None
 
     def validate(self) -> "EngineConfig":
         """Raise InvalidRequestError naming the first bad field; returns self."""
@@ -89,6 +94,8 @@ class EngineConfig:
         if self.mask_workers is not None and (not isinstance(self.mask_workers, int) or isinstance(
                 self.mask_workers, bool) or self.mask_workers < 0):
             raise InvalidRequestError(f"mask_workers must be an integer >= 0 (or None), got {self.mask_workers!r}")
+        if self.gil_free_forward is not None and not isinstance(self.gil_free_forward, bool):
+            raise InvalidRequestError(f"gil_free_forward must be True, False or None, got {self.gil_free_forward!r}")
         if self.backend not in BACKENDS:
             raise InvalidRequestError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         return self

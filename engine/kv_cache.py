@@ -116,6 +116,12 @@ class KVCache:
             entry.v.append(v.clone(memory_format=torch.contiguous_format))
         return bidirectional_attention(q, k, v, None)
 
+    def store_dense(self, request_index: int, length: int, k: list[torch.Tensor], v: list[torch.Tensor]) -> None:
+        """A whole Refresh's dense entry at once (per layer [1, Hkv, length, D], contiguous): what `refresh_attention`
+        stores layer by layer, for a forward that computed its attention itself (engine.models.llada_scripted)."""
+        assert not self.sparse, "the packed (sparse) layout is built by refresh_attention"
+        self.entries[request_index] = RequestKV(length=length, k=list(k), v=list(v))
+
     # ------------------------------------------------------------------ reuse
     def reuse_attention(self, request_index: int, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         span: tuple[int, int]) -> torch.Tensor:

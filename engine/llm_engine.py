@@ -196,6 +196,8 @@ class LLMEngine:
         if workers is None:
             workers = 1 if self.runner.device.type == "cuda" else 0
         masks = MaskWorkers(workers, self._allowed) if workers > 0 else None
+        if config.gil_free_forward is None and workers > 0 and self.runner.device.type == "cpu":
+            self.runner.use_gil_free_forward(True)
         return _Loop(Scheduler(scheduler_config), self.runner, self.logits_path, masks=masks, timing=self.mask_timing)
 
     # ------------------------------------------------------------------ set-up
@@ -339,13 +341,17 @@ class LLMEngine:
             if self._isolated(s, self._prepare_step, s, loop.timing, loop.masks is not None):
                 beside.append(MaskItem(s, s.canvas_view(self.special.mask_id), s.open_in_block()))
         live = [s for s in running if not s.done]
-        # every constraint call of the loop thread is done for this step until the join: the workers own the
-        # constraints of the requests they were handed (engine.mask_workers)
-        batch = loop.masks.submit(beside) if beside and loop.masks is not None else None
         refreshed_before = loop.runner.stats.refresh_rows
         start = time.perf_counter()
+        batch = None
         try:
-            rows = loop.runner.forward_rows(live)
+            # the forward starts first: with the GIL-free forward it runs on its own thread from here on, and the mask
+            # jobs' Python does not hold up the Python that prepares its inputs
+            finish = loop.runner.start_rows(live)
+            # every constraint call of the loop thread is done for this step until the join: the workers own the
+            # constraints of the requests they were handed (engine.mask_workers)
+            batch = loop.masks.submit(beside) if beside and loop.masks is not None else None
+            rows = finish()
         except BaseException:
             if batch is not None:
                 batch.wait()  # no worker may still use a constraint once the failure leaves the loop

@@ -42,6 +42,7 @@ from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.kv_cache import KVCache
 from dllm_constrain.engine.models.base import default_position_ids
 from dllm_constrain.engine.models.layers import bidirectional_attention
+from dllm_constrain.engine.models.llada_scripted import FULL, REFRESH, REUSE, ScriptedWeights, start_span_forward
 from dllm_constrain.engine.state import RequestState
 
 Group = tuple[list[RequestState], torch.Tensor, list[int]]
@@ -58,6 +59,11 @@ def supports_packed_forward(model: Any) -> bool:
 def supports_kv_cache(model: Any) -> bool:
     """Families with a cached forward (LLaDA, Dream); models with per-request state never use the cache."""
     return callable(getattr(model, "hidden_states_kv", None)) and supports_packed_forward(model)
+
+
+def supports_gil_free_forward(model: Any) -> bool:
+    """Families whose packed forward has a TorchScript twin that runs without the GIL (LLaDA)."""
+    return callable(getattr(model, "scripted_weights", None)) and supports_packed_forward(model)
 
 
 def model_device(model: Any) -> torch.device:
@@ -128,9 +134,22 @@ class ModelRunner:
         self.meta: dict[int, RowMeta] = {}
         self.refreshes: dict[int, int] = {}  # request index -> refresh forwards it took part in (until released)
         self.stats = ForwardStats()
+        # the model's tensors for the GIL-free forward (engine.models.llada_scripted), when it is on
+        self.scripted: ScriptedWeights | None = None
+        if config.gil_free_forward:
+            self.use_gil_free_forward(True)
         # called with (states, hidden, offsets) after every forward that reused the cache, for those rows
         # (agreement measurements)
         self.on_reuse: Callable[[list[RequestState], torch.Tensor, list[int]], None] | None = None
+
+    def use_gil_free_forward(self, on: bool) -> bool:
+        """Run packed forwards as the TorchScript twin on torch's inter-op pool (the calling thread waits without the
+        GIL, so Python threads, the mask workers, run beside it). Only for models that have it and a dense cache (the
+        sparse reuse's kernels stay eager); returns whether it is on."""
+        dense = self.cache is None or not self.cache.sparse
+        ok = on and self.packed and dense and supports_gil_free_forward(self.model)
+        self.scripted = self.model.scripted_weights() if ok else None
+        return ok
 
     def reset(self, states: Sequence[RequestState] = ()) -> None:
         """Forget every request: an empty cache."""
@@ -214,25 +233,7 @@ class ModelRunner:
 
     def _packed_forward(self, segments: list[Segment]) -> torch.Tensor:
         """Hidden states [T, D] of the packed rows of `segments` (one model forward)."""
-        total = sum(seg.length for seg in segments)
-        rows = max(total, MIN_PACKED_ROWS)
-        ids = torch.full((1, rows), self.pad_id, dtype=torch.long)
-        pos = torch.zeros((1, rows), dtype=torch.long)
-        # each row's neighbours in its own sequence, for models whose input mixes them in (LLaDA's token shift)
-        offsets = self.neighbor_offsets
-        neighbors = torch.full((1, rows, len(offsets)), -1, dtype=torch.long) if self.neighbors else None
-        w = max((abs(o) for o in offsets), default=0)
-        none = torch.full((w,), -1, dtype=torch.long)
-        for seg in segments:
-            s = seg.state
-            seq = torch.cat([torch.tensor(s.prompt_ids, dtype=torch.long), s.canvas.cpu()])
-            a, b = seg.first, seg.first + seg.length
-            ids[0, seg.rows] = seq[a:b]
-            pos[0, seg.rows] = torch.arange(a, b)
-            if neighbors is not None:
-                padded = torch.cat([none, seq, none])  # padded[i + w] = seq[i]
-                for col, o in enumerate(offsets):
-                    neighbors[0, seg.rows, col] = padded[a + w + o:b + w + o]
+        ids, pos, neighbors, total = self._packed_inputs(segments)
         cache = self.cache
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -256,11 +257,69 @@ class ModelRunner:
         hidden = self.model.hidden_states_cached(ids.to(self.device), pos.to(self.device), attend, **kwargs)
         return hidden[0, :total]
 
+    def _start_gil_free_forward(self, segments: list[Segment]) -> Callable[[], torch.Tensor]:
+        """The packed forward by the TorchScript twin, started on the inter-op pool; the returned function waits for
+        it without the GIL, stores the refresh segments' keys/values as `refresh_attention` would have, and gives the
+        hidden states [T, D]."""
+        assert self.scripted is not None
+        ids, pos, neighbors, total = self._packed_inputs(segments)
+        cache = self.cache
+        kind = {"refresh": REFRESH, "reuse": REUSE, "full": FULL}
+        kinds = [kind[seg.kind] for seg in segments]
+        cached = [cache.entries[seg.state.index] if seg.kind == "reuse" and cache is not None else None
+                  for seg in segments]
+        nb = neighbors if neighbors is not None else torch.empty((1, ids.shape[1], 0), dtype=torch.long)
+        future = start_span_forward(
+            self.scripted, ids.to(self.device), pos.to(self.device), nb.to(self.device), kinds,
+            [seg.start for seg in segments], [seg.length for seg in segments], [seg.first for seg in segments],
+            [e.k if e is not None else [] for e in cached], [e.v if e is not None else [] for e in cached])
+
+        def finish() -> torch.Tensor:
+            hidden, new_k, new_v = future.wait()
+            for seg, ks, vs in zip(segments, new_k, new_v):
+                if seg.kind == "refresh":
+                    assert cache is not None
+                    cache.store_dense(seg.state.index, seg.length, ks, vs)
+            return hidden[0, :total]
+
+        return finish
+
+    def _packed_inputs(self, segments: list[Segment]
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
+        """The packed rows' ids and position ids [1, rows], their neighbour ids [1, rows, N] (None without the input
+        token shift), and the number of real rows (rows >= MIN_PACKED_ROWS, padded)."""
+        total = sum(seg.length for seg in segments)
+        rows = max(total, MIN_PACKED_ROWS)
+        ids = torch.full((1, rows), self.pad_id, dtype=torch.long)
+        pos = torch.zeros((1, rows), dtype=torch.long)
+        # each row's neighbours in its own sequence, for models whose input mixes them in (LLaDA's token shift)
+        offsets = self.neighbor_offsets
+        neighbors = torch.full((1, rows, len(offsets)), -1, dtype=torch.long) if self.neighbors else None
+        w = max((abs(o) for o in offsets), default=0)
+        none = torch.full((w,), -1, dtype=torch.long)
+        for seg in segments:
+            s = seg.state
+            seq = torch.cat([torch.tensor(s.prompt_ids, dtype=torch.long), s.canvas.cpu()])
+            a, b = seg.first, seg.first + seg.length
+            ids[0, seg.rows] = seq[a:b]
+            pos[0, seg.rows] = torch.arange(a, b)
+            if neighbors is not None:
+                padded = torch.cat([none, seq, none])  # padded[i + w] = seq[i]
+                for col, o in enumerate(offsets):
+                    neighbors[0, seg.rows, col] = padded[a + w + o:b + w + o]
+        return ids, pos, neighbors, total
+
     def forward_rows(self, states: Sequence[RequestState]) -> list[Row]:
         """This step's forward for the running `states`: one model call (see the module docstring)."""
+        return self.start_rows(states)()
+
+    def start_rows(self, states: Sequence[RequestState]) -> Callable[[], list[Row]]:
+        """`forward_rows` in two halves: plan and start the forward now, and return the function that waits for it and
+        gives the rows. With the GIL-free forward the caller's Python (e.g. the step's mask jobs, submitted after
+        this) runs while the forward computes; otherwise the forward is done when this returns."""
         states = list(states)
         if not states:
-            return []
+            return list
         self.stats.forwards += 1
         self.stats.request_rows += len(states)
         if not self.packed:
@@ -269,9 +328,17 @@ class ModelRunner:
             self.stats.refresh_rows += len(states)
             for s in states:
                 self.refreshes[s.index] = self.refreshes.get(s.index, 0) + 1
-            return [Row(s, hidden[b], offsets[b]) for b, s in enumerate(group)]
+            rows = [Row(s, hidden[b], offsets[b]) for b, s in enumerate(group)]
+            return lambda: rows
         segments = self.plan(states)
+        if self.scripted is not None:
+            finish = self._start_gil_free_forward(segments)
+            return lambda: self._packed_rows(segments, finish())
         hidden = self._packed_forward(segments)
+        return lambda: self._packed_rows(segments, hidden)
+
+    def _packed_rows(self, segments: list[Segment], hidden: torch.Tensor) -> list[Row]:
+        """Each segment's rows of a finished packed forward, with the cache bookkeeping of its refresh decision."""
         self.stats.token_rows += max(hidden.shape[0], MIN_PACKED_ROWS)
         out = []
         for seg in segments:

@@ -28,6 +28,7 @@ from torch import nn
 
 from dllm_constrain.errors import CheckpointError
 from dllm_constrain.engine.models.base import SpecialTokens, default_position_ids, parse_config_fields
+from dllm_constrain.engine.models.llada_scripted import ScriptedWeights
 from dllm_constrain.engine.models.layers import (
     RMSNorm,
     apply_rope,
@@ -281,6 +282,11 @@ class LLaDAModel(nn.Module):
                 return bidirectional_attention(q, k, v, bias)
             x = block.forward_with(x, cos, sin, attend)
         return self.transformer["ln_f"](x)
+
+    def scripted_weights(self) -> ScriptedWeights:
+        """The tensors of the TorchScript twin of `hidden_states_cached` (engine.models.llada_scripted), which the
+        runner starts without the GIL."""
+        return ScriptedWeights.of(self)
 
     def hidden_states_cached(self, input_ids, position_ids, attend: LayerAttendFn,
                              neighbor_ids: torch.Tensor | None = None) -> torch.Tensor:

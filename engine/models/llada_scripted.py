@@ -1,0 +1,182 @@
+"""LLaDA's packed span forward in TorchScript, run on torch's inter-op thread pool: a forward that does not hold the GIL.
+
+Why: a step's constraint masks depend only on the canvas before its forward, so they can be computed while the
+forward runs (engine.mask_workers). On a GPU the eager forward only launches kernels, but on a CPU host it is a few
+hundred small torch calls, each of which takes the GIL between operations; beside a mask thread running Python, every
+call waits for the GIL (a convoy), and the overlap measured slower than no overlap at all. The same math compiled by
+TorchScript and started with `torch.jit.fork` runs in a C++ thread that never takes the GIL, so the loop thread only
+waits on a future (which releases the GIL) and the mask threads run beside it on another core.
+
+The function computes exactly what `ModelRunner._packed_forward` computes with `LLaDAModel.hidden_states_cached` and a
+dense `KVCache` (the same aten operations in the same order, so the hidden states are bitwise the same): T packed rows
+of several requests' segments, each segment one of
+    REFRESH: a request's whole sequence; attention over it, its per-layer keys/values returned (cloned) for the cache;
+    REUSE:   a request's query span [a, a + length); its fresh keys/values are written into the request's cached
+             per-layer tensors at the span (in place) and its queries attend to the whole cached sequence;
+    FULL:    a request's whole sequence without any cache.
+Rows past the segments (padding up to the runner's minimum GEMM width) attend to nothing.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+REFRESH, REUSE, FULL = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class ScriptedWeights:
+    """The model's tensors in the flat layout the scripted forward takes (views of the parameters, not copies)."""
+
+    wte: torch.Tensor
+    shifts: list[torch.Tensor]  # one [D, D] weight per neighbour column (empty without the input token shift)
+    layers: list[list[torch.Tensor]]  # attn_norm, q, k, v, attn_out, ff_norm, ff_proj, up_proj, ff_out
+    biases: list[list[torch.Tensor]]  # q, k, v biases per layer (empty lists without include_qkv_bias)
+    ln_f: torch.Tensor
+    eps: float
+    n_heads: int
+    n_kv: int
+    head_dim: int
+    theta: float
+
+    @classmethod
+    def of(cls, model: Any) -> "ScriptedWeights":
+        cfg, tr = model.config, model.transformer
+        shifts: list[torch.Tensor] = []
+        if cfg.input_token_shift:
+            shifts = [tr["shift_prev"].weight, tr["shift_next"].weight]
+            shifts += [tr[f"shift_prev{k}"].weight for k in range(2, cfg.token_shift_left + 1)]
+        layers, biases = [], []
+        for blk in tr["blocks"]:
+            layers.append([blk.attn_norm.weight, blk.q_proj.weight, blk.k_proj.weight, blk.v_proj.weight,
+                           blk.attn_out.weight, blk.ff_norm.weight, blk.ff_proj.weight, blk.up_proj.weight,
+                           blk.ff_out.weight])
+            biases.append([] if blk.q_proj.bias is None else [blk.q_proj.bias, blk.k_proj.bias, blk.v_proj.bias])
+        return cls(tr["wte"].weight, shifts, layers, biases, tr["ln_f"].weight, float(cfg.rms_norm_eps),
+                   cfg.n_heads, cfg.kv_heads, cfg.head_dim, float(cfg.rope_theta))
+
+
+def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return (w.float() * x32).to(dtype)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    n_rep = q.shape[1] // k.shape[1]
+    if n_rep > 1:
+        k = k.repeat_interleave(n_rep, dim=1)
+        v = v.repeat_interleave(n_rep, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False)
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor, b: list[torch.Tensor], i: int) -> torch.Tensor:
+    if len(b) == 0:
+        return F.linear(x, w)
+    return F.linear(x, w, b[i])
+
+
+def span_forward(ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor, wte: torch.Tensor,
+                 shifts: list[torch.Tensor], layers: list[list[torch.Tensor]], biases: list[list[torch.Tensor]],
+                 ln_f: torch.Tensor, eps: float, n_heads: int, n_kv: int, head_dim: int, theta: float,
+                 kinds: list[int], starts: list[int], lengths: list[int], firsts: list[int],
+                 cache_k: list[list[torch.Tensor]], cache_v: list[list[torch.Tensor]]
+                 ) -> tuple[torch.Tensor, list[list[torch.Tensor]], list[list[torch.Tensor]]]:
+    """Hidden states [1, T, D] of the packed rows, and per segment its new cache keys/values per layer (REFRESH
+    segments; empty lists for the others). ids, pos [1, T]; neighbors [1, T, N] (N = len(shifts)); per segment its
+    kind, first packed row, length, and first slot in its request's sequence; cache_k / cache_v per segment: the
+    request's cached [1, Hkv, n, D] per layer (REUSE segments; empty lists for the others)."""
+    x = F.embedding(ids, wte)
+    if len(shifts) > 0:
+        present = (neighbors >= 0).unsqueeze(-1)
+        nb = F.embedding(neighbors.clamp_min(0), wte) * present.to(x.dtype)
+        x = x + F.linear(nb[:, :, 0], shifts[0]) + F.linear(nb[:, :, 1], shifts[1])
+        for col in range(2, len(shifts)):
+            x = x + F.linear(nb[:, :, col], shifts[col])
+    inv_freq = 1.0 / torch.pow(theta, torch.arange(0, head_dim, 2, device=pos.device, dtype=torch.float32)
+                               / head_dim)
+    freqs = pos.to(torch.float32).unsqueeze(-1) * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1)
+    cos = emb.cos().to(x.dtype).unsqueeze(1)
+    sin = emb.sin().to(x.dtype).unsqueeze(1)
+    new_k: list[list[torch.Tensor]] = [[] for _ in range(len(kinds))]
+    new_v: list[list[torch.Tensor]] = [[] for _ in range(len(kinds))]
+    b, n = ids.shape[0], ids.shape[1]
+    for layer in range(len(layers)):
+        w = layers[layer]
+        bias = biases[layer]
+        h = _rms_norm(x, w[0], eps)
+        q = _rope(_linear(h, w[1], bias, 0).view(b, n, n_heads, head_dim).transpose(1, 2), cos, sin)
+        k = _rope(_linear(h, w[2], bias, 1).view(b, n, n_kv, head_dim).transpose(1, 2), cos, sin)
+        v = _linear(h, w[3], bias, 2).view(b, n, n_kv, head_dim).transpose(1, 2)
+        out = torch.zeros_like(q)
+        for s in range(len(kinds)):
+            r0, r1 = starts[s], starts[s] + lengths[s]
+            qs, ks, vs = q[:, :, r0:r1], k[:, :, r0:r1], v[:, :, r0:r1]
+            kind = kinds[s]
+            if kind == 0:  # REFRESH
+                new_k[s].append(ks.clone(memory_format=torch.contiguous_format))
+                new_v[s].append(vs.clone(memory_format=torch.contiguous_format))
+                out[:, :, r0:r1] = _attention(qs, ks, vs)
+            elif kind == 1:  # REUSE
+                kc, vc = cache_k[s][layer], cache_v[s][layer]
+                a = firsts[s]
+                kc[:, :, a:a + lengths[s]] = ks.to(kc.dtype)
+                vc[:, :, a:a + lengths[s]] = vs.to(vc.dtype)
+                if qs.shape[1] == kc.shape[1]:
+                    out[:, :, r0:r1] = _attention(qs, kc, vc)
+                else:
+                    out[:, :, r0:r1] = F.scaled_dot_product_attention(qs, kc, vc, enable_gqa=True)
+            else:
+                out[:, :, r0:r1] = _attention(qs, ks, vs)
+        x = x + F.linear(out.transpose(1, 2).reshape(b, n, -1), w[4])
+        h = _rms_norm(x, w[5], eps)
+        x = x + F.linear(F.silu(F.linear(h, w[6])) * F.linear(h, w[7]), w[8])
+    return _rms_norm(x, ln_f, eps), new_k, new_v
+
+
+@functools.cache
+def _launcher() -> Any:
+    """`launch(...)`: `span_forward` started on the inter-op pool, returning a Future (compiled once per process, on
+    first use: scripting takes a fraction of a second). TorchScript is deprecated in favour of torch.compile, which
+    offers no forward that runs without the GIL; the warning is silenced here, where that is the point."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return _script_launcher()
+
+
+def _script_launcher() -> Any:
+    forward = torch.jit.script(span_forward)
+
+    def launch(ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor, wte: torch.Tensor,
+               shifts: list[torch.Tensor], layers: list[list[torch.Tensor]], biases: list[list[torch.Tensor]],
+               ln_f: torch.Tensor, eps: float, n_heads: int, n_kv: int, head_dim: int, theta: float,
+               kinds: list[int], starts: list[int], lengths: list[int], firsts: list[int],
+               cache_k: list[list[torch.Tensor]], cache_v: list[list[torch.Tensor]]
+               ) -> torch.jit.Future[tuple[torch.Tensor, list[list[torch.Tensor]], list[list[torch.Tensor]]]]:
+        return torch.jit.fork(forward, ids, pos, neighbors, wte, shifts, layers, biases, ln_f, eps, n_heads,
+                              n_kv, head_dim, theta, kinds, starts, lengths, firsts, cache_k, cache_v)
+
+    return torch.jit.script(launch)
+
+
+def start_span_forward(weights: ScriptedWeights, ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor,
+                       kinds: list[int], starts: list[int], lengths: list[int], firsts: list[int],
+                       cache_k: list[list[torch.Tensor]], cache_v: list[list[torch.Tensor]]) -> Any:
+    """Start the forward on the inter-op pool; `.wait()` on the result (which releases the GIL while it waits) gives
+    `span_forward`'s tuple."""
+    w = weights
+    return _launcher()(ids, pos, neighbors, w.wte, w.shifts, w.layers, w.biases, w.ln_f, w.eps, w.n_heads, w.n_kv,
+                       w.head_dim, w.theta, kinds, starts, lengths, firsts, cache_k, cache_v)
