@@ -142,12 +142,16 @@ class ModelRunner:
         # (agreement measurements)
         self.on_reuse: Callable[[list[RequestState], torch.Tensor, list[int]], None] | None = None
 
+    def gil_free_forward_applies(self) -> bool:
+        """Whether `use_gil_free_forward(True)` would turn it on: a packed model that has the twin, a dense cache."""
+        dense = self.cache is None or not self.cache.sparse
+        return self.packed and dense and supports_gil_free_forward(self.model)
+
     def use_gil_free_forward(self, on: bool) -> bool:
         """Run packed forwards as the TorchScript twin on torch's inter-op pool (the calling thread waits without the
         GIL, so Python threads, the mask workers, run beside it). Only for models that have it and a dense cache (the
         sparse reuse's kernels stay eager); returns whether it is on."""
-        dense = self.cache is None or not self.cache.sparse
-        ok = on and self.packed and dense and supports_gil_free_forward(self.model)
+        ok = on and self.gil_free_forward_applies()
         self.scripted = self.model.scripted_weights() if ok else None
         return ok
 
