@@ -4,7 +4,7 @@
     OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/bench_constraint_overhead.py              # 40 schemas, 3 runs
     python benchmarks/bench_constraint_overhead.py --n-per-subset 1 --runs 1 --json out.json   # quick
     OMP_NUM_THREADS=1 taskset -c 0,1 python benchmarks/bench_constraint_overhead.py --mask-workers 1  # masks beside
-                                                                     # the GIL-free forward (the default with 2 cores)
+                                                                     # the GIL-free forward, a core each
     OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/bench_constraint_overhead.py --no-forced-tokens  # same forward mix
 
 Schemas: `--n-per-subset` of each JSONSchemaBench subset, drawn as benchmarks/bench_masks.py draws them (the sample
@@ -55,9 +55,9 @@ def main() -> int:
     ap.add_argument("--model", default=None, help="checkpoint folder (default: the bundled model)")
     ap.add_argument("--json", default=None, help="also write the per-schema rows here")
     ap.add_argument("--mask-workers", type=int, default=None,
-                    help="EngineConfig.mask_workers (default: the engine's choice: 1 with two usable cores and LLaDA's "
-                         "GIL-free forward, else 0): with 1 and a core of its own (taskset -c 0,1 with one torch "
-                         "thread) the masks run beside the forward, as on a GPU host")
+                    help="EngineConfig.mask_workers (default: the engine's choice, 0 on CPU): with 1 and a core of its own "
+                         "(taskset -c 0,1 with one torch thread) the masks run beside LLaDA's GIL-free forward, as on "
+                         "a GPU host")
     ap.add_argument("--no-forced-tokens", action="store_true",
                     help="SamplingParams.forced_tokens=False: positions the mask forces wait for the model, so the "
                          "constrained run does the free run's mix of forwards and the ratio is the constraint's own cost")

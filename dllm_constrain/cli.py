@@ -77,8 +77,8 @@ ENGINE_FLAGS: dict[str, str] = {
     "refresh": "when the KV cache is refreshed inside a block",
     "keep_ratio": "< 1: Reuse steps attend to this share of the most salient cached keys per head",
     "logits_budget_bytes": "transient logits workspace (none: from free device memory)",
-    "mask_workers": "threads computing constraint masks beside the forward (0: serially before it; none: 1 on CUDA, and on "
-                    "a CPU with 2 usable cores when the forward runs without the GIL, else 0)",
+    "mask_workers": "threads computing constraint masks beside the forward (0: serially before it; none: 1 on CUDA, 0 on "
+                    "the CPU, where 1 runs the forward without the GIL and pays with a second core)",
 }
 CHOICES: dict[str, Sequence[str]] = {"policy": POLICY_NAMES, "kv_cache": KV_CACHE_MODES, "refresh": REFRESH_MODES}
 CHECKPOINT_FIELDS = ("max_new_tokens", "steps", "block_length", "policy", "threshold")

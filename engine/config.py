@@ -35,10 +35,11 @@ once to token / probability / entropy / margin (`kernels.masked_row_stats`), the
 Masks beside the forward (`mask_workers`, engine.mask_workers): the constraint masks of a step depend only on the
 canvas before its forward, so with mask_workers >= 1 they are computed on that many worker threads while the
 forward runs, and the forced tokens they show are committed after it (see engine.llm_engine, "Forced tokens");
-mask_workers=0 computes them serially before the forward; None (the default) picks 1 on CUDA, and on the CPU when the
-forward leaves the GIL (`gil_free_forward`: LLaDA's TorchScript twin on torch's inter-op pool, dense cache) and the
-process may use at least 2 cores; else 0, since an eager CPU forward is many small ops that each take the GIL, and
-beside the masks' Python it measured slower than serial (docs/constraints.md). More than one worker helps only when
+mask_workers=0 computes them serially before the forward; None (the default) picks 1 on CUDA and 0 on the CPU. On the
+CPU, workers run the forward as LLaDA's TorchScript twin on torch's inter-op pool (`gil_free_forward`), which does not
+hold the GIL: an eager CPU forward is many small ops that each take the GIL, and beside the masks' Python it measured
+slower than serial. With the twin and a second core a request costs 4-8% less (docs/constraints.md), but the masks'
+time allowances then run against the forward, so budget-cut masks, hence outputs, vary more from run to run. More than one worker helps only when
 the batch holds requests of different compiled constraints (requests of one compiled constraint share a worker).
 """
 from __future__ import annotations
@@ -65,8 +66,7 @@ class EngineConfig:
     budgeted_logits: bool = True  # False: one unchunked projection + reduction per request (tests, benchmarks)
     backend: str = "auto"  # kernels' backend: "auto" (Triton on CUDA, torch elsewhere) | "triton" | "torch"
     # threads computing constraint masks beside the forward; 0: serially before it; None: 1 when the model runs on
-    # CUDA (the host is idle during the forward) or on a CPU with 2 usable cores and the GIL-free forward, else 0
-    # (an eager CPU forward's small ops want the GIL: measured slower overlapped, docs/constraints.md)
+    # CUDA (the host is idle during the forward), 0 on the CPU (see the module docstring)
     mask_workers: int | None = None
     # run packed forwards as the model's TorchScript twin on torch's inter-op pool, so the loop thread waits without
     # the GIL and the mask workers' Python runs beside the forward (engine.models.llada_scripted; LLaDA with a dense

@@ -100,7 +100,6 @@ from dllm_constrain.engine.outputs import (
     StreamHook,
     StreamUpdate,
 )
-from dllm_constrain.engine.placement import usable_cores
 from dllm_constrain.engine.policies import CommitPolicy, make_policy
 from dllm_constrain.engine.scheduler import Scheduler, SchedulerConfig
 from dllm_constrain.engine.state import Request, RequestState
@@ -194,12 +193,13 @@ class LLMEngine:
     def _new_loop(self, config: EngineConfig, scheduler_config: SchedulerConfig) -> _Loop:
         self._setup_call(config)
         on_cpu = self.runner.device.type == "cpu"
-        gil_free = config.gil_free_forward is not False and self.runner.gil_free_forward_applies()
         workers = config.mask_workers
         if workers is None:
-            # beside the forward where it pays (docs/constraints.md): on CUDA the host is idle during the forward; on
-            # the CPU only when the forward leaves the GIL (the TorchScript twin) and a second core can run the masks
-            workers = 1 if not on_cpu or (gil_free and usable_cores() >= 2) else 0
+            # beside the forward on CUDA, where the host is idle during the forward; serial on the CPU, where beside
+            # the GIL-free forward a request costs 4-8% less with a second core (docs/constraints.md), but the masks'
+            # time allowances then run against the forward, so budget-cut masks, hence outputs, vary more from run
+            # to run
+            workers = 0 if on_cpu else 1
         masks = MaskWorkers(workers, self._allowed) if workers > 0 else None
         if config.gil_free_forward is None and workers > 0 and on_cpu:
             self.runner.use_gil_free_forward(True)
