@@ -43,6 +43,7 @@ from dllm_constrain.engine.kv_cache import KVCache
 from dllm_constrain.engine.models.base import default_position_ids
 from dllm_constrain.engine.models.layers import bidirectional_attention
 from dllm_constrain.engine.models.llada_scripted import FULL, REFRESH, REUSE, ScriptedWeights, start_span_forward
+from dllm_constrain.engine.placement import usable_cores
 from dllm_constrain.engine.state import RequestState
 
 Group = tuple[list[RequestState], torch.Tensor, list[int]]
@@ -143,14 +144,17 @@ class ModelRunner:
         self.on_reuse: Callable[[list[RequestState], torch.Tensor, list[int]], None] | None = None
 
     def gil_free_forward_applies(self) -> bool:
-        """Whether `use_gil_free_forward(True)` would turn it on: a packed model that has the twin, a dense cache."""
+        """Whether `use_gil_free_forward(True)` would turn it on: a packed model that has the twin, a dense cache, and
+        on the CPU at least two usable cores. With one core there is nothing to run beside the forward, and torch
+        (2.13) aborts the process at exit after a `torch.jit.fork` when its affinity is a single core."""
         dense = self.cache is None or not self.cache.sparse
-        return self.packed and dense and supports_gil_free_forward(self.model)
+        cores = self.device.type != "cpu" or usable_cores() >= 2
+        return self.packed and dense and cores and supports_gil_free_forward(self.model)
 
     def use_gil_free_forward(self, on: bool) -> bool:
         """Run packed forwards as the TorchScript twin on torch's inter-op pool (the calling thread waits without the
-        GIL, so Python threads, the mask workers, run beside it). Only for models that have it and a dense cache (the
-        sparse reuse's kernels stay eager); returns whether it is on."""
+        GIL, so Python threads, the mask workers, run beside it), where it applies (`gil_free_forward_applies`: not
+        with the sparse cache, whose kernels stay eager); returns whether it is on."""
         ok = on and self.gil_free_forward_applies()
         self.scripted = self.model.scripted_weights() if ok else None
         return ok

@@ -11,6 +11,7 @@ reproduces its results on the same device, not across devices (as in vLLM).
 """
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,12 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
 }
 _SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one, e.g. under taskset)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if callable(affinity) else (os.cpu_count() or 1)
 
 
 def default_device() -> torch.device:

@@ -8,7 +8,7 @@ Specifications:
   * generate() gives the same canvases and forward counts with and without it, constrained or not, serial or with
     mask workers;
   * by default it is on exactly when the loop has mask workers and the model runs on the CPU; never with the sparse
-    (packed per-head) cache, whose kernels stay eager; a bad value is a typed error.
+    (packed per-head) cache, whose kernels stay eager, nor with a single usable core; a bad value is a typed error.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.llm_engine import LLMEngine
 from dllm_constrain.engine.model_runner import ModelRunner
 from dllm_constrain.engine.models.llada import LLaDAConfig, LLaDAModel
+from dllm_constrain.engine.placement import usable_cores
 from dllm_constrain.engine.state import Request, SamplingParams
 from dllm_constrain.errors import InvalidRequestError
 
@@ -42,6 +43,7 @@ def _shifted_llada() -> LLaDAModel:
 
 
 MODELS = {"gqa": build_tiny_llada(), "shifted": _shifted_llada()}
+needs_two_cores = pytest.mark.skipif(usable_cores() < 2, reason="the GIL-free forward runs only with 2 usable cores")
 TOKENIZER = build_tiny_tokenizer()
 COMPILER = ConstraintCompiler(TokenizerInfo.from_tokenizer(TOKENIZER, eos_id=1, mask_id=3, vocab_size=260))
 SCHEMA = COMPILER.compile_json_schema({"type": "object", "properties": {"n": {"type": "integer"}},
@@ -58,6 +60,7 @@ def _steps(model: LLaDAModel, config: EngineConfig, schedule: list[list[int]], c
     final cache entries."""
     engine = LLMEngine(model)
     runner = ModelRunner(model, model.special.pad_id, config)
+    assert (runner.scripted is not None) == bool(config.gil_free_forward)
     prompts = {0: [10, 11, 12], 1: [20], 2: [5, 6, 7, 8, 9], 3: [40, 41]}
     states = {i: _state(engine, i, p, 6, 2 + i % 2) for i, p in prompts.items()}
     out = []
@@ -78,6 +81,7 @@ def _steps(model: LLaDAModel, config: EngineConfig, schedule: list[list[int]], c
     return out, entries
 
 
+@needs_two_cores
 @settings(max_examples=12, deadline=None)
 @given(model=st.sampled_from(sorted(MODELS)), kv_cache=st.sampled_from(["dual", "none"]),
        schedule=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=4, unique=True), min_size=1, max_size=6),
@@ -108,6 +112,7 @@ def _requests(forced: bool) -> list[Request]:
             Request([100, 101], params(8, 4, 2)), Request([60, 61, 62], params(6, 3, 3))]
 
 
+@needs_two_cores
 @pytest.mark.parametrize("model", sorted(MODELS))
 @pytest.mark.parametrize("workers", [0, 1])
 def test_generate_gives_the_same_outputs_with_the_twin(model, workers) -> None:
@@ -128,6 +133,7 @@ def _loop_runner(config: EngineConfig) -> ModelRunner:
         loop.close()
 
 
+@needs_two_cores
 def test_by_default_the_twin_runs_when_the_loop_has_mask_workers_on_the_cpu() -> None:
     assert _loop_runner(EngineConfig(mask_workers=1)).scripted is not None
     assert _loop_runner(EngineConfig(mask_workers=0)).scripted is None
@@ -138,6 +144,13 @@ def test_by_default_the_twin_runs_when_the_loop_has_mask_workers_on_the_cpu() ->
 def test_the_sparse_cache_keeps_the_eager_forward() -> None:
     assert _loop_runner(EngineConfig(mask_workers=1, keep_ratio=0.5)).scripted is None
     assert _loop_runner(EngineConfig(gil_free_forward=True, keep_ratio=0.5)).scripted is None
+
+
+def test_a_single_usable_core_keeps_the_eager_forward(monkeypatch) -> None:
+    """Nothing can run beside the forward on one core (and torch aborts at exit after a fork there)."""
+    monkeypatch.setattr("dllm_constrain.engine.model_runner.usable_cores", lambda: 1)
+    assert _loop_runner(EngineConfig(mask_workers=1)).scripted is None
+    assert _loop_runner(EngineConfig(gil_free_forward=True)).scripted is None
 
 
 def test_a_bad_value_is_a_typed_error() -> None:
