@@ -56,7 +56,7 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="also write the per-schema rows here")
     ap.add_argument("--mask-workers", type=int, default=None,
                     help="EngineConfig.mask_workers (default: the engine's choice, 0 on CPU): with 1 and a core of its own "
-                         "(taskset -c 0,1 with one torch thread) the masks run beside LLaDA's GIL-free forward, as on "
+                         "(taskset -c 0,1 with one torch thread) the masks run beside the GIL-free forward, as on "
                          "a GPU host")
     ap.add_argument("--no-forced-tokens", action="store_true",
                     help="SamplingParams.forced_tokens=False: positions the mask forces wait for the model, so the "

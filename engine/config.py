@@ -33,14 +33,15 @@ transient workspace fits `logits_budget_bytes` (None: derived from the device's 
 once to token / probability / entropy / margin (`kernels.masked_row_stats`), then freed.
 
 Masks beside the forward (`mask_workers`, engine.mask_workers): the constraint masks of a step depend only on the
-canvas before its forward, so with mask_workers >= 1 they are computed on that many worker threads while the
-forward runs, and the forced tokens they show are committed after it (see engine.llm_engine, "Forced tokens");
-mask_workers=0 computes them serially before the forward; None (the default) picks 1 on CUDA and 0 on the CPU. On the
-CPU, workers run the forward as LLaDA's TorchScript twin on torch's inter-op pool (`gil_free_forward`), which does not
+canvas before its forward, so with mask_workers >= 1 they are computed on that many worker threads while the forward
+runs, and the forced tokens they show are committed after it (see engine.llm_engine, "Forced tokens"); mask_workers=0
+computes them serially before the forward; None (the default) picks 1 on CUDA and 0 on the CPU. On the CPU, workers
+run the forward as LLaDA's or Dream's TorchScript twin on torch's inter-op pool (`gil_free_forward`), which does not
 hold the GIL: an eager CPU forward is many small ops that each take the GIL, and beside the masks' Python it measured
 slower than serial. With the twin and a second core a request costs 4-8% less (docs/constraints.md), but the masks'
-time allowances then run against the forward, so budget-cut masks, hence outputs, vary more from run to run. More than one worker helps only when
-the batch holds requests of different compiled constraints (requests of one compiled constraint share a worker).
+time allowances then run against the forward, so budget-cut masks, hence outputs, vary more from run to run. More than
+one worker helps only when the batch holds requests of different compiled constraints (requests of one compiled
+constraint share a worker).
 """
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ class EngineConfig:
     # CUDA (the host is idle during the forward), 0 on the CPU (see the module docstring)
     mask_workers: int | None = None
     # run packed forwards as the model's TorchScript twin on torch's inter-op pool, so the loop thread waits without
-    # the GIL and the mask workers' Python runs beside the forward (engine.models.llada_scripted; LLaDA with a dense
+    # the GIL and the mask workers' Python runs beside the forward (engine.models.scripted_forward; LLaDA and Dream with a dense
     # cache); None: on when the loop has mask workers and the model runs on the CPU; True: whenever the model has
     # it; False: never
     gil_free_forward: bool | None = None

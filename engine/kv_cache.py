@@ -118,7 +118,7 @@ class KVCache:
 
     def store_dense(self, request_index: int, length: int, k: list[torch.Tensor], v: list[torch.Tensor]) -> None:
         """A whole Refresh's dense entry at once (per layer [1, Hkv, length, D], contiguous): what `refresh_attention`
-        stores layer by layer, for a forward that computed its attention itself (engine.models.llada_scripted)."""
+        stores layer by layer, for a forward that computed its attention itself (engine.models.scripted_forward)."""
         assert not self.sparse, "the packed (sparse) layout is built by refresh_attention"
         self.entries[request_index] = RequestKV(length=length, k=list(k), v=list(v))
 

@@ -42,7 +42,7 @@ from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.kv_cache import KVCache
 from dllm_constrain.engine.models.base import default_position_ids
 from dllm_constrain.engine.models.layers import bidirectional_attention
-from dllm_constrain.engine.models.llada_scripted import FULL, REFRESH, REUSE, ScriptedWeights, start_span_forward
+from dllm_constrain.engine.models.scripted_forward import FULL, REFRESH, REUSE, ScriptedWeights, start_span_forward
 from dllm_constrain.engine.placement import usable_cores
 from dllm_constrain.engine.state import RequestState
 
@@ -135,7 +135,7 @@ class ModelRunner:
         self.meta: dict[int, RowMeta] = {}
         self.refreshes: dict[int, int] = {}  # request index -> refresh forwards it took part in (until released)
         self.stats = ForwardStats()
-        # the model's tensors for the GIL-free forward (engine.models.llada_scripted), when it is on
+        # the model's tensors for the GIL-free forward (engine.models.scripted_forward), when it is on
         self.scripted: ScriptedWeights | None = None
         if config.gil_free_forward:
             self.use_gil_free_forward(True)

@@ -1,10 +1,10 @@
-"""The GIL-free forward (EngineConfig.gil_free_forward): LLaDA's packed span forward as a TorchScript twin, started on
-torch's inter-op pool.
+"""The GIL-free forward (EngineConfig.gil_free_forward): LLaDA's and Dream's packed span forward as a TorchScript twin,
+started on torch's inter-op pool.
 
 Specifications:
   * for any mix of Refresh, Reuse and cache-less rows in one packed forward, the twin's hidden states and the cache
     entries it leaves are bitwise those of the eager forward (grouped-query heads, the input token shift with a wide
-    left window, q/k/v biases);
+    left window, q/k/v biases, Dream's shifted output);
   * generate() gives the same canvases and forward counts with and without it, constrained or not, serial or with
     mask workers;
   * by default it is on exactly when the loop has mask workers and the model runs on the CPU; never with the sparse
@@ -22,6 +22,7 @@ from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo
 from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.llm_engine import LLMEngine
 from dllm_constrain.engine.model_runner import ModelRunner
+from dllm_constrain.engine.models.dream import DreamConfig, DreamModel
 from dllm_constrain.engine.models.llada import LLaDAConfig, LLaDAModel
 from dllm_constrain.engine.placement import usable_cores
 from dllm_constrain.engine.state import Request, SamplingParams
@@ -42,7 +43,21 @@ def _shifted_llada() -> LLaDAModel:
     return model
 
 
-MODELS = {"gqa": build_tiny_llada(), "shifted": _shifted_llada()}
+def _tiny_dream() -> DreamModel:
+    """Dream's Qwen2 layout (q/k/v biases, grouped-query heads) and its shifted output, with this suite's special ids."""
+    torch.manual_seed(2)
+    cfg = DreamConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=260, mask_token_id=3, eos_token_id=1, pad_token_id=2,
+                      bos_token_id=0, rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=256)
+    model = DreamModel(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.2)
+    return model
+
+
+MODELS = {"gqa": build_tiny_llada(), "shifted": _shifted_llada(), "dream": _tiny_dream()}
 needs_two_cores = pytest.mark.skipif(usable_cores() < 2, reason="the GIL-free forward runs only with 2 usable cores")
 TOKENIZER = build_tiny_tokenizer()
 COMPILER = ConstraintCompiler(TokenizerInfo.from_tokenizer(TOKENIZER, eos_id=1, mask_id=3, vocab_size=260))
@@ -54,7 +69,7 @@ def _state(engine: LLMEngine, index: int, prompt: list[int], n: int, block: int)
     return engine._new_state(index, Request(prompt, SamplingParams(max_new_tokens=n, block_length=block)))
 
 
-def _steps(model: LLaDAModel, config: EngineConfig, schedule: list[list[int]], commits: list[list[int]]):
+def _steps(model: LLaDAModel | DreamModel, config: EngineConfig, schedule: list[list[int]], commits: list[list[int]]):
     """Run `schedule` (the requests in each step's forward) through a runner; before each step, commit the given
     canvas positions of every request (so refreshes and reuse spans move). Returns every step's hidden rows and the
     final cache entries."""
@@ -82,7 +97,7 @@ def _steps(model: LLaDAModel, config: EngineConfig, schedule: list[list[int]], c
 
 
 @needs_two_cores
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=24, deadline=None)
 @given(model=st.sampled_from(sorted(MODELS)), kv_cache=st.sampled_from(["dual", "none"]),
        schedule=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=4, unique=True), min_size=1, max_size=6),
        commits=st.lists(st.lists(st.integers(0, 5), max_size=3), min_size=6, max_size=6))

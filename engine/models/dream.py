@@ -33,6 +33,7 @@ from dllm_constrain.engine.models.layers import (
     rope_cos_sin,
     swiglu,
 )
+from dllm_constrain.engine.models.scripted_forward import ScriptedWeights
 
 AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (q, k, v) -> attention output
 ObserveFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]  # (layer, q, k, v)
@@ -241,6 +242,11 @@ class DreamModel(nn.Module):
             x = block.forward_with(x, cos, sin, attend)
         raw = self.model.norm(x)
         return torch.cat([raw[:, :1], raw[:, :-1]], dim=1)
+
+    def scripted_weights(self) -> ScriptedWeights:
+        """The tensors of the TorchScript twin of `hidden_states_cached` (engine.models.scripted_forward: the same
+        block math as LLaDA's, with the output shift), which the runner starts without the GIL."""
+        return ScriptedWeights.of_dream(self)
 
     def hidden_states_cached(self, input_ids, position_ids, attend: LayerAttendFn) -> torch.Tensor:
         """Shifted hidden states [B, Lq, D] of a span of query tokens (ids and position ids [B, Lq]) whose attention

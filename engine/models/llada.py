@@ -28,7 +28,6 @@ from torch import nn
 
 from dllm_constrain.errors import CheckpointError
 from dllm_constrain.engine.models.base import SpecialTokens, default_position_ids, parse_config_fields
-from dllm_constrain.engine.models.llada_scripted import ScriptedWeights
 from dllm_constrain.engine.models.layers import (
     RMSNorm,
     apply_rope,
@@ -37,6 +36,7 @@ from dllm_constrain.engine.models.layers import (
     rope_cos_sin,
     swiglu,
 )
+from dllm_constrain.engine.models.scripted_forward import ScriptedWeights
 
 AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (q, k, v) -> attention output
 ObserveFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]  # (layer, q, k, v)
@@ -284,7 +284,7 @@ class LLaDAModel(nn.Module):
         return self.transformer["ln_f"](x)
 
     def scripted_weights(self) -> ScriptedWeights:
-        """The tensors of the TorchScript twin of `hidden_states_cached` (engine.models.llada_scripted), which the
+        """The tensors of the TorchScript twin of `hidden_states_cached` (engine.models.scripted_forward), which the
         runner starts without the GIL."""
         return ScriptedWeights.of(self)
 

@@ -1,4 +1,5 @@
-"""LLaDA's packed span forward in TorchScript, run on torch's inter-op thread pool: a forward that does not hold the GIL.
+"""LLaDA's (and Dream's) packed span forward in TorchScript, run on torch's inter-op thread pool: a forward that does
+not hold the GIL.
 
 Why: a step's constraint masks depend only on the canvas before its forward, so they can be computed while the
 forward runs (engine.mask_workers). On a GPU the eager forward only launches kernels, but on a CPU host it is a few
@@ -7,7 +8,8 @@ call waits for the GIL (a convoy), and the overlap measured slower than no overl
 TorchScript and started with `torch.jit.fork` runs in a C++ thread that never takes the GIL, so the loop thread only
 waits on a future (which releases the GIL) and the mask threads run beside it on another core.
 
-The function computes exactly what `ModelRunner._packed_forward` computes with `LLaDAModel.hidden_states_cached` and a
+The function computes exactly what `ModelRunner._packed_forward` computes with `LLaDAModel.hidden_states_cached` (or
+`DreamModel.hidden_states_cached`: the same pre-norm block, q/k/v biases, and its output shifted right by one row) and a
 dense `KVCache` (the same aten operations in the same order, so the hidden states are bitwise the same): T packed rows
 of several requests' segments, each segment one of
     REFRESH: a request's whole sequence; attention over it, its per-layer keys/values returned (cloned) for the cache;
@@ -43,9 +45,26 @@ class ScriptedWeights:
     n_kv: int
     head_dim: int
     theta: float
+    shift_output: bool = False  # Dream: row i of the output is the final state of row i - 1 (row 0 keeps its own)
+
+    @classmethod
+    def of_dream(cls, model: Any) -> "ScriptedWeights":
+        """The tensors of a `DreamModel` (Qwen2 layout) in the same flat layout."""
+        cfg = model.config
+        layers, biases = [], []
+        for blk in model.model.layers:
+            att, mlp = blk.self_attn, blk.mlp
+            layers.append([blk.input_layernorm.weight, att.q_proj.weight, att.k_proj.weight, att.v_proj.weight,
+                           att.o_proj.weight, blk.post_attention_layernorm.weight, mlp.gate_proj.weight,
+                           mlp.up_proj.weight, mlp.down_proj.weight])
+            biases.append([att.q_proj.bias, att.k_proj.bias, att.v_proj.bias])
+        return cls(model.model.embed_tokens.weight, [], layers, biases, model.model.norm.weight,
+                   float(cfg.rms_norm_eps), cfg.num_attention_heads, cfg.kv_heads, cfg.dim_per_head,
+                   float(cfg.rope_theta), shift_output=True)
 
     @classmethod
     def of(cls, model: Any) -> "ScriptedWeights":
+        """The tensors of a `LLaDAModel`."""
         cfg, tr = model.config, model.transformer
         shifts: list[torch.Tensor] = []
         if cfg.input_token_shift:
@@ -91,7 +110,7 @@ def _linear(x: torch.Tensor, w: torch.Tensor, b: list[torch.Tensor], i: int) -> 
 def span_forward(ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor, wte: torch.Tensor,
                  shifts: list[torch.Tensor], layers: list[list[torch.Tensor]], biases: list[list[torch.Tensor]],
                  ln_f: torch.Tensor, eps: float, n_heads: int, n_kv: int, head_dim: int, theta: float,
-                 kinds: list[int], starts: list[int], lengths: list[int], firsts: list[int],
+                 shift_output: bool, kinds: list[int], starts: list[int], lengths: list[int], firsts: list[int],
                  cache_k: list[list[torch.Tensor]], cache_v: list[list[torch.Tensor]]
                  ) -> tuple[torch.Tensor, list[list[torch.Tensor]], list[list[torch.Tensor]]]:
     """Hidden states [1, T, D] of the packed rows, and per segment its new cache keys/values per layer (REFRESH
@@ -144,7 +163,10 @@ def span_forward(ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor, 
         x = x + F.linear(out.transpose(1, 2).reshape(b, n, -1), w[4])
         h = _rms_norm(x, w[5], eps)
         x = x + F.linear(F.silu(F.linear(h, w[6])) * F.linear(h, w[7]), w[8])
-    return _rms_norm(x, ln_f, eps), new_k, new_v
+    out = _rms_norm(x, ln_f, eps)
+    if shift_output:
+        out = torch.cat([out[:, :1], out[:, :-1]], dim=1)
+    return out, new_k, new_v
 
 
 @functools.cache
@@ -163,11 +185,11 @@ def _script_launcher() -> Any:
     def launch(ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor, wte: torch.Tensor,
                shifts: list[torch.Tensor], layers: list[list[torch.Tensor]], biases: list[list[torch.Tensor]],
                ln_f: torch.Tensor, eps: float, n_heads: int, n_kv: int, head_dim: int, theta: float,
-               kinds: list[int], starts: list[int], lengths: list[int], firsts: list[int],
+               shift_output: bool, kinds: list[int], starts: list[int], lengths: list[int], firsts: list[int],
                cache_k: list[list[torch.Tensor]], cache_v: list[list[torch.Tensor]]
                ) -> torch.jit.Future[tuple[torch.Tensor, list[list[torch.Tensor]], list[list[torch.Tensor]]]]:
         return torch.jit.fork(forward, ids, pos, neighbors, wte, shifts, layers, biases, ln_f, eps, n_heads,
-                              n_kv, head_dim, theta, kinds, starts, lengths, firsts, cache_k, cache_v)
+                              n_kv, head_dim, theta, shift_output, kinds, starts, lengths, firsts, cache_k, cache_v)
 
     return torch.jit.script(launch)
 
@@ -179,4 +201,4 @@ def start_span_forward(weights: ScriptedWeights, ids: torch.Tensor, pos: torch.T
     `span_forward`'s tuple."""
     w = weights
     return _launcher()(ids, pos, neighbors, w.wte, w.shifts, w.layers, w.biases, w.ln_f, w.eps, w.n_heads, w.n_kv,
-                       w.head_dim, w.theta, kinds, starts, lengths, firsts, cache_k, cache_v)
+                       w.head_dim, w.theta, w.shift_output, kinds, starts, lengths, firsts, cache_k, cache_v)
