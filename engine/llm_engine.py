@@ -113,11 +113,10 @@ from dllm_constrain.errors import (
 )
 from dllm_constrain.kernels.bitmask import (
     allocate_token_bitmask,
-    bitmask_bytes,
     clear_token,
     pack_bool_mask,
-    row_tokens,
     single_token_rows,
+    single_tokens,
 )
 
 __all__ = ["LLMEngine", "GenerationResult", "RequestOutput", "StreamUpdate", "StepEvent", "CanvasSnapshot",
@@ -676,12 +675,13 @@ class LLMEngine:
     def _force_rows(self, s: RequestState, positions: list[int], allowed: torch.Tensor) -> bool:
         """Commit the positions whose mask row allows a single token (counted in `forced_tokens`), settle, and
         cache the other rows for the policy (`allowed_cache`). True when the forced tokens closed the block."""
-        single = single_token_rows(allowed)
-        if not bool(single.any()):
+        forced = single_tokens(allowed)
+        single = forced >= 0
+        rows = single.nonzero().flatten().tolist()
+        if not rows:
             s.allowed_cache = (positions, allowed)
             return False
-        rows = single.nonzero().flatten().tolist()
-        tokens = [int(row_tokens(bitmask_bytes(allowed)[r])[0]) for r in rows]
+        tokens = forced[rows].tolist()
         s.commit([positions[r] for r in rows], tokens)
         s.forced_tokens += len(rows)
         block_before = s.block

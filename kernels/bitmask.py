@@ -40,8 +40,8 @@ except ImportError:
 
 __all__ = [
     "TOKENS_PER_WORD", "allocate_token_bitmask", "apply_token_bitmask_inplace", "bitmask_bytes", "clear_token",
-    "pack_bool_mask", "packed_width", "row_allows", "row_tokens", "set_token", "single_token_rows", "unpack_bitmask", "unpack_bitmask_into",
-    "write_row",
+    "pack_bool_mask", "packed_width", "row_allows", "row_tokens", "set_token", "single_token_rows", "single_tokens",
+    "single_tokens_reference", "unpack_bitmask", "unpack_bitmask_into", "write_row",
 ]
 
 
@@ -203,13 +203,32 @@ def apply_token_bitmask_inplace(logits: torch.Tensor, bitmask: torch.Tensor, val
     return logits
 
 
+def single_tokens(bitmask: torch.Tensor) -> torch.Tensor:
+    """int64 [rows]: the token each row of an int32 bitmask allows when it allows exactly one, else -1 (the forced
+    tokens of a step). A CPU bitmask goes through the native kernel (one read of the words, the GIL released); else
+    numpy: one nonzero word that is a power of two."""
+    if _bitmask_cpu is not None and bitmask.device.type == "cpu" and bitmask.dim() == 2:
+        out = torch.empty(bitmask.shape[0], dtype=torch.int64)
+        if bitmask.shape[0]:
+            _bitmask_cpu.single_tokens(bitmask.contiguous().numpy(), out.numpy())
+        return out
+    return single_tokens_reference(bitmask)
+
+
+def single_tokens_reference(bitmask: torch.Tensor) -> torch.Tensor:
+    """`single_tokens` in numpy (without the native kernel, and its reference in the tests)."""
+    words = bitmask.cpu().contiguous().numpy().view(np.uint32)
+    nonzero = words != 0
+    single = (nonzero.sum(-1) == 1) & ((words & (words - np.uint32(1))) == 0).all(-1)
+    word = nonzero.argmax(-1)
+    bits = words[np.arange(words.shape[0]), word] if words.shape[0] else np.zeros(0, np.uint32)
+    bit = np.log2(np.maximum(bits, 1).astype(np.float64)).astype(np.int64)  # exact for a power of two
+    return torch.from_numpy(np.where(single, word.astype(np.int64) * TOKENS_PER_WORD + bit, -1))
+
+
 def single_token_rows(bitmask: torch.Tensor) -> torch.Tensor:
-    """bool [rows]: the rows of an int32 bitmask that allow exactly one token (one nonzero word, a power of two;
-    w & (w - 1) wraps for bit 31 alone and is 0 there too). Reads W words per row, not V bools."""
-    nonzero = bitmask != 0
-    one_word = nonzero.sum(-1) == 1
-    pow2 = (bitmask & (bitmask - 1)) == 0
-    return one_word & pow2.all(-1)
+    """bool [rows]: the rows of an int32 bitmask that allow exactly one token."""
+    return single_tokens(bitmask) >= 0
 
 
 def clear_token(bitmask: torch.Tensor, row: int, token: int) -> None:

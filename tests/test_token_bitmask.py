@@ -26,6 +26,8 @@ from dllm_constrain.kernels.bitmask import (
     row_tokens,
     set_token,
     single_token_rows,
+    single_tokens,
+    single_tokens_reference,
     unpack_bitmask,
     unpack_bitmask_into,
     write_row,
@@ -163,6 +165,30 @@ def test_single_token_rows_and_clear_token():
     clear_token(packed, 4, 69)
     clear_token(packed, 4, 5000)  # past the row: ignored
     assert single_token_rows(packed).tolist() == [True, True, False, False, False]
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.lists(st.integers(0, 199), max_size=3), min_size=1, max_size=6),
+       vocab=st.integers(1, 200))
+def test_single_tokens_names_the_one_token_of_each_single_token_row(rows, vocab):
+    """For rows allowing no token, one token (any bit of any word, the sign bit included) or several: the native
+    kernel and the numpy reference give the token of a single-token row and -1 for every other row."""
+    allowed = torch.zeros(len(rows), vocab, dtype=torch.bool)
+    for r, toks in enumerate(rows):
+        for t in toks:
+            allowed[r, t % vocab] = True
+    packed = pack_bool_mask(allowed)
+    expected = [int(row.nonzero()[0, 0]) if int(row.sum()) == 1 else -1 for row in allowed]
+    assert single_tokens(packed).tolist() == expected
+    assert single_tokens_reference(packed).tolist() == expected
+    assert single_token_rows(packed).tolist() == [t >= 0 for t in expected]
+    none = torch.zeros((0, packed.shape[1]), dtype=torch.int32)
+    assert single_tokens(none).tolist() == [] and single_tokens_reference(none).tolist() == []
+
+
+def test_single_tokens_uses_the_native_kernel_when_built():
+    assert bitmask_module._bitmask_cpu is not None, "the C kernel was not built (pip install -e . builds it)"
+    assert hasattr(bitmask_module._bitmask_cpu, "single_tokens")
 
 
 def _regex_state(n: int):
