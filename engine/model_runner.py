@@ -26,6 +26,11 @@ forward always has at least MIN_PACKED_ROWS rows (padding rows, whose attention 
 request gets bitwise the same hidden states alone and in any mix (tests/test_engine_scheduler.py checks it). GPU
 GEMMs choose kernels (split-K, tile shapes) by M, so there bitwise independence needs batch-invariant kernels.
 
+GIL-free forward (`EngineConfig.gil_free_forward`, `use_gil_free_forward`): the packed forward with a dense cache can
+run as the model's TorchScript twin (engine.models.scripted_forward, bitwise the same hidden states and cache entries),
+started on torch's inter-op pool; `start_rows` returns at once and the caller's Python (the step's mask jobs) runs
+while the forward computes, instead of queueing with it for the GIL.
+
 Models without a span forward (DiffusionGemma's canvas decoder, test doubles) or with per-request state run one
 full forward of prompt + canvas per step, left-padded to the longest row with a key-padding mask and position ids
 counting real tokens (`full_forward`).
@@ -63,7 +68,7 @@ def supports_kv_cache(model: Any) -> bool:
 
 
 def supports_gil_free_forward(model: Any) -> bool:
-    """Families whose packed forward has a TorchScript twin that runs without the GIL (LLaDA)."""
+    """Families whose packed forward has a TorchScript twin that runs without the GIL (LLaDA, Dream)."""
     return callable(getattr(model, "scripted_weights", None)) and supports_packed_forward(model)
 
 
