@@ -5,12 +5,17 @@ Specifications:
   * for any mix of Refresh, Reuse and cache-less rows in one packed forward, the twin's hidden states and the cache
     entries it leaves are bitwise those of the eager forward (grouped-query heads, the input token shift with a wide
     left window, q/k/v biases, Dream's shifted output);
+  * the forward runs to its end while the calling thread holds the GIL (no tensor handed to it from Python makes it
+    wait for the GIL: they are pinned);
   * generate() gives the same canvases and forward counts with and without it, constrained or not, serial or with
     mask workers;
   * by default it is on exactly when the loop has mask workers and the model runs on the CPU; never with the sparse
     (packed per-head) cache, whose kernels stay eager, nor with a single usable core; a bad value is a typed error.
 """
 from __future__ import annotations
+
+import sys
+import time
 
 import pytest
 import torch
@@ -24,6 +29,7 @@ from dllm_constrain.engine.llm_engine import LLMEngine
 from dllm_constrain.engine.model_runner import ModelRunner
 from dllm_constrain.engine.models.dream import DreamConfig, DreamModel
 from dllm_constrain.engine.models.llada import LLaDAConfig, LLaDAModel
+from dllm_constrain.engine.models.scripted_forward import REFRESH, REUSE, start_span_forward
 from dllm_constrain.engine.placement import usable_cores
 from dllm_constrain.engine.state import Request, SamplingParams
 from dllm_constrain.errors import InvalidRequestError
@@ -116,6 +122,39 @@ def test_the_twin_gives_bitwise_the_eager_hidden_states_and_cache(model, kv_cach
     for i, (ks, vs) in eager_cache.items():
         tk, tv = twin_cache[i]
         assert all(torch.equal(x, y) for x, y in zip(ks + vs, tk + tv)) and len(ks) == len(tk)
+
+
+def _ends_while_holding_the_gil(start):
+    """Start a forward, then spin on this thread with a switch interval of a minute, so that this thread keeps the GIL
+    while it spins: the forward must end meanwhile (bounded: 30 s)."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(60.0)
+    try:
+        running = start()
+        deadline = time.monotonic() + 30.0
+        while not running.future.done() and time.monotonic() < deadline:
+            pass
+        finished = running.future.done()
+    finally:
+        sys.setswitchinterval(interval)
+    assert finished
+    return running.wait()
+
+
+@needs_two_cores
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_the_forward_ends_while_the_calling_thread_holds_the_gil(model) -> None:
+    """A refresh, then a reuse step that writes into the refresh's cache tensors (handed in from Python)."""
+    weights = MODELS[model].scripted_weights()
+    n = 12
+    ids = torch.arange(20, 20 + n)[None]
+    pos = torch.arange(n)[None]
+    nb = torch.full((1, n, len(weights.shifts)), -1, dtype=torch.long)
+    with torch.inference_mode():
+        _, ks, vs = _ends_while_holding_the_gil(
+            lambda: start_span_forward(weights, ids, pos, nb, [REFRESH], [0], [n], [0], [[]], [[]]))
+        _ends_while_holding_the_gil(
+            lambda: start_span_forward(weights, ids[:, 8:], pos[:, 8:], nb[:, 8:], [REUSE], [0], [4], [8], ks, vs))
 
 
 def _requests(forced: bool) -> list[Request]:

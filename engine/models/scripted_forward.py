@@ -17,12 +17,19 @@ of several requests' segments, each segment one of
              per-layer tensors at the span (in place) and its queries attend to the whole cached sequence;
     FULL:    a request's whole sequence without any cache.
 Rows past the segments (padding up to the runner's minimum GEMM width) attend to nothing.
+
+Pinning: a tensor that Python holds keeps its Python object alive through the tensor while C++ holds it too, and
+hands the object back, with a Py_DECREF that needs the GIL, when the last C++ reference but one goes away. The forked
+forward drops its references to its arguments on the inter-op thread, so every tensor handed to it from Python would
+make it wait for the GIL there (measured: a forward of the bundled model took 107 ms instead of 7 beside a thread
+spinning in Python). So every such tensor gets one more C++ reference for the duration (`pin`): the weights for the
+lifetime of their `ScriptedWeights`, a call's inputs and cache tensors until the call is waited for.
 """
 from __future__ import annotations
 
 import functools
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -46,6 +53,11 @@ class ScriptedWeights:
     head_dim: int
     theta: float
     shift_output: bool = False  # Dream: row i of the output is the final state of row i - 1 (row 0 keeps its own)
+    pinned: Any = field(default=None, compare=False, repr=False)  # C++-side references to every tensor above
+
+    def __post_init__(self) -> None:
+        tensors = [self.wte, self.ln_f, *self.shifts, *(t for ts in self.layers + self.biases for t in ts)]
+        object.__setattr__(self, "pinned", pin(tensors))
 
     @classmethod
     def of_dream(cls, model: Any) -> "ScriptedWeights":
@@ -169,6 +181,41 @@ def span_forward(ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor, 
     return out, new_k, new_v
 
 
+def _hold(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    return tensors
+
+
+def _pin_list(tensors: list[torch.Tensor]) -> torch.jit.Future[list[torch.Tensor]]:
+    return torch.jit.fork(_hold, tensors)
+
+
+@functools.cache
+def _pinner() -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return torch.jit.script(_pin_list)
+
+
+def pin(tensors: list[torch.Tensor]) -> Any:
+    """An object that holds a C++-side reference to each of `tensors` for as long as it lives (see "Pinning" above):
+    a TorchScript future whose value is the list (the list is referenced from C++ from the call on)."""
+    return _pinner()(tensors)
+
+
+@dataclass
+class RunningForward:
+    """A started forward: `wait()` (which releases the GIL while it waits) gives `span_forward`'s tuple; the call's
+    tensors stay pinned until then."""
+
+    future: Any
+    pinned: Any
+
+    def wait(self) -> tuple[torch.Tensor, list[list[torch.Tensor]], list[list[torch.Tensor]]]:
+        out = self.future.wait()
+        self.pinned = None
+        return out
+
+
 @functools.cache
 def _launcher() -> Any:
     """`launch(...)`: `span_forward` started on the inter-op pool, returning a Future (compiled once per process, on
@@ -196,9 +243,10 @@ def _script_launcher() -> Any:
 
 def start_span_forward(weights: ScriptedWeights, ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor,
                        kinds: list[int], starts: list[int], lengths: list[int], firsts: list[int],
-                       cache_k: list[list[torch.Tensor]], cache_v: list[list[torch.Tensor]]) -> Any:
-    """Start the forward on the inter-op pool; `.wait()` on the result (which releases the GIL while it waits) gives
-    `span_forward`'s tuple."""
+                       cache_k: list[list[torch.Tensor]], cache_v: list[list[torch.Tensor]]) -> RunningForward:
+    """Start the forward on the inter-op pool (its tensors pinned: see the module docstring)."""
     w = weights
-    return _launcher()(ids, pos, neighbors, w.wte, w.shifts, w.layers, w.biases, w.ln_f, w.eps, w.n_heads, w.n_kv,
-                       w.head_dim, w.theta, w.shift_output, kinds, starts, lengths, firsts, cache_k, cache_v)
+    pinned = pin([ids, pos, neighbors, *(t for ts in cache_k + cache_v for t in ts)])
+    future = _launcher()(ids, pos, neighbors, w.wte, w.shifts, w.layers, w.biases, w.ln_f, w.eps, w.n_heads, w.n_kv,
+                         w.head_dim, w.theta, w.shift_output, kinds, starts, lengths, firsts, cache_k, cache_v)
+    return RunningForward(future, pinned)
