@@ -38,7 +38,7 @@ runs, and the forced tokens they show are committed after it (see engine.llm_eng
 computes them serially before the forward; None (the default) picks 1 on CUDA and 0 on the CPU. On the CPU, workers
 run the forward as LLaDA's or Dream's TorchScript twin on torch's inter-op pool (`gil_free_forward`), which does not
 hold the GIL: an eager CPU forward is many small ops that each take the GIL, and beside the masks' Python it measured
-slower than serial. With the twin and a second core a request costs 4-8% less (docs/constraints.md), but the masks'
+slower than serial. With the twin and a second core a request costs 1-6% less (docs/constraints.md), but the masks'
 time allowances then run against the forward, so budget-cut masks, hence outputs, vary more from run to run. More than
 one worker helps only when the batch holds requests of different compiled constraints (requests of one compiled
 constraint share a worker).

@@ -195,7 +195,7 @@ class LLMEngine:
         workers = config.mask_workers
         if workers is None:
             # beside the forward on CUDA, where the host is idle during the forward; serial on the CPU, where beside
-            # the GIL-free forward a request costs 4-8% less with a second core (docs/constraints.md), but the masks'
+            # the GIL-free forward a request costs 1-6% less with a second core (docs/constraints.md), but the masks'
             # time allowances then run against the forward, so budget-cut masks, hence outputs, vary more from run
             # to run
             workers = 0 if on_cpu else 1
