@@ -35,13 +35,15 @@ once to token / probability / entropy / margin (`kernels.masked_row_stats`), the
 Masks beside the forward (`mask_workers`, engine.mask_workers): the constraint masks of a step depend only on the
 canvas before its forward, so with mask_workers >= 1 they are computed on that many worker threads while the forward
 runs, and the forced tokens they show are committed after it (see engine.llm_engine, "Forced tokens"); mask_workers=0
-computes them serially before the forward; None (the default) picks 1 on CUDA and 0 on the CPU. On the CPU, workers
-run the forward as LLaDA's or Dream's TorchScript twin on torch's inter-op pool (`gil_free_forward`), which does not
-hold the GIL: an eager CPU forward is many small ops that each take the GIL, and beside the masks' Python it measured
-slower than serial. With the twin and a second core a request costs 1-6% less (docs/constraints.md), but the masks'
-time allowances then run against the forward, so budget-cut masks, hence outputs, vary more from run to run. More than
-one worker helps only when the batch holds requests of different compiled constraints (requests of one compiled
-constraint share a worker).
+computes them serially before the forward; None (the default) picks 1 on CUDA and 0 on the CPU. A step issues its
+forward first and then hands the masks out. On the CPU, workers run the forward as LLaDA's or Dream's TorchScript twin
+on torch's inter-op pool (`gil_free_forward`; with a dense cache and two usable cores), which does not hold the GIL;
+an eager CPU forward (the sparse cache, one core, `gil_free_forward=False`) is done before the masks start, since its
+many small ops each take the GIL and beside the masks' Python they measured slower than serial. With the twin and a
+second core a request costs 1-6% less (docs/constraints.md), but it stays opt-in: with it on by default, a seeded
+comparison of two server calls once differed (masks cut by their time allowances follow the clock;
+docs/constraints.md). More than one worker helps only when the batch holds requests of different compiled constraints
+(requests of one compiled constraint share a worker).
 """
 from __future__ import annotations
 
@@ -70,9 +72,9 @@ class EngineConfig:
     # CUDA (the host is idle during the forward), 0 on the CPU (see the module docstring)
     mask_workers: int | None = None
     # run packed forwards as the model's TorchScript twin on torch's inter-op pool, so the loop thread waits without
-    # the GIL and the mask workers' Python runs beside the forward (engine.models.scripted_forward; LLaDA and Dream with a dense
-    # cache); None: on when the loop has mask workers and the model runs on the CPU; True: whenever the model has
-    # it; False: never
+    # the GIL and the mask workers' Python runs beside the forward (engine.models.scripted_forward; LLaDA and Dream
+    # with a dense cache); None: on when the loop has mask workers and the model runs on the CPU; True: whenever
+    # the model has it (on CUDA too, where it is not measured); False: never
     gil_free_forward: bool | None = None
 
     def validate(self) -> "EngineConfig":

@@ -195,9 +195,8 @@ class LLMEngine:
         workers = config.mask_workers
         if workers is None:
             # beside the forward on CUDA, where the host is idle during the forward; serial on the CPU, where beside
-            # the GIL-free forward a request costs 1-6% less with a second core (docs/constraints.md), but the masks'
-            # time allowances then run against the forward, so budget-cut masks, hence outputs, vary more from run
-            # to run
+            # the GIL-free forward a request costs 1-6% less with a second core but a seeded comparison of two server
+            # calls once differed with it on by default (docs/constraints.md)
             workers = 0 if on_cpu else 1
         masks = MaskWorkers(workers, self._allowed) if workers > 0 else None
         if config.gil_free_forward is None and workers > 0 and on_cpu:

@@ -329,7 +329,9 @@ class ModelRunner:
     def start_rows(self, states: Sequence[RequestState]) -> Callable[[], list[Row]]:
         """`forward_rows` in two halves: plan and start the forward now, and return the function that waits for it and
         gives the rows. With the GIL-free forward the caller's Python (e.g. the step's mask jobs, submitted after
-        this) runs while the forward computes; otherwise the forward is done when this returns."""
+        this) runs while the forward computes. An eager forward has issued all its ops when this returns: on CUDA the
+        device is still computing them while the caller's Python runs; on the CPU they are done, so what the caller
+        does next follows the forward."""
         states = list(states)
         if not states:
             return list

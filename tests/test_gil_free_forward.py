@@ -50,7 +50,7 @@ def _shifted_llada() -> LLaDAModel:
 
 
 def _tiny_dream() -> DreamModel:
-    """Dream's Qwen2 layout (q/k/v biases, grouped-query heads) and its shifted output, with this suite's special ids."""
+    """Dream's Qwen2 layout (q/k/v biases, grouped-query heads) and shifted output, with this suite's special ids."""
     torch.manual_seed(2)
     cfg = DreamConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, vocab_size=260, mask_token_id=3, eos_token_id=1, pad_token_id=2,
