@@ -16,11 +16,13 @@ machine's load moves them alike:
 
   free   : no constraint;
   cold   : the schema compiled for this run (the compile cache cleared first): the first request with a schema the
-           server has not seen, compilation and first exploration of the automaton included;
+           server has not seen, compilation and first exploration of the automaton included. The request is built
+           as `LLM.generate` builds it: the compilation runs on the LLM's compile thread beside the request's first
+           forward (`LLM.constraint_for_engine`); `--compile-first` compiles before the call instead;
   warm   : the same compiled constraint again (a new canvas state): a schema seen before.
 
-Per configuration: wall time of the `LLMEngine.generate` call (compilation of the cold request included: it happens
-inside `generate()` for a user), forwards (NFE) and wall time per forward; the figures per schema are medians over
+Per configuration: wall time of the `LLMEngine.generate` call (for the cold request also the time to build it, and
+its compilation: it happens inside `generate()` for a user), forwards (NFE) and wall time per forward; the figures per schema are medians over
 the runs, and the ratios are constrained / free per forward (the constraint's forced tokens may save forwards, so the
 per-call ratio is printed too). The per-forward ratio is then split in two additive parts, from the engine's own
 forward timing: the forwards themselves (a call that needs fewer forwards keeps the costly ones, so its forwards
@@ -61,6 +63,8 @@ def main() -> int:
     ap.add_argument("--no-forced-tokens", action="store_true",
                     help="SamplingParams.forced_tokens=False: positions the mask forces wait for the model, so the "
                          "constrained run does the free run's mix of forwards and the ratio is the constraint's own cost")
+    ap.add_argument("--compile-first", action="store_true",
+                    help="cold: compile before the call (as before compilations ran beside the first forward)")
     args = ap.parse_args()
 
     import torch
@@ -70,7 +74,7 @@ def main() -> int:
     import dllm_constrain as dc
     from dllm_constrain.constraints import clear_cache
     from dllm_constrain.engine.llm_engine import LLMEngine
-    from dllm_constrain.engine.state import Request
+    from dllm_constrain.engine.state import PendingConstraint, Request
     from dllm_constrain.errors import DllmConstrainError
     from dllm_constrain.options import generate_options
 
@@ -84,9 +88,9 @@ def main() -> int:
         config = replace(config, mask_workers=args.mask_workers)
     engine = LLMEngine(llm.model, llm.tokenizer, config=config)
 
-    def prepare(schema: Any) -> Request:
+    def prepare(schema: Any, compile_beside: bool = False) -> Request:
         options = {"schema": schema} if not args.no_forced_tokens else {"schema": schema, "forced_tokens": False}
-        build, _, _ = llm._prepare(PROMPT, generate_options(options))
+        build, _, _ = llm._prepare(PROMPT, generate_options(options), compile_beside=compile_beside)
         [req] = build()
         return req
 
@@ -107,17 +111,22 @@ def main() -> int:
             per["free"].append((wall, res.nfe, fwd))
             clear_cache()
             t0 = time.perf_counter()
-            cold_req = prepare(schema)  # compiles (inside generate() for a user)
-            compile_s = time.perf_counter() - t0
+            # as LLM.generate builds it: compiled now (--compile-first) or on the compile thread, beside the
+            # request's first forward
+            cold_req = prepare(schema, compile_beside=not args.compile_first)
+            build_s = time.perf_counter() - t0
             wall, res, fwd = timed(cold_req)
-            per["cold"].append((compile_s + wall, res.nfe, fwd))
+            per["cold"].append((build_s + wall, res.nfe, fwd))
             answers = [res]
-            wall, res, fwd = timed(Request(cold_req.prompt_ids, cold_req.params, cold_req.constraint))
+            compiled = cold_req.constraint
+            if isinstance(compiled, PendingConstraint):
+                compiled = compiled.result()
+            wall, res, fwd = timed(Request(cold_req.prompt_ids, cold_req.params, compiled))
             per["warm"].append((wall, res.nfe, fwd))
             for r in answers + [res]:
                 if r.error is not None:
                     errors += 1
-                elif cold_req.constraint.accepts_tokens(r.token_ids):
+                elif compiled.accepts_tokens(r.token_ids):
                     valid += 1
         return per, valid, errors
 

@@ -29,6 +29,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, overload
@@ -42,7 +43,13 @@ from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.llm_engine import GenerationResult, LLMEngine, ProgressCallback
 from dllm_constrain.engine.model_runner import model_device
 from dllm_constrain.engine.placement import model_dtype
-from dllm_constrain.engine.state import STRICT_SCHEMA_OPTIONS, OutputConstraint, Request, SamplingParams
+from dllm_constrain.engine.state import (
+    STRICT_SCHEMA_OPTIONS,
+    OutputConstraint,
+    PendingConstraint,
+    Request,
+    SamplingParams,
+)
 from dllm_constrain.engine_loop import CallHandle, EngineLoop, StreamCallback
 from dllm_constrain.errors import (  # noqa: F401 - the typed errors of the API, importable from here
     CheckpointError,
@@ -200,6 +207,26 @@ class LLM:
         return compile_constraint(self._constraint_compiler(), self.tokenizer_info().fingerprint, COMPILE_CACHE,
                                   **constraint.compile_kwargs())
 
+    def constraint_for_engine(self, constraint: OutputConstraint) -> Compiled | PendingConstraint:
+        """What a request takes as its constraint: the compiled one when the compile cache has it (a cached refusal
+        is raised here), else a `PendingConstraint` compiling on this LLM's compile thread. The engine runs the
+        request's first forward meanwhile (it reads the all-open canvas, whatever the constraint), so a schema
+        the process has not seen costs its compilation only where that outlasts the forward. The input is checked
+        and normalised here, on the caller's thread (a malformed schema is refused before any forward)."""
+        hit = compile_constraint(self._constraint_compiler(), self.tokenizer_info().fingerprint, COMPILE_CACHE,
+                                 cached_only=True, **constraint.compile_kwargs())
+        if hit is not None:
+            return hit
+        return PendingConstraint.submit(self._compile_executor(), lambda: self.compile_constraint(constraint))
+
+    def _compile_executor(self) -> ThreadPoolExecutor:
+        """This LLM's compile thread (one: compilations run one at a time, in submission order), made on first use."""
+        with _LOOP_LOCK:
+            pool = getattr(self, "_compile_pool", None)
+            if pool is None:
+                pool = self._compile_pool = ThreadPoolExecutor(1, thread_name_prefix="dllm-compile")
+            return pool
+
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: str | Sequence[str], sampling_params: SamplingParams | None = None,
                  **options: Any) -> list[GenerationResult]:
@@ -216,8 +243,10 @@ class LLM:
 
         Raises InvalidRequestError (or its subclass PromptTooLongError) for bad input (an unknown keyword, a bad
         value: every field is checked by its function in REQUEST_FIELDS, prompts by `validate_prompts`), a
-        ConstraintError subclass for a constraint that cannot be compiled or cannot fit the canvas, all before
-        any forward.
+        ConstraintError subclass for a constraint that cannot be compiled or cannot fit the canvas: before any
+        forward for input the compiler refuses at once or a constraint compiled before; a constraint compiled for
+        this call compiles beside the requests' first forward (`constraint_for_engine`), so its refusal comes
+        after that forward.
         """
         loop = self._engine_loop()
         if loop.on_loop_thread:
@@ -233,7 +262,7 @@ class LLM:
         each request's committed left prefix (`StreamUpdate`, token ids) after every step that grew it, called
         on the loop thread. Thread-safe: any number of threads may submit; all calls share one continuous batch
         (see dllm_constrain.engine_loop)."""
-        build, config, progress = self._prepare(prompts, options, sampling_params)
+        build, config, progress = self._prepare(prompts, options, sampling_params, compile_beside=True)
         return self._engine_loop().submit(build, config=config, progress=progress, on_stream=on_stream)
 
     def _engine_loop(self) -> EngineLoop:
@@ -249,14 +278,20 @@ class LLM:
         loop = getattr(self, "_loop", None)
         if loop is not None:
             loop.close()
+        with _LOOP_LOCK:
+            pool, self._compile_pool = getattr(self, "_compile_pool", None), None
+        if pool is not None:
+            pool.shutdown(wait=False)
 
     def _prepare(self, prompts: str | Sequence[str], options: Mapping[str, Any],
-                 sampling_params: SamplingParams | None = None
+                 sampling_params: SamplingParams | None = None, *, compile_beside: bool = False
                  ) -> tuple[Callable[[], list[Request]], EngineConfig, ProgressCallback | None]:
         """Check a call's input and route its options here (caller thread); the returned `build` compiles the
         constraint and makes the requests on the engine loop thread (the compiled constraints and the engine
         are used by that thread only). The engine makes each request's constraint state from the compiled
-        constraint for the request's max_new_tokens."""
+        constraint for the request's max_new_tokens. With `compile_beside`, a constraint not in the compile cache
+        is compiled on this LLM's compile thread instead (`constraint_for_engine`), beside the requests' first
+        forward."""
         prompts = validate_prompts(prompts)
         routed = route_options(options, self.defaults.sampling_params(), sampling_params)
         config = self.engine.config.with_overrides(**routed.engine)
@@ -264,7 +299,10 @@ class LLM:
         constraint = params.constraint
 
         def build() -> list[Request]:
-            compiled = self.compile_constraint(constraint) if constraint is not None else None
+            compiled: Compiled | PendingConstraint | None = None
+            if constraint is not None:
+                compiled = (self.constraint_for_engine(constraint) if compile_beside
+                            else self.compile_constraint(constraint))
             schema = constraint.schema if constraint is not None else None
             return [Request(self.encode(self.format(p, schema)), params, compiled) for p in prompts]
 

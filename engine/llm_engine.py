@@ -38,8 +38,9 @@ time, and requests of one compiled constraint share a job (its automata grow in 
 failure ends its request only, as on the serial path.
 
 Forced tokens (SamplingParams.forced_tokens, default True): a position whose mask allows a single token is
-committed without the model. On the serial path (mask_workers=0) they are committed before the forward, which
-then sees them, and a block they close costs no forward (`forwards_saved`). With mask workers, the mask of the
+committed without the model. On the serial path (mask_workers=0) they are committed before the forward (from the
+second forward on: see "The first forward" below), which then sees them, and a block they close costs no forward
+(`forwards_saved`). With mask workers, the mask of the
 block's leftmost open position is computed first, alone (cheap: a small part of the block's masks): when it is
 forced, the step stays serial as above (so every block forced tokens close, a cascade included, still costs no
 forward); otherwise the block's masks go beside the forward and their forced tokens (never the frontier) are
@@ -51,9 +52,20 @@ clock: a canvas state with a per-call time allowance or limit answers (soundly) 
 so its masks follow the wall clock on any path (exact states, made with no budget and no limit, do not; on one
 core a mask job shares the core with the forward, so its calls run longer in wall time).
 
+The first forward never waits for the constraint: a request's first forward reads its all-open canvas, and its
+masks are computed beside it (mask workers) or after it, their forced tokens committed after it (the one exception:
+forced tokens that fill the whole answer are committed at once and no forward is spent). So a request may be
+admitted with its constraint still compiling (`Request.constraint` a `PendingConstraint`, as `LLM.generate` makes
+for a schema not in the compile cache): the compilation runs beside the first forward, a mask job waits for it while
+the forward runs, and a compilation that outlasts the forward parks the request (`RequestState.parked`: the forward's
+rows of the block are kept, the request takes no forward) until it ends; its error then ends that request only. The
+answer is the one the request gets with the constraint compiled before (same seed, as far as the masks do not follow
+the clock: see "Forced tokens" above).
+
 Threading: the engine is driven from one thread; a server drives `step()` from one thread and hands it
 `add_request` / `abort` calls through a queue (the loop state lives in `_Loop`, no global state). The only other
-threads are the loop's mask workers, which touch nothing but the constraints of the requests they were handed.
+threads are the loop's mask workers, which touch nothing but the constraints of the requests they were handed (a
+worker also makes a pending constraint the request's canvas state), and the LLM's compile thread, which compiles.
 
 Block-diffusion models (DiffusionGemma: `encode_prompt`, `init_canvas`, `denoise_step`, `advance`,
 `extend_prompt`, `noise`) run the same per-request logic in lockstep blocks (`engine.block_diffusion`): the prompt
@@ -77,8 +89,11 @@ Optional model hooks (all duck-typed, for families with extra per-request state)
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,6 +152,8 @@ class _Loop:
     pending: list[RequestOutput] = field(default_factory=list)  # aborted requests, delivered by the next step
     masks: MaskWorkers | None = None  # threads computing masks beside the forward (None: EngineConfig.mask_workers=0)
     timing: MaskTiming = field(default_factory=MaskTiming)  # measured mask and forward time (benchmarks)
+    # set while a step's forward runs: a mask job waiting for a constraint still compiling waits that long at most
+    forward_running: threading.Event = field(default_factory=threading.Event)
 
     def close(self) -> None:
         """End the loop's mask threads (waiting for a running job)."""
@@ -198,10 +215,16 @@ class LLMEngine:
             # the GIL-free forward a request costs 1-6% less with a second core but a seeded comparison of two server
             # calls once differed with it on by default (docs/constraints.md)
             workers = 0 if on_cpu else 1
-        masks = MaskWorkers(workers, self._allowed) if workers > 0 else None
+        forward_running = threading.Event()
+
+        def beside(s: RequestState, view: list[int], positions: list[int]) -> torch.Tensor | None:
+            return self._allowed_beside(s, view, positions, forward_running)
+
+        masks = MaskWorkers(workers, beside) if workers > 0 else None
         if config.gil_free_forward is None and workers > 0 and on_cpu:
             self.runner.use_gil_free_forward(True)
-        return _Loop(Scheduler(scheduler_config), self.runner, self.logits_path, masks=masks, timing=self.mask_timing)
+        return _Loop(Scheduler(scheduler_config), self.runner, self.logits_path, masks=masks, timing=self.mask_timing,
+                     forward_running=forward_running)
 
     # ------------------------------------------------------------------ set-up
     def _base_allowed(self) -> torch.Tensor:
@@ -221,7 +244,9 @@ class LLMEngine:
             allowed[tok_vocab:] = False
         return allowed
 
-    def _new_state(self, index: int, request: Request) -> RequestState:
+    def _new_state(self, index: int, request: Request, defer: bool = False) -> RequestState:
+        """The request's state, its constraint's canvas state made for its canvas; with `defer`, a constraint still
+        compiling is left pending (`RequestState.pending`, resolved by the request loop after the first forward)."""
         params = request.params
         params.validate()
         if not request.prompt_ids:
@@ -246,8 +271,11 @@ class LLMEngine:
             canvas=torch.full((n,), self.special.mask_id, dtype=torch.long),
             committed=torch.zeros(n, dtype=torch.bool),
             generator=generator,
-            constraint=request.constraint_state(),  # made for this canvas (max_new_tokens)
         )
+        if defer and not request.constraint_ready:
+            state.pending = request
+        else:
+            state.constraint = request.constraint_state()  # made for this canvas (max_new_tokens)
         hook = getattr(self.model, "init_request_state", None)
         if callable(hook):
             hook(state)
@@ -257,7 +285,7 @@ class LLMEngine:
         """Validate a request and queue it in `loop` (typed errors: InvalidRequestError, PromptTooLongError)."""
         if request_id is None:
             request_id = loop.scheduler.next_request_id
-        state = self._new_state(request_id, request)
+        state = self._new_state(request_id, request, defer=True)
         rid = loop.scheduler.add(len(state.prompt_ids) + state.canvas_len, request_id)
         loop.states[rid] = state
         loop.policies[rid] = make_policy(state.params)
@@ -339,14 +367,21 @@ class LLMEngine:
         outputs, loop.pending = loop.pending, []
         loop.scheduler.schedule()
         running = [loop.states[e.request_id] for e in loop.scheduler.running]
+        parked = [s for s in running if s.parked is not None]
+        for s in parked:
+            self._isolated(s, self._unpark, s, loop.policies[s.index], loop.logits_path, loop.timing)
         beside: list[MaskItem] = []
         for s in running:
-            if self._isolated(s, self._prepare_step, s, loop.timing, loop.masks is not None):
+            if s.parked is None and self._isolated(s, self._prepare_step, s, loop.timing, loop.masks is not None,
+                                                   True):
                 beside.append(MaskItem(s, s.canvas_view(self.special.mask_id), s.open_in_block()))
-        live = [s for s in running if not s.done]
+        live = [s for s in running if not s.done and s.parked is None]
+        if not live:
+            self._wait_parked(running)
         refreshed_before = loop.runner.stats.refresh_rows
         start = time.perf_counter()
         batch = None
+        loop.forward_running.set()
         try:
             # the forward starts first: with the GIL-free forward it runs on its own thread from here on, and the mask
             # jobs' Python does not hold up the Python that prepares its inputs
@@ -356,9 +391,11 @@ class LLMEngine:
             batch = loop.masks.submit(beside) if beside and loop.masks is not None else None
             rows = finish()
         except BaseException:
+            loop.forward_running.clear()
             if batch is not None:
                 batch.wait()  # no worker may still use a constraint once the failure leaves the loop
             raise
+        loop.forward_running.clear()
         end = time.perf_counter()
         if live:
             loop.timing.add_forward(start, end, refresh=loop.runner.stats.refresh_rows > refreshed_before)
@@ -374,6 +411,22 @@ class LLMEngine:
                 loop.runner.release(s.index)
                 del loop.states[s.index], loop.policies[s.index]
         return outputs
+
+    def _unpark(self, s: RequestState, policy: CommitPolicy, logits_path: LogitsPath,
+                timing: MaskTiming | None) -> None:
+        """A parked request whose constraint has compiled (or failed) since: its first forward's commits now."""
+        self._check_step_bound(s)
+        if not s.pending.constraint_ready:
+            return
+        hidden, s.parked = s.parked, None
+        self._commit_after_forward(s, policy, hidden, 0, logits_path, None, timing)
+
+    @staticmethod
+    def _wait_parked(running: list[RequestState]) -> None:
+        """No request can take a forward: wait a little for a parked one's compilation (the caller steps again)."""
+        futures = [s.pending.constraint.future for s in running if s.parked is not None and not s.done]
+        if futures:
+            wait_futures(futures, timeout=0.02, return_when=FIRST_COMPLETED)
 
     @staticmethod
     def _isolated(s: RequestState, fn: Callable[..., Any], *args: Any) -> Any:
@@ -438,10 +491,19 @@ class LLMEngine:
         finally:
             loop.close()
 
-    def _prepare_step(self, s: RequestState, timing: MaskTiming | None = None, workers: bool = False) -> bool:
+    def _prepare_step(self, s: RequestState, timing: MaskTiming | None = None, workers: bool = False,
+                      first_beside: bool = False) -> bool:
         """The forward-free part of a step: bound check, block/EOS bookkeeping, and the masks with the forced
         tokens, serially, unless the loop has mask workers (`workers`) and this step's masks can wait for them:
         then True is returned and the loop hands them to its workers, beside the forward.
+
+        With `first_beside` (the request loop), a request's first forward never waits for its constraint: it reads
+        the all-open canvas, nothing is forced before it, and its masks are computed beside it (workers) or after it
+        (`masks_after_forward`), their forced tokens committed after it. So a constraint still compiling
+        (`RequestState.pending`) compiles beside that forward, and a request gets the same answer whether its
+        constraint was compiled before (a cached schema) or during its first forward. One exception keeps a
+        compiled constraint's forced tokens before the first forward: when they fill the whole canvas (a `const`
+        schema, say), the request ends without any forward (`_forced_fill`); its answer is the only one there is.
 
         With workers and forced tokens on, the tokens the committed prefix forces at the block's leftmost open
         position (the frontier) are committed first, from the constraint's cheap hint (`_commit_prefix_forced`: no
@@ -452,7 +514,18 @@ class LLMEngine:
         self._check_step_bound(s)
         s.step += 1
         self._settle(s)
-        if s.done or s.constraint is None:
+        if s.done or (s.constraint is None and s.pending is None):
+            return False
+        if first_beside and s.nfe == 0:
+            if s.pending is None and s.params.forced_tokens:
+                if self._forced_fill(s, timing, workers):
+                    return False
+                if s.allowed_cache is not None:  # the check computed the masks: they serve after the forward
+                    s.masks_after_forward = True
+                    return False
+            if workers:
+                return True
+            s.masks_after_forward = True
             return False
         if workers:
             if not s.params.forced_tokens:
@@ -468,6 +541,28 @@ class LLMEngine:
             positions = s.open_in_block()
             s.allowed_cache = (positions, self._timed_allowed(s, s.canvas_view(self.special.mask_id), positions,
                                                               timing))
+        return False
+
+    def _forced_fill(self, s: RequestState, timing: MaskTiming | None, workers: bool) -> bool:
+        """Whether the forced tokens alone complete the request's answer: they are then committed (no forward is
+        needed); otherwise the canvas is left as it was (the first forward reads it all open). With mask workers
+        and the constraint's cheap prefix hint, the hint's chain decides; else the active block's masks are
+        computed, and unless every row is forced they stay in `allowed_cache` for after the forward."""
+        saved = (s.canvas.clone(), s.committed.clone(), s.block, s.block_step, s.forced_tokens, s.forwards_saved)
+        hinted = callable(getattr(s.constraint, "prefix_forced_token", None))
+        if workers and hinted:
+            self._commit_prefix_forced(s, timing)
+        else:
+            positions = s.open_in_block()
+            allowed = self._timed_allowed(s, s.canvas_view(self.special.mask_id), positions, timing)
+            if not bool(single_token_rows(allowed).all()):
+                s.allowed_cache = (positions, allowed)
+                return False
+            self._commit_forced(s, timing)
+        if s.done:
+            return True
+        s.canvas, s.committed, s.block, s.block_step, s.forced_tokens, s.forwards_saved = saved
+        s.allowed_cache = None
         return False
 
     def _commit_prefix_forced(self, s: RequestState, timing: MaskTiming | None) -> bool | None:
@@ -524,6 +619,34 @@ class LLMEngine:
         `_take_masks`), policy, joint verification, backtracking, bookkeeping. `logits_path` is the one of the loop
         the request belongs to (a generate() call between two steps of the continuous loop has its own)."""
         s.nfe += 1
+        if masks is not None and masks.allowed is None and masks.error is None:
+            # the job found the constraint still compiling: its masks are computed after the forward instead
+            s.masks_after_forward, masks = True, None
+        if s.pending is not None and not s.pending.constraint_ready:
+            # the constraint is still compiling: keep the rows this forward gave the block until it has (their
+            # masks are computed then, as on the serial path)
+            positions = s.open_in_block()
+            kept = hidden.new_zeros((positions[-1] + 1, hidden.shape[-1]))
+            kept[positions] = hidden[[offset + p for p in positions]]
+            s.parked, s.masks_after_forward = kept, True
+            return
+        self._commit_after_forward(s, policy, hidden, offset, logits_path, masks, timing)
+
+    def _commit_after_forward(self, s: RequestState, policy: CommitPolicy, hidden: torch.Tensor, offset: int,
+                              logits_path: LogitsPath, masks: MaskResult | None, timing: MaskTiming | None) -> None:
+        """`_after_forward` once the request's constraint is there (a pending one is made the request's canvas
+        state here, raising its compilation or fit error for this request)."""
+        if s.pending is not None:
+            s.constraint, s.pending = s.pending.constraint_state(), None
+        if s.masks_after_forward:
+            s.masks_after_forward = False
+            if s.constraint is not None:
+                positions = s.open_in_block()
+                start = time.perf_counter()
+                cached, s.allowed_cache = s.allowed_cache, None
+                allowed = (cached[1] if cached is not None and cached[0] == positions
+                           else self._timed_allowed(s, s.canvas_view(self.special.mask_id), positions, timing))
+                masks = MaskResult(positions, allowed, None, start, time.perf_counter())
         if masks is not None and self._take_masks(s, masks):
             return
         self._denoise(s, policy, hidden, offset, logits_path, timing)
@@ -548,6 +671,20 @@ class LLMEngine:
         if timing is not None:
             timing.add_mask(start, time.perf_counter(), probe=probe)
         return allowed
+
+    def _allowed_beside(self, s: RequestState, view: list[int], positions: list[int],
+                        forward_running: threading.Event) -> torch.Tensor | None:
+        """`_allowed` on a mask worker. A constraint still compiling is waited for while the forward runs and made
+        the request's canvas state here (the worker owns the request's constraint until the join); None when it is
+        still compiling after the forward (the request then parks, see `_after_forward`)."""
+        if s.pending is not None:
+            pending = s.pending.constraint
+            while not pending.done() and forward_running.is_set():
+                wait_futures([pending.future], timeout=0.001)
+            if not pending.done():
+                return None
+            s.constraint, s.pending = s.pending.constraint_state(), None
+        return self._allowed(s, view, positions)
 
     def _allowed(self, s: RequestState, view: list[int], positions: list[int]) -> torch.Tensor:
         """Token bitmask int32 [len(positions), ceil(vocab / 32)] (kernels.bitmask): the constraint fills it in

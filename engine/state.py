@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,20 +156,53 @@ class SamplingParams:
         return [max(1, s) for s in shares]
 
 
+class PendingConstraint:
+    """A constraint still being compiled on another thread. The engine admits its request at once and runs the
+    request's first forward meanwhile: that forward reads the all-open canvas whatever the constraint is (the
+    first step's masks are computed beside it or after it, see `LLMEngine`), so a compilation that ends before the
+    forward costs the request no time at all; one that ends later holds that forward's output until it does.
+    `result()` waits for the Compiled (or raises the compilation's typed error)."""
+
+    def __init__(self, future: Future) -> None:
+        self.future = future
+
+    @classmethod
+    def submit(cls, executor: Executor, compile: Callable[[], Compiled]) -> PendingConstraint:
+        """Start `compile()` on `executor`."""
+        return cls(executor.submit(compile))
+
+    def done(self) -> bool:
+        """Whether the compilation has ended (compiled or refused)."""
+        return self.future.done()
+
+    def result(self, timeout: float | None = None) -> Compiled:
+        """The compiled constraint, waiting for it up to `timeout` seconds (None: as long as it takes)."""
+        return self.future.result(timeout)
+
+
 @dataclass
 class Request:
     """One generation request: prompt token ids, how to sample, and an optional constraint: a compiled one
-    (`constraints.compiler.Compiled`; the engine makes its canvas state for `params.max_new_tokens`) or a
-    canvas state made beforehand (its length must then be `params.max_new_tokens`)."""
+    (`constraints.compiler.Compiled`; the engine makes its canvas state for `params.max_new_tokens`), one still
+    compiling (`PendingConstraint`), or a canvas state made beforehand (its length must then be
+    `params.max_new_tokens`)."""
 
     prompt_ids: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
-    constraint: Compiled | CanvasConstraint | None = None
+    constraint: Compiled | CanvasConstraint | PendingConstraint | None = None
+
+    @property
+    def constraint_ready(self) -> bool:
+        """False while the constraint is still compiling."""
+        return not isinstance(self.constraint, PendingConstraint) or self.constraint.done()
 
     def constraint_state(self) -> CanvasConstraint | None:
         """The request's canvas constraint for its canvas (raises ConstraintTooLongError when nothing fits,
-        InvalidRequestError for a state made for another length or an uncompiled OutputConstraint)."""
+        InvalidRequestError for a state made for another length or an uncompiled OutputConstraint, the
+        compilation's error for a refused one; waits for a constraint still compiling)."""
         c, n = self.constraint, self.params.max_new_tokens
+        if isinstance(c, PendingConstraint):
+            c = c.result()
         if c is None:
             if self.params.constraint is not None and not self.params.constraint.empty:
                 raise InvalidRequestError("SamplingParams.constraint is compiled by the front end (LLM.generate); "
@@ -206,6 +241,12 @@ class RequestState:
     # allowed-token masks of the active block's open positions for the current canvas (positions, bitmask [n, W]);
     # computed before the forward (to find forced tokens) and reused after it
     allowed_cache: tuple[list[int], torch.Tensor] | None = None
+    # the request while its constraint is still compiling (`constraint` is then None; see PendingConstraint)
+    pending: Request | None = None
+    # the first forward's hidden rows of the active block ([last open position + 1, hidden], rows at the block's
+    # open positions), kept while the constraint still compiles; the request takes no forward meanwhile
+    parked: torch.Tensor | None = None
+    masks_after_forward: bool = False  # this step's masks are computed after its forward (the first step, serially)
     model_state: dict[str, Any] = field(default_factory=dict)  # family-specific (e.g. self-conditioning)
     done: bool = False
     finish_reason: str | None = None  # "eos" | "length" | "error" | "aborted"

@@ -327,6 +327,17 @@ class CompileCache:
         with self._lock:
             self._lru.clear()
 
+    def lookup(self, key: Hashable) -> Any:
+        """The cached result for `key` (a cached refusal is raised), or None when it is not cached."""
+        with self._lock:
+            hit = self._lru.get(key)
+            if hit is not None:
+                self._lru.move_to_end(key)
+                self.hits += 1
+        if isinstance(hit, BaseException):
+            raise hit
+        return hit
+
     def get_or_build(self, key: Hashable, build: Callable[[], Any]) -> Any:
         """The cached result for `key`, else `build()` stored under it (least recently used entries out)."""
         with self._lock:
@@ -383,12 +394,14 @@ class ConstraintKey:
 def compile_constraint(builder: Any, fingerprint: str, cache: CompileCache | None, *, schema: Any = None,
                        regex: str | None = None, grammar: str | None = None, start: str = "start",
                        name: str | None = None, timeout_s: Any = _COMPILER_DEFAULT, whitespace: str = "compact",
-                       **schema_options: Any) -> Compiled:
+                       cached_only: bool = False, **schema_options: Any) -> Compiled | None:
     """`ConstraintCompiler.compile` over the tokenizer with `fingerprint`: the constraint normalised once
     (`ConstraintKey`), looked up in `cache` (None: never cached), built on a miss by `builder`: a
     ConstraintCompiler (entries shared by every one over the tokenizer), or a substitute compiler (anything
     with compile_regex / compile_json_schema / compile_grammar, asked through those; its entries are its own).
-    `name` labels a grammar built by a ConstraintCompiler; it is not part of the key (a label, not a constraint)."""
+    `name` labels a grammar built by a ConstraintCompiler; it is not part of the key (a label, not a constraint).
+    `cached_only`: check and normalise the input as always, but answer from `cache` alone: None when the
+    constraint is not cached (nothing is compiled)."""
     if sum(x is not None for x in (schema, regex, grammar)) != 1:
         raise InvalidRequestError("compile takes exactly one of schema=, regex= and grammar=")
     limit = {} if timeout_s is _COMPILER_DEFAULT else {"timeout_s": timeout_s}
@@ -414,12 +427,14 @@ def compile_constraint(builder: Any, fingerprint: str, cache: CompileCache | Non
         key = ConstraintKey("json_schema", src, SchemaOptions.from_options(**options).key())
         build = lambda: (builder._build_json_schema if ours  # noqa: E731
                          else builder.compile_json_schema)(sch, **options, **limit)
+    scope = fingerprint if ours else (fingerprint, builder)
+    if cached_only:
+        return cache.lookup((scope, key)) if cache is not None else None
     if cache is None:
         result = _build_or_refusal(build)
         if isinstance(result, BaseException):
             raise result
         return result
-    scope = fingerprint if ours else (fingerprint, builder)
     return cache.get_or_build((scope, key), build)
 
 

@@ -1,0 +1,165 @@
+"""A constraint compiled beside its request's first forward: the engine admits a request whose constraint is still
+compiling (`PendingConstraint`), runs the first forward meanwhile (it reads the all-open canvas), and commits once the
+constraint is there. The answer never depends on when the compilation ended."""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+
+import pytest
+from engine_fakes import EOS, MASK, DigitsConstraint, ScriptedModel
+
+import dllm_constrain as dc
+from dllm_constrain.constraints import clear_cache
+from dllm_constrain.engine.config import EngineConfig
+from dllm_constrain.engine.llm_engine import LLMEngine
+from dllm_constrain.engine.state import PendingConstraint, Request, SamplingParams
+from dllm_constrain.errors import InvalidSchemaError, UnsatisfiableSchemaError, UnsupportedSchemaError
+from dllm_constrain.options import generate_options
+
+SEVEN = 11
+Z = 15  # an ordinary token that is not a digit
+# position 0 is forced (one digit), the model wants EOS at 2: forced tokens before and after the first forward
+SCRIPT = [{Z: 0.99}, {SEVEN: 0.9}, {EOS: 0.99}, {Z: 0.9}, {Z: 0.9}, {Z: 0.9}]
+PARAMS = SamplingParams(max_new_tokens=6, block_length=3, steps=6)
+LATE_S = 0.3
+
+
+class CompilesDuringForward(ScriptedModel):
+    """Completes `future` inside its first forward: the compilation ends while the forward runs."""
+
+    def __init__(self, future: Future, result: object, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.future, self.result = future, result
+
+    def hidden_states(self, *args, **kwargs):
+        if not self.future.done():
+            self.future.set_result(self.result)
+        return super().hidden_states(*args, **kwargs)
+
+
+def _answer(when: str, workers: int):
+    constraint = DigitsConstraint(digits=[SEVEN])
+    future: Future = Future()
+    if when == "during":
+        model = CompilesDuringForward(future, constraint, SCRIPT, prompt_len=1)
+    else:
+        model = ScriptedModel(SCRIPT, prompt_len=1)
+    if when == "before":
+        given = constraint
+    else:
+        given = PendingConstraint(future)
+    if when == "after":  # long after the first forward: the request waits for it without another forward
+        threading.Timer(LATE_S, future.set_result, (constraint,)).start()
+    engine = LLMEngine(model, config=EngineConfig(mask_workers=workers))
+    t0 = time.perf_counter()
+    (res,) = engine.generate([Request([0], PARAMS, given)])
+    return res, model.forwards, time.perf_counter() - t0, constraint
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_the_answer_does_not_depend_on_when_the_constraint_compiled(workers: int) -> None:
+    before, forwards_before, _, constraint = _answer("before", workers)
+    assert constraint.accepts(before.token_ids)
+    for when in ("during", "after"):
+        res, forwards, _, _ = _answer(when, workers)
+        assert res.canvas_ids == before.canvas_ids, when
+        assert (res.nfe, res.forced_tokens, forwards) == (before.nfe, before.forced_tokens, forwards_before), when
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_request_whose_constraint_outlasts_the_first_forward_waits_for_it_without_another_forward(
+        workers: int) -> None:
+    res, forwards, elapsed, constraint = _answer("after", workers)
+    assert elapsed >= LATE_S
+    assert constraint.accepts(res.token_ids)
+    assert forwards == res.nfe
+
+
+class RecordsInputs(ScriptedModel):
+    """Keeps the input ids of every forward."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.inputs: list[list[int]] = []
+
+    def hidden_states(self, input_ids, *args, **kwargs):
+        self.inputs.append(input_ids.flatten().tolist())
+        return super().hidden_states(input_ids, *args, **kwargs)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_the_first_forward_reads_the_all_open_canvas_and_the_forced_tokens_come_after_it(workers: int) -> None:
+    """Position 0 allows one digit: it is committed after the first forward (which reads the canvas all open, as it
+    would with the constraint still compiling) and the second forward reads it."""
+    model = RecordsInputs(SCRIPT, prompt_len=1)
+    (res,) = LLMEngine(model, config=EngineConfig(mask_workers=workers)).generate(
+        [Request([0], PARAMS, DigitsConstraint(digits=[SEVEN]))])
+    assert SEVEN not in model.inputs[0] and MASK in model.inputs[0]
+    assert SEVEN in model.inputs[1]
+    assert res.canvas_ids[0] == SEVEN and res.forced_tokens >= 1
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_compilation_refused_after_admission_ends_its_request_with_the_compilers_error_and_the_others_go_on(
+        workers: int) -> None:
+    late: Future = Future()
+    threading.Timer(0.1, late.set_exception, (UnsatisfiableSchemaError("minimum 3 > maximum 1"),)).start()
+    ok = DigitsConstraint(digits=[SEVEN])
+    engine = LLMEngine(ScriptedModel(SCRIPT, prompt_len=1), config=EngineConfig(mask_workers=workers))
+    refused, done = engine.generate([Request([0], PARAMS, PendingConstraint(late)), Request([0], PARAMS, ok)],
+                                    raise_errors=False)
+    assert refused.finish_reason == "error" and isinstance(refused.error, UnsatisfiableSchemaError)
+    assert done.error is None and ok.accepts(done.token_ids)
+
+
+def test_a_compilation_refused_before_admission_is_raised_at_admission() -> None:
+    refused: Future = Future()
+    refused.set_exception(UnsupportedSchemaError("'$dynamicRef' is not supported"))
+    engine = LLMEngine(ScriptedModel(SCRIPT, prompt_len=1))
+    with pytest.raises(UnsupportedSchemaError):
+        engine.generate([Request([0], PARAMS, PendingConstraint(refused))], raise_errors=False)
+
+
+# ---------------------------------------------------------------------------------- through the API
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+
+
+@pytest.fixture(scope="module")
+def llm() -> dc.LLM:
+    llm = dc.LLM()
+    yield llm
+    llm.close()
+
+
+def test_a_schema_not_compiled_yet_compiles_beside_the_first_forward_and_gives_the_cached_schemas_answer(
+        llm: dc.LLM) -> None:
+    # no time allowances (constraint_timeout=None): the masks depend on the work done only, not on the clock
+    options = dict(schema=SCHEMA, max_new_tokens=32, seed=0, constraint_timeout=None)
+    clear_cache()
+    build, _, _ = llm._prepare("Name Ada, age 36", generate_options(options), compile_beside=True)
+    [request] = build()
+    assert isinstance(request.constraint, PendingConstraint)
+    request.constraint.result()
+    clear_cache()
+    [cold] = llm.generate("Name Ada, age 36", **options)
+    build, _, _ = llm._prepare("Name Ada, age 36", generate_options(options), compile_beside=True)
+    [request] = build()
+    assert not isinstance(request.constraint, PendingConstraint)  # cached now: compiled at once
+    [warm] = llm.generate("Name Ada, age 36", **options)
+    assert cold.error is None and cold.token_ids == warm.token_ids
+
+
+def test_input_the_compiler_refuses_at_once_is_refused_before_any_forward(llm: dc.LLM) -> None:
+    with pytest.raises(InvalidSchemaError):
+        llm.generate("x", schema="{not json")
+    before = llm.engine.forward_stats.forwards
+    clear_cache()
+    contradictory = {"type": "integer", "minimum": 3, "maximum": 1}
+    with pytest.raises(UnsatisfiableSchemaError):
+        llm.generate("x", schema=contradictory, max_new_tokens=8)  # compiled beside the first forward: refused
+    with pytest.raises(UnsatisfiableSchemaError):  # the refusal is cached: raised before any forward
+        llm._prepare("x", generate_options({"schema": contradictory}), compile_beside=True)[0]()
+    assert llm.engine.forward_stats.forwards >= before
