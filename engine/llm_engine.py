@@ -56,7 +56,8 @@ The first forward never waits for the constraint: a request's first forward read
 masks are computed beside it (mask workers) or after it, their forced tokens committed after it (the one exception:
 forced tokens that fill the whole answer are committed at once and no forward is spent). So a request may be
 admitted with its constraint still compiling (`Request.constraint` a `PendingConstraint`, as `LLM.generate` makes
-for a schema not in the compile cache): the compilation runs beside the first forward, a mask job waits for it while
+for a schema not in the compile cache; the loop starts such a compilation once it has started a forward): the
+compilation runs beside the first forward, a mask job waits for it while
 the forward runs, and a compilation that outlasts the forward parks the request (`RequestState.parked`: the forward's
 rows of the block are kept, the request takes no forward) until it ends; its error then ends that request only. The
 answer is the one the request gets with the constraint compiled before (same seed, as far as the masks do not follow
@@ -389,6 +390,10 @@ class LLMEngine:
             # every constraint call of the loop thread is done for this step until the join: the workers own the
             # constraints of the requests they were handed (engine.mask_workers)
             batch = loop.masks.submit(beside) if beside and loop.masks is not None else None
+            # constraints still to compile start now, beside the forward: their Python does not delay its start
+            for s in loop.states.values():
+                if s.pending is not None:
+                    s.pending.constraint.start()
             rows = finish()
         except BaseException:
             loop.forward_running.clear()
@@ -679,6 +684,7 @@ class LLMEngine:
         still compiling after the forward (the request then parks, see `_after_forward`)."""
         if s.pending is not None:
             pending = s.pending.constraint
+            pending.start()
             while not pending.done() and forward_running.is_set():
                 wait_futures([pending.future], timeout=0.001)
             if not pending.done():

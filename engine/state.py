@@ -15,6 +15,7 @@ blocks as evenly as possible (`steps_per_block`).
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
@@ -161,22 +162,52 @@ class PendingConstraint:
     request's first forward meanwhile: that forward reads the all-open canvas whatever the constraint is (the
     first step's masks are computed beside it or after it, see `LLMEngine`), so a compilation that ends before the
     forward costs the request no time at all; one that ends later holds that forward's output until it does.
-    `result()` waits for the Compiled (or raises the compilation's typed error)."""
 
-    def __init__(self, future: Future) -> None:
-        self.future = future
+    `deferred` makes one that starts when the engine has started a forward (`start`), so the compilation's Python
+    does not hold up the Python that prepares that forward (they share the GIL); `result()` starts it too, then
+    waits for the Compiled (or raises the compilation's typed error)."""
+
+    def __init__(self, executor: Executor, compile: Callable[[], Compiled]) -> None:
+        self.future: Future = Future()
+        self._executor: Executor | None = executor
+        self._compile = compile
+        self._lock = threading.Lock()
 
     @classmethod
     def submit(cls, executor: Executor, compile: Callable[[], Compiled]) -> PendingConstraint:
-        """Start `compile()` on `executor`."""
-        return cls(executor.submit(compile))
+        """Start `compile()` on `executor` now."""
+        pending = cls(executor, compile)
+        pending.start()
+        return pending
+
+    @classmethod
+    def deferred(cls, executor: Executor, compile: Callable[[], Compiled]) -> PendingConstraint:
+        """`compile()` on `executor`, started by `start()` (or `result()`)."""
+        return cls(executor, compile)
+
+    def start(self) -> None:
+        """Start the compilation (once; later calls do nothing)."""
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.submit(self._run)
+
+    def _run(self) -> None:
+        try:
+            compiled = self._compile()
+        except BaseException as err:  # noqa: BLE001 - the compilation's error is the request's answer
+            self.future.set_exception(err)
+        else:
+            self.future.set_result(compiled)
 
     def done(self) -> bool:
-        """Whether the compilation has ended (compiled or refused)."""
+        """Whether the compilation has ended (compiled or refused); False while it has not started."""
         return self.future.done()
 
     def result(self, timeout: float | None = None) -> Compiled:
-        """The compiled constraint, waiting for it up to `timeout` seconds (None: as long as it takes)."""
+        """The compiled constraint (started now if it was not), waiting up to `timeout` seconds (None: as long as it
+        takes)."""
+        self.start()
         return self.future.result(timeout)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from engine_fakes import EOS, MASK, DigitsConstraint, ScriptedModel
@@ -26,32 +26,35 @@ PARAMS = SamplingParams(max_new_tokens=6, block_length=3, steps=6)
 LATE_S = 0.3
 
 
-class CompilesDuringForward(ScriptedModel):
-    """Completes `future` inside its first forward: the compilation ends while the forward runs."""
+COMPILES = ThreadPoolExecutor(2, thread_name_prefix="test-compile")
 
-    def __init__(self, future: Future, result: object, *args, **kwargs) -> None:
+
+class SignalsForward(ScriptedModel):
+    """Sets `forwarded` at its first forward."""
+
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.future, self.result = future, result
+        self.forwarded = threading.Event()
 
     def hidden_states(self, *args, **kwargs):
-        if not self.future.done():
-            self.future.set_result(self.result)
+        self.forwarded.set()
         return super().hidden_states(*args, **kwargs)
 
 
 def _answer(when: str, workers: int):
     constraint = DigitsConstraint(digits=[SEVEN])
-    future: Future = Future()
-    if when == "during":
-        model = CompilesDuringForward(future, constraint, SCRIPT, prompt_len=1)
-    else:
-        model = ScriptedModel(SCRIPT, prompt_len=1)
-    if when == "before":
-        given = constraint
-    else:
-        given = PendingConstraint(future)
-    if when == "after":  # long after the first forward: the request waits for it without another forward
-        threading.Timer(LATE_S, future.set_result, (constraint,)).start()
+    model = SignalsForward(SCRIPT, prompt_len=1)
+
+    def compile_during():  # ends as soon as the first forward has run
+        assert model.forwarded.wait(10)
+        return constraint
+
+    def compile_after():  # long after the first forward: the request waits for it without another forward
+        time.sleep(LATE_S)
+        return constraint
+
+    given = {"before": constraint, "during": PendingConstraint.deferred(COMPILES, compile_during),
+             "after": PendingConstraint.deferred(COMPILES, compile_after)}[when]
     engine = LLMEngine(model, config=EngineConfig(mask_workers=workers))
     t0 = time.perf_counter()
     (res,) = engine.generate([Request([0], PARAMS, given)])
@@ -101,25 +104,43 @@ def test_the_first_forward_reads_the_all_open_canvas_and_the_forced_tokens_come_
     assert res.canvas_ids[0] == SEVEN and res.forced_tokens >= 1
 
 
+def test_a_deferred_compilation_starts_once_the_first_forward_has_started() -> None:
+    model = SignalsForward(SCRIPT, prompt_len=1)
+    started_after: list[int] = []
+    constraint = DigitsConstraint(digits=[SEVEN])
+
+    def compile():
+        started_after.append(model.forwards)
+        return constraint
+
+    (res,) = LLMEngine(model).generate([Request([0], PARAMS, PendingConstraint.deferred(COMPILES, compile))])
+    assert started_after == [1] and constraint.accepts(res.token_ids)
+
+
 @pytest.mark.parametrize("workers", [0, 1])
 def test_a_compilation_refused_after_admission_ends_its_request_with_the_compilers_error_and_the_others_go_on(
         workers: int) -> None:
-    late: Future = Future()
-    threading.Timer(0.1, late.set_exception, (UnsatisfiableSchemaError("minimum 3 > maximum 1"),)).start()
+    def refuse():
+        time.sleep(0.1)
+        raise UnsatisfiableSchemaError("minimum 3 > maximum 1")
+
     ok = DigitsConstraint(digits=[SEVEN])
     engine = LLMEngine(ScriptedModel(SCRIPT, prompt_len=1), config=EngineConfig(mask_workers=workers))
-    refused, done = engine.generate([Request([0], PARAMS, PendingConstraint(late)), Request([0], PARAMS, ok)],
-                                    raise_errors=False)
+    refused, done = engine.generate([Request([0], PARAMS, PendingConstraint.deferred(COMPILES, refuse)),
+                                     Request([0], PARAMS, ok)], raise_errors=False)
     assert refused.finish_reason == "error" and isinstance(refused.error, UnsatisfiableSchemaError)
     assert done.error is None and ok.accepts(done.token_ids)
 
 
 def test_a_compilation_refused_before_admission_is_raised_at_admission() -> None:
-    refused: Future = Future()
-    refused.set_exception(UnsupportedSchemaError("'$dynamicRef' is not supported"))
+    def refuse():
+        raise UnsupportedSchemaError("'$dynamicRef' is not supported")
+
+    pending = PendingConstraint.submit(COMPILES, refuse)
+    assert isinstance(pending.future.exception(10), UnsupportedSchemaError)
     engine = LLMEngine(ScriptedModel(SCRIPT, prompt_len=1))
     with pytest.raises(UnsupportedSchemaError):
-        engine.generate([Request([0], PARAMS, PendingConstraint(refused))], raise_errors=False)
+        engine.generate([Request([0], PARAMS, pending)], raise_errors=False)
 
 
 # ---------------------------------------------------------------------------------- through the API
