@@ -346,7 +346,7 @@ class EngineLoop:
 
     def _event(self, call: _Call) -> StepEvent:
         mask_id = self.engine.special.mask_id
-        snaps = [CanvasSnapshot(i, s.canvas_view(mask_id), s.committed.tolist(), s.done)
+        snaps = [CanvasSnapshot(i, s.canvas_view(mask_id), s.committed.tolist(), s.done, s.pending is None)
                  for i, s in enumerate(call.states)]
         return StepEvent(step=max(s.step for s in call.states), snapshots=snaps, mask_id=mask_id)
 

@@ -858,8 +858,8 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ outputs
     def _event(self, states: list[RequestState]) -> StepEvent:
-        snaps = [CanvasSnapshot(s.index, s.canvas_view(self.special.mask_id), s.committed.tolist(), s.done)
-                 for s in states]
+        snaps = [CanvasSnapshot(s.index, s.canvas_view(self.special.mask_id), s.committed.tolist(), s.done,
+                                s.pending is None) for s in states]
         return StepEvent(step=max(s.step for s in states), snapshots=snaps, mask_id=self.special.mask_id)
 
     def decode(self, ids: list[int]) -> str:

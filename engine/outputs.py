@@ -69,6 +69,8 @@ class CanvasSnapshot:
     canvas: list[int]
     committed: list[bool]
     done: bool
+    # False while the request's constraint is still compiling (its answer may still be a compilation error)
+    constraint_ready: bool = True
 
 
 @dataclass

@@ -104,6 +104,24 @@ def test_the_first_forward_reads_the_all_open_canvas_and_the_forced_tokens_come_
     assert res.canvas_ids[0] == SEVEN and res.forced_tokens >= 1
 
 
+def test_progress_events_say_whether_the_constraint_has_compiled() -> None:
+    """A server announces a request started (no more 400s) only once its constraint has compiled: the events of the
+    steps while it compiles say so."""
+    events = []
+    engine = LLMEngine(ScriptedModel(SCRIPT, prompt_len=1))
+    constraint = DigitsConstraint(digits=[SEVEN])
+
+    def compile_after():
+        time.sleep(LATE_S)
+        return constraint
+
+    engine.generate([Request([0], PARAMS, PendingConstraint.deferred(COMPILES, compile_after))],
+                    progress=events.append)
+    ready = [event.snapshots[0].constraint_ready for event in events]
+    assert ready[0] is False and ready[-1] is True
+    assert ready == sorted(ready)  # False while it compiles, True from then on
+
+
 def test_a_deferred_compilation_starts_once_the_first_forward_has_started() -> None:
     model = SignalsForward(SCRIPT, prompt_len=1)
     started_after: list[int] = []

@@ -64,8 +64,8 @@ def test_the_engine_commits_exactly_what_select_commits_returns() -> None:
 
 
 def test_forced_tokens_are_committed_without_model_confidence() -> None:
-    """With a single digit '7', position 0 is forced before any forward; once EOS lands at 2 the EOS tail
-    is forced too. Only position 1 and the EOS need the model."""
+    """With a single digit '7', position 0 is forced (committed after the first forward, which reads the canvas all
+    open); once EOS lands at 2 the EOS tail is forced too. Only position 1 and the EOS need the model."""
     seven = 11
     script = [{Z: 0.99}, {seven: 0.9}, {EOS: 0.99}, {Z: 0.9}, {Z: 0.9}, {Z: 0.9}]
     res, model = _run(script, DigitsConstraint(digits=[seven]), max_new_tokens=6, block_length=6, steps=6)

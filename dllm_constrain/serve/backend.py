@@ -351,10 +351,12 @@ class EngineBackend:
                 self._pump()
 
     def _progress(self, job: _Job, event: StepEvent) -> None:
-        """After every engine step of this request: announce it started, stop it when it is no longer wanted."""
+        """After every engine step of this request: announce it started (once its constraint has compiled: until
+        then a compilation error is still a 400), stop it when it is no longer wanted."""
         if not job.handle.wanted() or self._closing:
             raise _RequestStopped()
-        self._start(job)
+        if all(snapshot.constraint_ready for snapshot in event.snapshots):
+            self._start(job)
 
     def _stream(self, job: _Job, update: StreamUpdate) -> None:
         """A streaming request's committed left prefix grew (engine loop thread, before that step's progress
