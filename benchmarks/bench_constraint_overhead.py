@@ -63,6 +63,8 @@ def main() -> int:
     ap.add_argument("--no-forced-tokens", action="store_true",
                     help="SamplingParams.forced_tokens=False: positions the mask forces wait for the model, so the "
                          "constrained run does the free run's mix of forwards and the ratio is the constraint's own cost")
+    ap.add_argument("--gil-free-forward", choices=("on", "off"), default=None,
+                    help="EngineConfig.gil_free_forward (default: the engine's rule, on with mask workers on the CPU)")
     ap.add_argument("--compile-first", action="store_true",
                     help="cold: compile before the call (as before compilations ran beside the first forward)")
     args = ap.parse_args()
@@ -86,6 +88,8 @@ def main() -> int:
     config = llm.engine.config
     if args.mask_workers is not None:
         config = replace(config, mask_workers=args.mask_workers)
+    if args.gil_free_forward is not None:
+        config = replace(config, gil_free_forward=args.gil_free_forward == "on")
     engine = LLMEngine(llm.model, llm.tokenizer, config=config)
 
     def prepare(schema: Any, compile_beside: bool = False) -> Request:
