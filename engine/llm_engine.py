@@ -390,10 +390,12 @@ class LLMEngine:
             # every constraint call of the loop thread is done for this step until the join: the workers own the
             # constraints of the requests they were handed (engine.mask_workers)
             batch = loop.masks.submit(beside) if beside and loop.masks is not None else None
-            # constraints still to compile start now, beside the forward: their Python does not delay its start
+            # constraints still to compile start now, beside the forward: their Python does not delay its start (a
+            # mask worker may be resolving one of them meanwhile: `pending` is read once)
             for s in loop.states.values():
-                if s.pending is not None:
-                    s.pending.constraint.start()
+                request = s.pending
+                if request is not None:
+                    request.constraint.start()
             rows = finish()
         except BaseException:
             loop.forward_running.clear()

@@ -202,3 +202,26 @@ def test_input_the_compiler_refuses_at_once_is_refused_before_any_forward(llm: d
     with pytest.raises(UnsatisfiableSchemaError):  # the refusal is cached: raised before any forward
         llm._prepare("x", generate_options({"schema": contradictory}), compile_beside=True)[0]()
     assert llm.engine.forward_stats.forwards >= before
+
+
+def test_a_request_parked_for_its_compilation_can_be_aborted_and_the_loop_goes_on() -> None:
+    engine = LLMEngine(ScriptedModel(SCRIPT, prompt_len=1))
+    constraint = DigitsConstraint(digits=[SEVEN])
+
+    def compile_late():
+        time.sleep(LATE_S)
+        return constraint
+
+    parked = engine.add_request(Request([0], PARAMS, PendingConstraint.deferred(COMPILES, compile_late)))
+    engine.step()  # its first forward; the compilation goes on
+    assert engine.request_state(parked).parked is not None
+    assert engine.abort(parked)
+    other = engine.add_request(Request([0], PARAMS, DigitsConstraint(digits=[SEVEN])))
+    outputs = {}
+    for _ in range(100):
+        for out in engine.step():
+            outputs[out.request_id] = out.result
+        if not engine.has_unfinished():
+            break
+    assert outputs[parked].finish_reason == "aborted"
+    assert outputs[other].error is None and constraint.accepts(outputs[other].token_ids)
