@@ -98,8 +98,13 @@ def _classes(d: DerivDFA, s: int) -> tuple[tuple[int, int], ...]:
     if s == DEAD:
         return ((DEAD, ALL_BYTES),)
     d.expand(s)
+    row = d.T[s]
+    targets = np.unique(row)
+    if len(targets) <= 16:  # the usual case: a few targets, one packed comparison each
+        return tuple((int(t), int.from_bytes(np.packbits(row == t, bitorder="little").tobytes(), "little"))
+                     for t in targets)
     masks: dict[int, int] = {}
-    for b, t in enumerate(d.T[s].tolist()):
+    for b, t in enumerate(row.tolist()):
         masks[t] = masks.get(t, 0) | (1 << b)
     return tuple(masks.items())
 
