@@ -643,8 +643,7 @@ class LLMEngine:
                               logits_path: LogitsPath, masks: MaskResult | None, timing: MaskTiming | None) -> None:
         """`_after_forward` once the request's constraint is there (a pending one is made the request's canvas
         state here, raising its compilation or fit error for this request)."""
-        if s.pending is not None:
-            s.constraint, s.pending = s.pending.constraint_state(), None
+        self._resolve_pending(s)
         if s.masks_after_forward:
             s.masks_after_forward = False
             if s.constraint is not None:
@@ -691,8 +690,14 @@ class LLMEngine:
                 wait_futures([pending.future], timeout=0.001)
             if not pending.done():
                 return None
-            s.constraint, s.pending = s.pending.constraint_state(), None
+            self._resolve_pending(s)
         return self._allowed(s, view, positions)
+
+    @staticmethod
+    def _resolve_pending(s: RequestState) -> None:
+        """Make a compiled pending constraint the request's canvas state (its compilation or fit error is raised)."""
+        if s.pending is not None:
+            s.constraint, s.pending = s.pending.constraint_state(), None
 
     def _allowed(self, s: RequestState, view: list[int], positions: list[int]) -> torch.Tensor:
         """Token bitmask int32 [len(positions), ceil(vocab / 32)] (kernels.bitmask): the constraint fills it in

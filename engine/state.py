@@ -163,27 +163,15 @@ class PendingConstraint:
     first step's masks are computed beside it or after it, see `LLMEngine`), so a compilation that ends before the
     forward costs the request no time at all; one that ends later holds that forward's output until it does.
 
-    `deferred` makes one that starts when the engine has started a forward (`start`), so the compilation's Python
-    does not hold up the Python that prepares that forward (they share the GIL); `result()` starts it too, then
-    waits for the Compiled (or raises the compilation's typed error)."""
+    `compile()` runs on `executor` once `start()` is called: the engine starts it when it has started a forward, so
+    the compilation's Python does not hold up the Python that prepares that forward (they share the GIL).
+    `result()` starts it too, then waits for the Compiled (or raises the compilation's typed error)."""
 
     def __init__(self, executor: Executor, compile: Callable[[], Compiled]) -> None:
         self.future: Future = Future()
         self._executor: Executor | None = executor
         self._compile = compile
         self._lock = threading.Lock()
-
-    @classmethod
-    def submit(cls, executor: Executor, compile: Callable[[], Compiled]) -> PendingConstraint:
-        """Start `compile()` on `executor` now."""
-        pending = cls(executor, compile)
-        pending.start()
-        return pending
-
-    @classmethod
-    def deferred(cls, executor: Executor, compile: Callable[[], Compiled]) -> PendingConstraint:
-        """`compile()` on `executor`, started by `start()` (or `result()`)."""
-        return cls(executor, compile)
 
     def start(self) -> None:
         """Start the compilation (once; later calls do nothing)."""

@@ -53,8 +53,8 @@ def _answer(when: str, workers: int):
         time.sleep(LATE_S)
         return constraint
 
-    given = {"before": constraint, "during": PendingConstraint.deferred(COMPILES, compile_during),
-             "after": PendingConstraint.deferred(COMPILES, compile_after)}[when]
+    given = {"before": constraint, "during": PendingConstraint(COMPILES, compile_during),
+             "after": PendingConstraint(COMPILES, compile_after)}[when]
     engine = LLMEngine(model, config=EngineConfig(mask_workers=workers))
     t0 = time.perf_counter()
     (res,) = engine.generate([Request([0], PARAMS, given)])
@@ -115,7 +115,7 @@ def test_progress_events_say_whether_the_constraint_has_compiled() -> None:
         time.sleep(LATE_S)
         return constraint
 
-    engine.generate([Request([0], PARAMS, PendingConstraint.deferred(COMPILES, compile_after))],
+    engine.generate([Request([0], PARAMS, PendingConstraint(COMPILES, compile_after))],
                     progress=events.append)
     ready = [event.snapshots[0].constraint_ready for event in events]
     assert ready[0] is False and ready[-1] is True
@@ -131,7 +131,7 @@ def test_a_deferred_compilation_starts_once_the_first_forward_has_started() -> N
         started_after.append(model.forwards)
         return constraint
 
-    (res,) = LLMEngine(model).generate([Request([0], PARAMS, PendingConstraint.deferred(COMPILES, compile))])
+    (res,) = LLMEngine(model).generate([Request([0], PARAMS, PendingConstraint(COMPILES, compile))])
     assert started_after == [1] and constraint.accepts(res.token_ids)
 
 
@@ -144,7 +144,7 @@ def test_a_compilation_refused_after_admission_ends_its_request_with_the_compile
 
     ok = DigitsConstraint(digits=[SEVEN])
     engine = LLMEngine(ScriptedModel(SCRIPT, prompt_len=1), config=EngineConfig(mask_workers=workers))
-    refused, done = engine.generate([Request([0], PARAMS, PendingConstraint.deferred(COMPILES, refuse)),
+    refused, done = engine.generate([Request([0], PARAMS, PendingConstraint(COMPILES, refuse)),
                                      Request([0], PARAMS, ok)], raise_errors=False)
     assert refused.finish_reason == "error" and isinstance(refused.error, UnsatisfiableSchemaError)
     assert done.error is None and ok.accepts(done.token_ids)
@@ -154,7 +154,8 @@ def test_a_compilation_refused_before_admission_is_raised_at_admission() -> None
     def refuse():
         raise UnsupportedSchemaError("'$dynamicRef' is not supported")
 
-    pending = PendingConstraint.submit(COMPILES, refuse)
+    pending = PendingConstraint(COMPILES, refuse)
+    pending.start()
     assert isinstance(pending.future.exception(10), UnsupportedSchemaError)
     engine = LLMEngine(ScriptedModel(SCRIPT, prompt_len=1))
     with pytest.raises(UnsupportedSchemaError):
@@ -212,7 +213,7 @@ def test_a_request_parked_for_its_compilation_can_be_aborted_and_the_loop_goes_o
         time.sleep(LATE_S)
         return constraint
 
-    parked = engine.add_request(Request([0], PARAMS, PendingConstraint.deferred(COMPILES, compile_late)))
+    parked = engine.add_request(Request([0], PARAMS, PendingConstraint(COMPILES, compile_late)))
     engine.step()  # its first forward; the compilation goes on
     assert engine.request_state(parked).parked is not None
     assert engine.abort(parked)
@@ -225,3 +226,31 @@ def test_a_request_parked_for_its_compilation_can_be_aborted_and_the_loop_goes_o
             break
     assert outputs[parked].finish_reason == "aborted"
     assert outputs[other].error is None and constraint.accepts(outputs[other].token_ids)
+
+
+def test_a_server_request_is_announced_started_only_once_its_constraint_has_compiled() -> None:
+    """Until then a compilation error must still be answered with a 400, so the stream must not have started."""
+    from dllm_constrain.engine.outputs import CanvasSnapshot, StepEvent
+    from dllm_constrain.serve.backend import EngineBackend, Started, _Job
+
+    class Handle:
+        def __init__(self) -> None:
+            self.events: list = []
+
+        def wanted(self) -> bool:
+            return True
+
+        def publish(self, event) -> None:
+            self.events.append(event)
+
+    backend = EngineBackend.__new__(EngineBackend)  # only its step hook is exercised here
+    backend._closing = False
+    job = _Job(handle=Handle(), text=None)
+
+    def event(ready: bool) -> StepEvent:
+        return StepEvent(step=1, snapshots=[CanvasSnapshot(0, [MASK], [False], False, ready)], mask_id=MASK)
+
+    backend._progress(job, event(False))
+    assert job.handle.events == []
+    backend._progress(job, event(True))
+    assert [type(e) for e in job.handle.events] == [Started]

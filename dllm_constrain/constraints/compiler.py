@@ -340,22 +340,19 @@ class CompileCache:
 
     def get_or_build(self, key: Hashable, build: Callable[[], Any]) -> Any:
         """The cached result for `key`, else `build()` stored under it (least recently used entries out)."""
+        hit = self.lookup(key)
+        if hit is not None:
+            return hit
+        built = _build_or_refusal(build)
         with self._lock:
-            hit = self._lru.get(key)
-            if hit is not None:
-                self._lru.move_to_end(key)
-                self.hits += 1
-        if hit is None:
-            hit = _build_or_refusal(build)
-            with self._lock:
-                self.misses += 1
-                self._lru[key] = hit
-                self._lru.move_to_end(key)
-                while len(self._lru) > self.maxsize:
-                    self._lru.popitem(last=False)
-        if isinstance(hit, BaseException):
-            raise hit
-        return hit
+            self.misses += 1
+            self._lru[key] = built
+            self._lru.move_to_end(key)
+            while len(self._lru) > self.maxsize:
+                self._lru.popitem(last=False)
+        if isinstance(built, BaseException):
+            raise built
+        return built
 
 
 def _build_or_refusal(build: Callable[[], Any]) -> Any:
