@@ -38,6 +38,7 @@ import tokenizers
 
 from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo
 from dllm_constrain.constraints.compiler import COMPILE_CACHE, Compiled, compile_constraint
+from dllm_constrain.gc_heap import freeze_startup_heap
 from dllm_constrain.constraints.json_schema import normalize_schema_input
 from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.llm_engine import GenerationResult, LLMEngine, ProgressCallback
@@ -108,12 +109,15 @@ class LLM:
     """
 
     def __init__(self, model_path: str | Path | None = None, *, device: Any = None, dtype: Any = None,
-                 prompt_format: str = "auto", max_logit_rows: int = 32) -> None:
+                 prompt_format: str = "auto", max_logit_rows: int = 32, freeze_gc_heap: bool = True) -> None:
         """device: None (CUDA when available, else the CPU: `engine.placement.default_device`), "cpu", "cuda",
         "cuda:N" or a torch.device. dtype: None (the checkpoint's stored dtype; on CUDA bfloat16 for a float32
         checkpoint when the GPU supports it), "bfloat16"/"bf16", "float16"/"fp16", "float32"/"fp32" or a
         torch.dtype. Bad values raise InvalidRequestError naming the field. Sampling noise is drawn on the model's
-        device, so a seed reproduces its results on the same device (not across devices, as in vLLM)."""
+        device, so a seed reproduces its results on the same device (not across devices, as in vLLM).
+        freeze_gc_heap: once the model is loaded, move the process's heap out of the garbage collector's reach
+        (`dllm_constrain.gc_heap`, once per process, as vLLM does after its engine's startup), so that a full
+        collection does not walk torch, the model and the tokenizer inside a step."""
         from dllm_constrain.engine.loader import load_checkpoint
         from dllm_constrain.engine.placement import parse_dtype, resolve_device, resolve_dtype, stored_dtype
 
@@ -129,19 +133,22 @@ class LLM:
         if wanted is None and where.type == "cuda":  # the stored dtype decides whether bfloat16 replaces it
             wanted = resolve_dtype(None, where, stored_dtype(path))
         loaded = load_checkpoint(path, dtype=wanted, device=where)
-        self._setup(loaded.model, loaded.tokenizer, path, prompt_format, max_logit_rows)
+        self._setup(loaded.model, loaded.tokenizer, path, prompt_format, max_logit_rows, freeze_gc_heap)
 
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any, *, prompt_format: str = "auto",
-                   max_logit_rows: int = 32, path: str | Path | None = None) -> "LLM":
+                   max_logit_rows: int = 32, path: str | Path | None = None,
+                   freeze_gc_heap: bool = True) -> "LLM":
         """Wrap an already built DiffusionLM and tokenizer (our Tokenizer or a `tokenizers.Tokenizer`). `path`: the
         checkpoint folder they were loaded from, whose generation_config.json gives the decoding defaults (without
         it, the engine's own defaults)."""
         self = cls.__new__(cls)
-        self._setup(model, tokenizer, Path(path) if path is not None else None, prompt_format, max_logit_rows)
+        self._setup(model, tokenizer, Path(path) if path is not None else None, prompt_format, max_logit_rows,
+                    freeze_gc_heap)
         return self
 
-    def _setup(self, model: Any, tokenizer: Any, path: Path | None, prompt_format: str, max_logit_rows: int) -> None:
+    def _setup(self, model: Any, tokenizer: Any, path: Path | None, prompt_format: str, max_logit_rows: int,
+               freeze_gc_heap: bool = True) -> None:
         if prompt_format not in PROMPT_FORMATS:
             raise InvalidRequestError(f"prompt_format must be one of {PROMPT_FORMATS}, got {prompt_format!r}")
         self.model = model
@@ -157,6 +164,10 @@ class LLM:
         self.defaults = GenerationDefaults.from_folder(path)
         self._compiler: Any = None  # the ConstraintCompiler, made by the first constrained call
         self._info: TokenizerInfo | None = None
+        if freeze_gc_heap:
+            # the loaded model, tokenizer and torch's own objects leave the collector's reach (once per process):
+            # a full collection no longer walks them inside a step (dllm_constrain.gc_heap)
+            freeze_startup_heap()
 
     # ------------------------------------------------------------------ tokenizer helpers
     def _token_id(self, token: str) -> int | None:
