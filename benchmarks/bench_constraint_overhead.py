@@ -65,6 +65,9 @@ def main() -> int:
                          "constrained run does the free run's mix of forwards and the ratio is the constraint's own cost")
     ap.add_argument("--gil-free-forward", choices=("on", "off"), default=None,
                     help="EngineConfig.gil_free_forward (default: the engine's rule, on with mask workers on the CPU)")
+    ap.add_argument("--freeze-gc-heap", choices=("on", "off"), default="on",
+                    help="LLM(freeze_gc_heap=...): the startup heap out of the garbage collector's reach (the default) "
+                         "or not (full collections then walk torch and the model inside the timed calls)")
     ap.add_argument("--compile-first", action="store_true",
                     help="cold: compile before the call (as before compilations ran beside the first forward)")
     args = ap.parse_args()
@@ -84,7 +87,7 @@ def main() -> int:
         print(f"no JSONSchemaBench data at {args.data}", file=sys.stderr)
         return 2
     items = load_sample(args.data, args.seed, {k: args.n_per_subset for k in DEFAULT_MIX})
-    llm = dc.LLM(args.model)
+    llm = dc.LLM(args.model, freeze_gc_heap=args.freeze_gc_heap == "on")
     config = llm.engine.config
     if args.mask_workers is not None:
         config = replace(config, mask_workers=args.mask_workers)
@@ -195,7 +198,8 @@ def main() -> int:
 
     print(f"\n# bench_constraint_overhead: {len(rows)} schemas ({len(left_out)} left out), {args.runs} runs, "
           f"model {args.model or 'bundled'}, torch threads {torch.get_num_threads()}, mask workers "
-          f"{engine.config.mask_workers}, forced tokens {'off' if args.no_forced_tokens else 'on'}, cpu affinity {sorted(os.sched_getaffinity(0))}")
+          f"{engine.config.mask_workers}, forced tokens {'off' if args.no_forced_tokens else 'on'}, heap frozen "
+          f"{args.freeze_gc_heap}, cpu affinity {sorted(os.sched_getaffinity(0))}")
     print("| configuration | per forward: mean ratio | p50 | p90 | worst | per call: mean ratio | worst | NFE (sum) |")
     print("|---|---|---|---|---|---|---|---|")
     print(f"| free | 1 | | | | 1 | | {sum(r['free_nfe'] for r in rows):.0f} |")

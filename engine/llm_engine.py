@@ -191,6 +191,9 @@ class LLMEngine:
         self.vocab_size = int(model.vocab_size)
         self.base_allowed = self._base_allowed()
         self.base_bitmask = pack_bool_mask(self.base_allowed)  # the same, as one token-bitmask row [W]
+        # uniform-state (block) diffusion re-noises open positions, with the masked distribution's samples under a
+        # constraint (`_denoise`); masked diffusion re-masks them and has no use for the samples
+        self.noised_blocks = is_block_diffusion(model)
         # called with (states, hidden, offsets) after every KV cache Reuse forward (agreement measurements)
         self.reuse_hook: Callable[[list[RequestState], torch.Tensor, list[int]], None] | None = None
         self._setup_call(self.config)
@@ -752,7 +755,7 @@ class LLMEngine:
         s.renoised += len(renoise)
         rejected = {p for p, _, _ in proposals} - {p for p, _ in accepted}
         self._renoise(s, renoise + sorted(rejected))
-        if s.constraint is not None:
+        if s.constraint is not None and self.noised_blocks:
             # uniform-state models re-noise open positions with samples of the masked distribution, so the
             # decoder never conditions on tokens the constraint rules out (see block_diffusion.noised_block)
             s.model_state["masked_samples"] = {positions[r]: int(stats.token[r]) for r in range(len(positions))
