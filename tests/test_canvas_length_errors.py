@@ -47,3 +47,28 @@ def test_a_length_the_fit_check_left_undecided_is_refused_as_too_long_by_the_fir
     state = compiled.new_canvas_state(6)
     with pytest.raises(ConstraintTooLongError, match="at least 7 tokens.*max_new_tokens is 6"):
         state.allowed_tokens([compiled.mask_id] * 6, [0, 3])
+
+
+def test_a_request_whose_shortest_text_fits_by_its_bytes_is_admitted_without_the_fewest_token_search(
+        compiler, monkeypatch) -> None:
+    """The tiny tokenizer spells every byte with a token of its own, so a shortest text of 5 bytes fits a canvas of
+    8 positions: the breadth-first search for the fewest tokens (milliseconds per state on a real vocabulary) is not
+    run to admit it."""
+    from dllm_constrain.constraints.compiler import CompiledConstraint, new_request_state
+
+    compiled = compiler.compile(regex="[0-9]{5}")
+
+    def no_search(self, timeout_s=None):
+        raise AssertionError("min_tokens searched to admit a request that fits")
+
+    monkeypatch.setattr(CompiledConstraint, "min_tokens", no_search)
+    assert new_request_state(compiled, 8).n == 8
+
+
+def test_a_request_whose_shortest_text_does_not_fit_is_refused_with_its_fewest_tokens(compiler) -> None:
+    from dllm_constrain.constraints.compiler import new_request_state
+    from dllm_constrain.errors import ConstraintTooLongError
+
+    with pytest.raises(ConstraintTooLongError) as e:
+        new_request_state(compiler.compile(regex="[0-9]{12}"), 8)
+    assert e.value.min_tokens == 12 and e.value.max_new_tokens == 8
