@@ -30,6 +30,10 @@ class BranchSummary:
 def disjoint_branches(ctx: LoweringContext, base: list[Conjunct], branches: list, path: str) -> list:
     """Branches of a oneOf, narrowed so that no output satisfies two."""
     infos = [branch_summary(ctx, base, b, path) for b in branches]
+    # the summaries of the branches' property schemas, which every pair of branches compares again: one per
+    # schema object for this oneOf (the refs entered meanwhile are the same for all of them: each summary leaves
+    # the ones it entered)
+    summaries: dict[int, tuple[Any, BranchSummary | None]] = {}
     out = []
     dropped = []
     for i in range(len(branches)):
@@ -37,7 +41,7 @@ def disjoint_branches(ctx: LoweringContext, base: list[Conjunct], branches: list
         kinds = set(infos[i].kinds) if infos[i] is not None else set()
         for j in range(len(branches)):
             if i != j and kinds:
-                kinds &= kinds_failing(ctx, infos[i], infos[j], forbid)
+                kinds &= kinds_failing(ctx, infos[i], infos[j], forbid, summaries)
                 if not kinds:
                     dropped.append((i, j))
         types = types_of_kinds(kinds)
@@ -114,9 +118,10 @@ def _flat_conjuncts(ctx: LoweringContext, parts: list, path: str) -> list | bool
 
 
 def kinds_failing(ctx: LoweringContext, a: BranchSummary | None, b: BranchSummary | None,
-                  forbid: list[str]) -> set[str]:
+                  forbid: list[str], summaries: dict[int, tuple[Any, BranchSummary | None]] | None = None) -> set[str]:
     """The kinds of values of branch a proven not to satisfy branch b (possibly after adding property
-    names to `forbid`, which narrows a's objects)."""
+    names to `forbid`, which narrows a's objects). `summaries`: property schemas' summaries already made (by
+    schema object), shared by the comparisons of one oneOf."""
     if a is None or b is None:
         return set()
     ka, kb = a.kinds, b.kinds
@@ -134,12 +139,25 @@ def kinds_failing(ctx: LoweringContext, a: BranchSummary | None, b: BranchSummar
             return set(ka) if all(not _valid_against_branch(ctx, v, a) for v in b.values) else safe
         except Exception:
             return safe
-    if "object" in ka & kb and _objects_fail(ctx, a, b, forbid):
+    if "object" in ka & kb and _objects_fail(ctx, a, b, forbid, {} if summaries is None else summaries):
         safe.add("object")
     return safe
 
 
-def _objects_fail(ctx: LoweringContext, a: BranchSummary, b: BranchSummary, forbid: list[str]) -> bool:
+def _property_summary(ctx: LoweringContext, schema: Any,
+                      summaries: dict[int, tuple[Any, BranchSummary | None]]) -> BranchSummary | None:
+    """`branch_summary` of a property schema on its own, made once per schema object (the object is kept with it,
+    so its id is not reused meanwhile)."""
+    hit = summaries.get(id(schema))
+    if hit is not None and hit[0] is schema:
+        return hit[1]
+    summary = branch_summary(ctx, [], schema, "#")
+    summaries[id(schema)] = (schema, summary)
+    return summary
+
+
+def _objects_fail(ctx: LoweringContext, a: BranchSummary, b: BranchSummary, forbid: list[str],
+                  summaries: dict[int, tuple[Any, BranchSummary | None]]) -> bool:
     """True when no object generated for branch a satisfies branch b (possibly after forbidding names)."""
     sa, sb = a.schema, b.schema
     req_a = list(sa.get("required", []) or [])
@@ -153,13 +171,13 @@ def _objects_fail(ctx: LoweringContext, a: BranchSummary, b: BranchSummary, forb
         if p not in props_b and b_addl is False and not any(pattern_matches(q, p, "#", "any") for q in b_pats):
             return True
         if p in props_b and p in props_a:
-            pa = branch_summary(ctx, [], props_a[p], "#")
-            pb = branch_summary(ctx, [], props_b[p], "#")
+            pa = _property_summary(ctx, props_a[p], summaries)
+            pb = _property_summary(ctx, props_b[p], summaries)
             if pb is not None and pb.schema == {} and props_b[p] is False:
                 return True
             if props_b[p] is False:
                 return True
-            if pa is not None and pa.kinds and kinds_failing(ctx, pa, pb, []) >= pa.kinds:
+            if pa is not None and pa.kinds and kinds_failing(ctx, pa, pb, [], summaries) >= pa.kinds:
                 return True
     # narrow a: forbid a property that b requires and a does not
     for p in req_b:
