@@ -38,7 +38,6 @@ import tokenizers
 
 from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo
 from dllm_constrain.constraints.compiler import COMPILE_CACHE, Compiled, compile_constraint
-from dllm_constrain.gc_heap import freeze_startup_heap
 from dllm_constrain.constraints.json_schema import normalize_schema_input
 from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.llm_engine import GenerationResult, LLMEngine, ProgressCallback
@@ -60,6 +59,7 @@ from dllm_constrain.errors import (  # noqa: F401 - the typed errors of the API,
     InvalidRequestError,
     InvalidSchemaError,
 )
+from dllm_constrain.gc_heap import freeze_startup_heap
 from dllm_constrain.options import (  # noqa: F401 - re-exported: the options' checks live in dllm_constrain.options
     CONSTRAINT_TIMEOUT_S,
     REQUEST_FIELDS,
