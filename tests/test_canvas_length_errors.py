@@ -72,3 +72,15 @@ def test_a_request_whose_shortest_text_does_not_fit_is_refused_with_its_fewest_t
     with pytest.raises(ConstraintTooLongError) as e:
         new_request_state(compiler.compile(regex="[0-9]{12}"), 8)
     assert e.value.min_tokens == 12 and e.value.max_new_tokens == 8
+
+
+def test_a_request_too_long_by_its_bytes_is_refused_at_admission_even_when_the_fit_check_cannot_decide(
+        compiler, monkeypatch) -> None:
+    """The fewest-token search decides what the time-bounded fit check may leave undecided: the request is refused
+    before any forward, not at its first mask call."""
+    from dllm_constrain.constraints.compiler import CompiledConstraint, new_request_state
+    from dllm_constrain.errors import ConstraintTooLongError
+
+    monkeypatch.setattr(CompiledConstraint, "fits", lambda self, n, timeout_s=None: True)  # undecided: fits
+    with pytest.raises(ConstraintTooLongError):
+        new_request_state(compiler.compile(regex="[0-9]{12}"), 8)

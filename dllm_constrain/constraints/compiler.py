@@ -180,13 +180,19 @@ class CompiledConstraint:
             frontier = nxt
         return (bound if bound < INF else INF), True
 
+    def fits_by_bytes(self, canvas_len: int) -> bool:
+        """True when the shortest accepted text has at most canvas_len bytes and the vocabulary spells every byte
+        with a token of its own: that text then fits, one token per byte (no search). False: not decided here."""
+        return (not self.empty_language and self.ta.single_byte_complete
+                and int(self.dfa.dist[START]) <= int(canvas_len))
+
     def fits(self, canvas_len: int, timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S) -> bool:
         """False only when provably no accepted text fits in canvas_len tokens (undecided within timeout_s:
         True, the request is not refused)."""
         n = int(canvas_len)
         if self.empty_language:
             return False
-        if self.ta.single_byte_complete and int(self.dfa.dist[START]) <= n:
+        if self.fits_by_bytes(n):
             return True
         from .canvas import Budget
 
@@ -289,17 +295,16 @@ def new_request_state(compiled: Any, canvas_len: int, timeout_s: float | None = 
     """A request's canvas constraint for `canvas_len` positions (the request's max_new_tokens), refused with
     ConstraintTooLongError when even the shortest accepted text does not fit. timeout_s bounds every call of
     the state, regular or grammar (a grammar's min_tokens is bounded by its own search budget)."""
-    if isinstance(compiled, CompiledConstraint):
-        # its canvas state checks the fit itself (`fits`): the shortest accepted text's bytes decide at once when
-        # single-byte tokens spell it, and the search for the fewest tokens (a breadth-first walk over token
-        # transitions, milliseconds per state at 128K tokens) runs only to name them in the refusal
-        return compiled.new_canvas_state(canvas_len, timeout_s=timeout_s)
     from .cfg import CompiledGrammar
 
-    min_tokens = int(compiled.min_tokens())
-    if min_tokens > canvas_len:
-        raise ConstraintTooLongError(min_tokens, canvas_len)
-    limit = {"timeout_s": timeout_s} if isinstance(compiled, CompiledGrammar) else {}
+    regular = isinstance(compiled, CompiledConstraint)
+    # a regular constraint whose shortest text fits by its bytes needs no search for the fewest tokens (a
+    # breadth-first walk over token transitions, milliseconds per state at 128K tokens)
+    if not (regular and compiled.fits_by_bytes(canvas_len)):
+        min_tokens = int(compiled.min_tokens(timeout_s=timeout_s) if regular else compiled.min_tokens())
+        if min_tokens > canvas_len:
+            raise ConstraintTooLongError(min_tokens, canvas_len)
+    limit = {"timeout_s": timeout_s} if regular or isinstance(compiled, CompiledGrammar) else {}
     return compiled.new_canvas_state(canvas_len, **limit)
 
 
