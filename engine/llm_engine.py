@@ -827,25 +827,24 @@ class LLMEngine:
     def _force_rows(self, s: RequestState, positions: list[int], allowed: torch.Tensor) -> bool:
         """Commit the positions whose mask row allows a single token (counted in `forced_tokens`), settle, and
         cache the other rows for the policy (`allowed_cache`). True when the forced tokens closed the block."""
-        forced = single_tokens(allowed)
-        single = forced >= 0
-        rows = single.nonzero().flatten().tolist()
+        forced = single_tokens(allowed).tolist()  # a few rows: Python lists, not a torch op per question
+        rows = [r for r, t in enumerate(forced) if t >= 0]
         if not rows:
             s.allowed_cache = (positions, allowed)
             return False
-        tokens = forced[rows].tolist()
-        s.commit([positions[r] for r in rows], tokens)
+        s.commit([positions[r] for r in rows], [forced[r] for r in rows])
         s.forced_tokens += len(rows)
         block_before = s.block
         self._settle(s)
         if not s.done and s.block == block_before:
-            keep = ~single
-            kept = allowed[keep]
+            keep = [r for r, t in enumerate(forced) if t < 0]
             # a budgeted constraint may leave masks right of the left frontier empty (sound, not exact);
             # the forced commits may have made one of them the new frontier, whose mask must then be
             # recomputed (the constraint decides the frontier exactly): keep the rows only if it is not empty
-            if kept.shape[0] and bool(kept[0].any()):
-                s.allowed_cache = ([p for p, k in zip(positions, keep.tolist()) if k], kept)
+            if keep:
+                kept = allowed[keep]
+                if bool(kept[0].any()):
+                    s.allowed_cache = ([positions[r] for r in keep], kept)
         return len(rows) == len(positions)
     def _settle(self, s: RequestState) -> None:
         """Stop if the answer has ended (fill the tail with EOS); otherwise move past completed blocks."""
