@@ -59,7 +59,9 @@ admitted with its constraint still compiling (`Request.constraint` a `PendingCon
 for a schema not in the compile cache; the loop starts such a compilation once it has started a forward): the
 compilation runs beside the first forward, a mask job waits for it while
 the forward runs, and a compilation that outlasts the forward parks the request (`RequestState.parked`: the forward's
-rows of the block are kept, the request takes no forward) until it ends; its error then ends that request only. The
+rows of the block are kept, the request takes no forward) until it ends; its error then ends that request only. Once
+it has compiled, the parked request's masks for those rows are computed by the mask workers beside the next forward
+when other requests take one (it takes its own next forward a step later), on the loop thread otherwise. The
 answer is the one the request gets with the constraint compiled before (same seed, as far as the masks do not follow
 the clock: see "Forced tokens" above).
 
@@ -372,13 +374,27 @@ class LLMEngine:
         loop.scheduler.schedule()
         running = [loop.states[e.request_id] for e in loop.scheduler.running]
         parked = [s for s in running if s.parked is not None]
+        # a parked request whose constraint is there now gets its first forward's masks: beside this step's
+        # forward when other requests take it and the loop has workers (the loop thread does not hold them all up
+        # with a cold automaton's first masks; the request takes its next forward one step later), else here
+        others_forward = loop.masks is not None and any(s.parked is None and not s.done for s in running)
+        unparking = [s for s in parked if others_forward and not s.done and s.pending.constraint_ready]
         for s in parked:
-            self._isolated(s, self._unpark, s, loop.policies[s.index], loop.logits_path, loop.timing)
+            if not others_forward:
+                self._isolated(s, self._unpark, s, loop.policies[s.index], loop.logits_path, loop.timing)
+            elif s not in unparking:  # still compiling: its step and time bounds hold meanwhile
+                self._isolated(s, self._check_step_bound, s)
         beside: list[MaskItem] = []
         for s in running:
             if s.parked is None and self._isolated(s, self._prepare_step, s, loop.timing, loop.masks is not None,
                                                    True):
                 beside.append(MaskItem(s, s.canvas_view(self.special.mask_id), s.open_in_block()))
+        for s in unparking:
+            self._isolated(s, self._check_step_bound, s)
+            if s.done:
+                continue
+            s.masks_after_forward = False
+            beside.append(MaskItem(s, s.canvas_view(self.special.mask_id), s.open_in_block()))
         live = [s for s in running if not s.done and s.parked is None]
         if not live:
             self._wait_parked(running)
@@ -414,6 +430,10 @@ class LLMEngine:
             s = row.state
             self._isolated(s, self._after_forward, s, loop.policies[s.index], row.hidden, row.offset,
                            loop.logits_path, masks.get(s.index), loop.timing)
+        for s in unparking:
+            if not s.done:
+                self._isolated(s, self._unpark_beside, s, loop.policies[s.index], loop.logits_path,
+                               masks.get(s.index), loop.timing)
         for s in running:
             if s.done:
                 outputs.append(RequestOutput(s.index, self._result(s, loop.runner)))
@@ -430,6 +450,15 @@ class LLMEngine:
             return
         hidden, s.parked = s.parked, None
         self._commit_after_forward(s, policy, hidden, 0, logits_path, None, timing)
+
+    def _unpark_beside(self, s: RequestState, policy: CommitPolicy, logits_path: LogitsPath,
+                       masks: MaskResult | None, timing: MaskTiming | None) -> None:
+        """A parked request whose first forward's masks the workers computed beside this step's forward (see
+        `_step`): that forward's commits now, from the rows it kept."""
+        if masks is None or (masks.allowed is None and masks.error is None):
+            s.masks_after_forward, masks = True, None  # no job result: computed here instead
+        hidden, s.parked = s.parked, None
+        self._commit_after_forward(s, policy, hidden, 0, logits_path, masks, timing)
 
     @staticmethod
     def _wait_parked(running: list[RequestState]) -> None:

@@ -254,3 +254,51 @@ def test_a_server_request_is_announced_started_only_once_its_constraint_has_comp
     assert job.handle.events == []
     backend._progress(job, event(True))
     assert [type(e) for e in job.handle.events] == [Started]
+
+
+class CountsForwards(ScriptedModel):
+    """Sets `third` once its third forward has started."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.third = threading.Event()
+
+    def hidden_states(self, *args, **kwargs):
+        out = super().hidden_states(*args, **kwargs)
+        if self.forwards >= 3:
+            self.third.set()
+        return out
+
+
+def test_beside_other_requests_a_request_that_waited_for_its_constraint_gets_its_first_masks_from_the_workers(
+        monkeypatch) -> None:
+    """Its constraint compiles past its first forward (it parks); once compiled, while another request keeps the
+    loop's forwards going, the mask workers compute the masks of its first forward beside one of them, and the loop
+    thread only commits. Its answer is the one it gets with its constraint compiled before."""
+    constraint = DigitsConstraint(digits=[SEVEN])
+    # the script's canvas goes on with Z, which the other request (its prompt 8 tokens long) commits, one per step
+    model = CountsForwards(SCRIPT + [{Z: 0.9}] * 32, prompt_len=1)
+
+    def compile_later():
+        model.third.wait(10)
+        return constraint
+
+    after_forward: list[tuple[int, bool]] = []
+    real = LLMEngine._commit_after_forward
+
+    def spy(self, s, *args, **kwargs):
+        after_forward.append((s.index, s.masks_after_forward))
+        return real(self, s, *args, **kwargs)
+
+    monkeypatch.setattr(LLMEngine, "_commit_after_forward", spy)
+    cold = Request([0], PARAMS, PendingConstraint(COMPILES, compile_later))
+    other = Request([0] * 8, SamplingParams(max_new_tokens=24, block_length=24, steps=24), None)
+    engine = LLMEngine(model, config=EngineConfig(mask_workers=1))
+    res, other_res = engine.generate([cold, other])
+    monkeypatch.undo()
+    assert other_res.nfe > 3  # the other request's forwards went on past the compilation
+    before, _, _, _ = _answer("before", 1)
+    assert res.canvas_ids == before.canvas_ids
+    assert (res.nfe, res.forced_tokens) == (before.nfe, before.forced_tokens)
+    first = [masks_after for index, masks_after in after_forward if index == 0][0]
+    assert first is False  # its first commits read the workers' masks, none computed after the forward
