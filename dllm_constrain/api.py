@@ -164,6 +164,7 @@ class LLM:
         self.defaults = GenerationDefaults.from_folder(path)
         self._compiler: Any = None  # the ConstraintCompiler, made by the first constrained call
         self._info: TokenizerInfo | None = None
+        self._compile_pool: ThreadPoolExecutor | None = None  # the compile thread, made on first use
         if freeze_gc_heap:
             # the loaded model, tokenizer and torch's own objects leave the collector's reach (once per process):
             # a full collection no longer walks them inside a step (dllm_constrain.gc_heap)
@@ -234,7 +235,7 @@ class LLM:
     def _compile_executor(self) -> ThreadPoolExecutor:
         """This LLM's compile thread (one: compilations run one at a time, in submission order), made on first use."""
         with _LOOP_LOCK:
-            pool = getattr(self, "_compile_pool", None)
+            pool = self._compile_pool
             if pool is None:
                 pool = self._compile_pool = ThreadPoolExecutor(1, thread_name_prefix="dllm-compile")
             return pool

@@ -378,23 +378,21 @@ class LLMEngine:
         # forward when other requests take it and the loop has workers (the loop thread does not hold them all up
         # with a cold automaton's first masks; the request takes its next forward one step later), else here
         others_forward = loop.masks is not None and any(s.parked is None and not s.done for s in running)
-        unparking = [s for s in parked if others_forward and not s.done and s.pending.constraint_ready]
+        unparking: list[RequestState] = []
         for s in parked:
-            if not others_forward:
-                self._isolated(s, self._unpark, s, loop.policies[s.index], loop.logits_path, loop.timing)
-            elif s not in unparking:  # still compiling: its step and time bounds hold meanwhile
-                self._isolated(s, self._check_step_bound, s)
+            self._isolated(s, self._check_step_bound, s)  # its step and time bounds hold while it waits
+            if s.done or not s.pending.constraint_ready:
+                continue
+            if others_forward:
+                unparking.append(s)
+            else:
+                self._isolated(s, self._unpark, s, loop.policies[s.index], loop.logits_path, None, loop.timing)
         beside: list[MaskItem] = []
         for s in running:
             if s.parked is None and self._isolated(s, self._prepare_step, s, loop.timing, loop.masks is not None,
                                                    True):
                 beside.append(MaskItem(s, s.canvas_view(self.special.mask_id), s.open_in_block()))
-        for s in unparking:
-            self._isolated(s, self._check_step_bound, s)
-            if s.done:
-                continue
-            s.masks_after_forward = False
-            beside.append(MaskItem(s, s.canvas_view(self.special.mask_id), s.open_in_block()))
+        beside += [MaskItem(s, s.canvas_view(self.special.mask_id), s.open_in_block()) for s in unparking]
         live = [s for s in running if not s.done and s.parked is None]
         if not live:
             self._wait_parked(running)
@@ -431,9 +429,8 @@ class LLMEngine:
             self._isolated(s, self._after_forward, s, loop.policies[s.index], row.hidden, row.offset,
                            loop.logits_path, masks.get(s.index), loop.timing)
         for s in unparking:
-            if not s.done:
-                self._isolated(s, self._unpark_beside, s, loop.policies[s.index], loop.logits_path,
-                               masks.get(s.index), loop.timing)
+            self._isolated(s, self._unpark, s, loop.policies[s.index], loop.logits_path, masks.get(s.index),
+                           loop.timing)
         for s in running:
             if s.done:
                 outputs.append(RequestOutput(s.index, self._result(s, loop.runner)))
@@ -442,21 +439,14 @@ class LLMEngine:
                 del loop.states[s.index], loop.policies[s.index]
         return outputs
 
-    def _unpark(self, s: RequestState, policy: CommitPolicy, logits_path: LogitsPath,
+    def _unpark(self, s: RequestState, policy: CommitPolicy, logits_path: LogitsPath, masks: MaskResult | None,
                 timing: MaskTiming | None) -> None:
-        """A parked request whose constraint has compiled (or failed) since: its first forward's commits now."""
-        self._check_step_bound(s)
-        if not s.pending.constraint_ready:
-            return
-        hidden, s.parked = s.parked, None
-        self._commit_after_forward(s, policy, hidden, 0, logits_path, None, timing)
-
-    def _unpark_beside(self, s: RequestState, policy: CommitPolicy, logits_path: LogitsPath,
-                       masks: MaskResult | None, timing: MaskTiming | None) -> None:
-        """A parked request whose first forward's masks the workers computed beside this step's forward (see
-        `_step`): that forward's commits now, from the rows it kept."""
-        if masks is None or (masks.allowed is None and masks.error is None):
-            s.masks_after_forward, masks = True, None  # no job result: computed here instead
+        """A parked request whose constraint has compiled (or failed) since: its first forward's commits now, from
+        the rows it kept. `masks`: those rows' masks, computed by the workers beside this step's forward (see
+        `_step`); without them they are computed here."""
+        if masks is not None and masks.compiling:
+            masks = None
+        s.masks_after_forward = masks is None
         hidden, s.parked = s.parked, None
         self._commit_after_forward(s, policy, hidden, 0, logits_path, masks, timing)
 
@@ -658,8 +648,7 @@ class LLMEngine:
         `_take_masks`), policy, joint verification, backtracking, bookkeeping. `logits_path` is the one of the loop
         the request belongs to (a generate() call between two steps of the continuous loop has its own)."""
         s.nfe += 1
-        if masks is not None and masks.allowed is None and masks.error is None:
-            # the job found the constraint still compiling: its masks are computed after the forward instead
+        if masks is not None and masks.compiling:  # its masks are computed after the forward instead
             s.masks_after_forward, masks = True, None
         if s.pending is not None and not s.pending.constraint_ready:
             # the constraint is still compiling: keep the rows this forward gave the block until it has (their

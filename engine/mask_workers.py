@@ -98,6 +98,12 @@ class MaskResult:
     start: float
     end: float
 
+    @property
+    def compiling(self) -> bool:
+        """The job gave up waiting for the request's constraint, still compiling when the forward ended: no masks
+        and no error (they are computed once it has compiled)."""
+        return self.allowed is None and self.error is None
+
 
 def shared_key(constraint: Any) -> int:
     """Requests whose constraints share mutable compiled structures get the same key: a regular constraint's

@@ -277,7 +277,7 @@ def test_beside_other_requests_a_request_that_waited_for_its_constraint_gets_its
     thread only commits. Its answer is the one it gets with its constraint compiled before."""
     constraint = DigitsConstraint(digits=[SEVEN])
     # the script's canvas goes on with Z, which the other request (its prompt 8 tokens long) commits, one per step
-    model = CountsForwards(SCRIPT + [{Z: 0.9}] * 32, prompt_len=1)
+    model = CountsForwards(SCRIPT + [{Z: 0.9}] * 100, prompt_len=1)
 
     def compile_later():
         model.third.wait(10)
@@ -292,7 +292,8 @@ def test_beside_other_requests_a_request_that_waited_for_its_constraint_gets_its
 
     monkeypatch.setattr(LLMEngine, "_commit_after_forward", spy)
     cold = Request([0], PARAMS, PendingConstraint(COMPILES, compile_later))
-    other = Request([0] * 8, SamplingParams(max_new_tokens=24, block_length=24, steps=24), None)
+    # long enough that the compile thread, woken at the third forward, has run long before it ends
+    other = Request([0] * 8, SamplingParams(max_new_tokens=96, block_length=96, steps=96), None)
     engine = LLMEngine(model, config=EngineConfig(mask_workers=1))
     res, other_res = engine.generate([cold, other])
     monkeypatch.undo()

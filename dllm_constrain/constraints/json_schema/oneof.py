@@ -118,7 +118,7 @@ def _flat_conjuncts(ctx: LoweringContext, parts: list, path: str) -> list | bool
 
 
 def kinds_failing(ctx: LoweringContext, a: BranchSummary | None, b: BranchSummary | None,
-                  forbid: list[str], summaries: dict[int, tuple[Any, BranchSummary | None]] | None = None) -> set[str]:
+                  forbid: list[str], summaries: dict[int, tuple[Any, BranchSummary | None]]) -> set[str]:
     """The kinds of values of branch a proven not to satisfy branch b (possibly after adding property
     names to `forbid`, which narrows a's objects). `summaries`: property schemas' summaries already made (by
     schema object), shared by the comparisons of one oneOf."""
@@ -139,7 +139,7 @@ def kinds_failing(ctx: LoweringContext, a: BranchSummary | None, b: BranchSummar
             return set(ka) if all(not _valid_against_branch(ctx, v, a) for v in b.values) else safe
         except Exception:
             return safe
-    if "object" in ka & kb and _objects_fail(ctx, a, b, forbid, {} if summaries is None else summaries):
+    if "object" in ka & kb and _objects_fail(ctx, a, b, forbid, summaries):
         safe.add("object")
     return safe
 
