@@ -92,7 +92,6 @@ Optional model hooks (all duck-typed, for families with extra per-request state)
 """
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED
@@ -106,7 +105,7 @@ from dllm_constrain.constraints.protocol import fill_token_bitmask
 from dllm_constrain.engine.block_diffusion import generate_blocks, is_block_diffusion
 from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.logits import LogitsPath
-from dllm_constrain.engine.mask_workers import MaskItem, MaskResult, MaskTiming, MaskWorkers
+from dllm_constrain.engine.mask_workers import ForwardWindow, MaskItem, MaskResult, MaskTiming, MaskWorkers
 from dllm_constrain.engine.model_runner import ForwardStats, ModelRunner
 from dllm_constrain.engine.models.base import DiffusionLM
 from dllm_constrain.engine.outputs import (
@@ -156,7 +155,7 @@ class _Loop:
     masks: MaskWorkers | None = None  # threads computing masks beside the forward (None: EngineConfig.mask_workers=0)
     timing: MaskTiming = field(default_factory=MaskTiming)  # measured mask and forward time (benchmarks)
     # set while a step's forward runs: a mask job waiting for a constraint still compiling waits that long at most
-    forward_running: threading.Event = field(default_factory=threading.Event)
+    forward_running: ForwardWindow = field(default_factory=ForwardWindow)
 
     def close(self) -> None:
         """End the loop's mask threads (waiting for a running job)."""
@@ -221,7 +220,7 @@ class LLMEngine:
             # the GIL-free forward a request costs 1-6% less with a second core but a seeded comparison of two server
             # calls once differed with it on by default (docs/constraints.md)
             workers = 0 if on_cpu else 1
-        forward_running = threading.Event()
+        forward_running = ForwardWindow()
 
         def beside(s: RequestState, view: list[int], positions: list[int]) -> torch.Tensor | None:
             return self._allowed_beside(s, view, positions, forward_running)
@@ -399,7 +398,7 @@ class LLMEngine:
         refreshed_before = loop.runner.stats.refresh_rows
         start = time.perf_counter()
         batch = None
-        loop.forward_running.set()
+        loop.forward_running.open()
         try:
             # the forward starts first: with the GIL-free forward it runs on its own thread from here on, and the mask
             # jobs' Python does not hold up the Python that prepares its inputs
@@ -415,11 +414,11 @@ class LLMEngine:
                     request.constraint.start()
             rows = finish()
         except BaseException:
-            loop.forward_running.clear()
+            loop.forward_running.close()
             if batch is not None:
                 batch.wait()  # no worker may still use a constraint once the failure leaves the loop
             raise
-        loop.forward_running.clear()
+        loop.forward_running.close()
         end = time.perf_counter()
         if live:
             loop.timing.add_forward(start, end, refresh=loop.runner.stats.refresh_rows > refreshed_before)
@@ -700,16 +699,14 @@ class LLMEngine:
         return allowed
 
     def _allowed_beside(self, s: RequestState, view: list[int], positions: list[int],
-                        forward_running: threading.Event) -> torch.Tensor | None:
+                        forward_running: ForwardWindow) -> torch.Tensor | None:
         """`_allowed` on a mask worker. A constraint still compiling is waited for while the forward runs and made
         the request's canvas state here (the worker owns the request's constraint until the join); None when it is
         still compiling after the forward (the request then parks, see `_after_forward`)."""
         if s.pending is not None:
             pending = s.pending.constraint
             pending.start()
-            while not pending.done() and forward_running.is_set():
-                wait_futures([pending.future], timeout=0.001)
-            if not pending.done():
+            if not forward_running.wait_done(pending.future):
                 return None
             self._resolve_pending(s)
         return self._allowed(s, view, positions)

@@ -26,6 +26,7 @@ benchmarks/bench_overlap.py).
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -36,7 +37,7 @@ import torch
 
 from dllm_constrain.engine.state import RequestState
 
-__all__ = ["MaskBatch", "MaskItem", "MaskResult", "MaskTiming", "MaskWorkers", "shared_key"]
+__all__ = ["ForwardWindow", "MaskBatch", "MaskItem", "MaskResult", "MaskTiming", "MaskWorkers", "shared_key"]
 
 
 @dataclass
@@ -75,6 +76,48 @@ class MaskTiming:
         if refresh:
             self.refresh_forwards += 1
             self.refresh_seconds += end - start
+
+
+class ForwardWindow:
+    """Whether a step's forward is running, and a way for a mask job to wait for a constraint still compiling
+    until it has compiled or the forward has ended, whichever comes first.
+
+    Why not poll: a job that woke every millisecond to look took the GIL from the compiling thread each time, and
+    on a two-core host each wake-up is a third runnable thread beside the forward and the compilation; the
+    request's first forward ran measurably slower. Here the job sleeps on a condition that either event
+    notifies."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._open = False
+
+    def open(self) -> None:
+        """The forward starts."""
+        with self._cond:
+            self._open = True
+
+    def close(self) -> None:
+        """The forward has ended (or failed): every waiting job wakes."""
+        with self._cond:
+            self._open = False
+            self._cond.notify_all()
+
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
+    def wait_done(self, future: Future) -> bool:
+        """Block while `future` is not done and the forward runs; True when `future` is done."""
+        if future.done():
+            return True
+        future.add_done_callback(self._wake)
+        with self._cond:
+            self._cond.wait_for(lambda: future.done() or not self._open)
+        return future.done()
+
+    def _wake(self, _future: Future) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
 
 @dataclass
