@@ -61,3 +61,12 @@ def test_length_bounds_on_a_format_are_exact_where_the_product_fits():
     assert dfa.matches(b'"http://a.b"') and not dfa.matches(b'"http://a"') and not dfa.matches(b'"http://a.b/cd"')
     dfa = DerivDFA(schema_to_regex_ast(_schema("hostname", None, 253), SchemaOptions()))
     assert dfa.matches(json.dumps("a" * 61 + ".example.com").encode())
+
+
+def test_a_minimum_length_alone_keeps_every_longer_text_of_the_format():
+    """With no maximum, the counter saturates at the minimum: texts longer than it are all still there."""
+    dfa = DerivDFA(schema_to_regex_ast(_schema("ipv4", 9, None), SchemaOptions()))
+    assert dfa.matches(b'"10.0.0.1"') is False  # 8 code points
+    assert dfa.matches(b'"10.0.0.12"') and dfa.matches(b'"192.168.100.200"')
+    dfa = DerivDFA(schema_to_regex_ast({"type": "string", "pattern": "^a{1,3}$", "minLength": 2}, SchemaOptions()))
+    assert dfa.matches(b'"aa"') and dfa.matches(b'"aaa"') and not dfa.matches(b'"a"')

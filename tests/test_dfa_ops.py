@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from dllm_constrain.constraints import regex_ast as A
 from dllm_constrain.constraints.deriv import DEAD, START, DerivDFA
-from dllm_constrain.constraints.dfa_ops import _mask_ranges, product
+from dllm_constrain.constraints.dfa_ops import _mask_ranges, difference, product
+from dllm_constrain.constraints.formats import FormatLengthTooLarge, with_length
 from dllm_constrain.constraints.regex_parser import parse_regex
 
 ATOMS = ["a", "b", "c", "[ab]", "[^a]", "[a-c]", ".", "\\d", "0", "9", "é"]
@@ -56,3 +57,19 @@ def test_a_byte_mask_reads_as_its_ascending_runs(mask: int) -> None:
     ranges = _mask_ranges(mask)
     assert sum(1 << b for lo, hi in ranges for b in range(lo, hi + 1)) == mask
     assert all(hi < lo2 - 1 for (_, hi), (lo2, _) in zip(ranges, ranges[1:]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(patterns(), st.integers(min_value=0, max_value=4), st.one_of(st.none(), st.integers(min_value=0, max_value=6)))
+def test_a_pattern_with_length_bounds_by_layers_is_the_generic_products_language(pat, mn, mx) -> None:
+    """The layered product (a pattern's DFA times a code-point counter) that lowers `pattern` with
+    `minLength`/`maxLength` accepts exactly the strings of the generic product with a counting language."""
+    node = parse_regex(pat).node
+    counting = A.rep(A.chars(A.ANY_CHAR), mn, mx)
+    generic = product([node, counting])
+    try:
+        layered = with_length(node, mn, mx, cap=False)
+    except FormatLengthTooLarge:
+        return  # too large to build exactly: the caller falls back to the generic product
+    assert A.is_nothing(difference(layered, [generic])), (pat, mn, mx)
+    assert A.is_nothing(difference(generic, [layered])), (pat, mn, mx)

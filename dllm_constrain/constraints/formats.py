@@ -256,9 +256,11 @@ def _full_dfa(node: A.Node, deadline, limit: int):
     return res
 
 
-def with_length(node: A.Node, mn: int, mx: int | None, deadline=None, limit: int = 20000) -> A.Node:
+def with_length(node: A.Node, mn: int, mx: int | None, deadline=None, limit: int = 20000,
+                cap: bool = True) -> A.Node:
     """node ∩ {strings of mn..mx code points} (mx None: no maximum), exact when the layered product fits
-    `limit` states, else the capped sub-language of cap_to_length (sound)."""
+    `limit` states, else the capped sub-language of cap_to_length (sound; `cap=False`: FormatLengthTooLarge
+    instead, for callers that must stay exact)."""
     from .dfa_ops import _prune
 
     flo, fhi = length_range(node)
@@ -276,6 +278,8 @@ def with_length(node: A.Node, mn: int, mx: int | None, deadline=None, limit: int
     top = mx if mx is not None else mn
     # (a layered state costs ~1 us and a few edges: twice the generic product's state limit)
     if full is None or len(full[0]) * (top + 1) > 2 * limit:
+        if not cap:
+            raise FormatLengthTooLarge()
         capped = cap_to_length(node, mx) if mx is not None else None
         if capped is None or capped == node:
             raise FormatLengthTooLarge()
@@ -294,10 +298,13 @@ def with_length(node: A.Node, mn: int, mx: int | None, deadline=None, limit: int
             deadline.check()
         seen = dict.fromkeys(cur)
         todo = list(cur)
-        while todo:  # closure under continuation bytes (same code point count)
+        # closure under continuation bytes (same code point count); the saturating layer (no maximum, i = mn) holds
+        # every state after at least mn code points: closed under every edge
+        saturating = mx is None and i == mn
+        while todo:
             q = todo.pop()
             for _, t, lead in rows[q]:
-                if not lead and t not in seen and (mx is None or i + mincp[t] <= mx):
+                if (saturating or not lead) and t not in seen and (mx is None or i + mincp[t] <= mx):
                     seen[t] = None
                     todo.append(t)
         layer = list(seen)
