@@ -11,7 +11,10 @@ from __future__ import annotations
 import heapq
 import os
 import sys
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import object_members as OM
 from . import regex_ast as A
@@ -547,7 +550,12 @@ class NativeTerms(Terms):
 
     def __init__(self, store_type: type, deadline: Deadline | None = None):
         super().__init__(deadline)
-        store = store_type(self._expansion_of, self._props_of, self._tick)
+        # the store calls back through a weak reference: bound methods would make a cycle (terms -> store -> terms),
+        # and a compiled constraint dropped from the cache would then wait for the cyclic collector (one pause of
+        # tens of milliseconds inside some later request, freeing thousands of objects) instead of going at once
+        ref = weakref.ref(self)
+        store = store_type(_weak_callback(ref, "_expansion_of"), _weak_callback(ref, "_props_of"),
+                           _weak_callback(ref, "_tick"))
         self.store = store
         self.kind = None  # the store knows the kinds (store.kind(t)); the maps below hold CHARS / GAT / MEM payloads
         self.a, self.b, self.c = {}, {}, {}
@@ -616,6 +624,16 @@ class NativeTerms(Terms):
         if self.deadline is not None:
             self.deadline.check()
         check_active()
+
+
+def _weak_callback(ref: weakref.ReferenceType, name: str) -> Callable[..., Any]:
+    """The method `name` of the object behind `ref`, called without holding the object alive."""
+    def call(*args: Any) -> Any:
+        obj = ref()
+        if obj is None:
+            raise ReferenceError("a term store outlived the terms object that owns it")
+        return getattr(obj, name)(*args)
+    return call
 
 
 def new_terms(deadline: Deadline | None = None) -> Terms:
