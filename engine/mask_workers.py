@@ -82,10 +82,9 @@ class ForwardWindow:
     """Whether a step's forward is running, and a way for a mask job to wait for a constraint still compiling
     until it has compiled or the forward has ended, whichever comes first.
 
-    Why not poll: a job that woke every millisecond to look took the GIL from the compiling thread each time, and
-    on a two-core host each wake-up is a third runnable thread beside the forward and the compilation; the
-    request's first forward ran measurably slower. Here the job sleeps on a condition that either event
-    notifies."""
+    Why not poll: a job that wakes every millisecond to look takes the GIL from the compiling thread each time, and
+    on a two-core host each wake-up is a third runnable thread beside the forward and the compilation. Here the
+    job sleeps on a condition that either event notifies, and wakes at once when the compilation ends."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
