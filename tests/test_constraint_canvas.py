@@ -144,6 +144,40 @@ def test_select_commits_keeps_a_jointly_consistent_greedy_subset(data):
             assert not brute_force_completable(c2, tokens, info.eos_id, info.mask_id, accepts)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_the_first_commit_allowed_by_the_last_masks_needs_no_search_and_the_choice_is_unchanged(data):
+    """On the canvas of the last mask call, the best proposal whose token its (sound) row allows is kept without a
+    completability search; the commits kept are those a state without those masks keeps."""
+    tokens = data.draw(tiny_vocabularies())
+    pattern = data.draw(small_regexes())
+    cc, info = _compiled(pattern, tokens)
+    n = data.draw(st.integers(2, 5))
+    try:
+        masked = cc.new_canvas_state(n, expand_budget=None, timeout_s=None)
+        plain = cc.new_canvas_state(n, expand_budget=None, timeout_s=None)
+    except ConstraintTooLongError:
+        return
+    canvas = [info.mask_id] * n
+    allowed = _allowed_sets(masked, canvas, list(range(n)))
+    proposals = [(i, data.draw(st.sampled_from(sorted(allowed[i]))), data.draw(st.integers(0, 10**6)))
+                 for i in range(n) if allowed[i] and data.draw(st.booleans())]
+    assume(proposals)
+    searched: list[tuple] = []
+    search = masked._completable
+
+    def counting(c: tuple) -> bool:
+        searched.append(c)
+        return search(c)
+
+    masked._completable = counting
+    kept = masked.select_commits(canvas, proposals)
+    assert kept == plain.select_commits(canvas, proposals)
+    assert len(searched) == len(proposals) - 1  # every proposal but the first kept one was searched
+    best = max(proposals, key=lambda p: p[2])
+    assert all(c[best[0]] == best[1] for c in searched)
+
+
 def _exact_case(data):
     """A drawn regex, tiny vocabulary and canvas: (its exact canvas state, the canvas, the brute-force allowed sets
     per open position, the mask id), or None when the canvas is too short for the regex."""

@@ -552,12 +552,23 @@ class CanvasState:
         """Commit the proposals in `order` onto c, each kept (appended to `kept` at once, so that a deadline
         leaves the verified ones) iff the canvas stays completable (`exact`: decided by the witness search)."""
         completable = self._completable_exact if exact else self._completable
+        # the first commit onto the canvas of the last mask call needs no search when its token is in that call's
+        # sound row there: such a row allows only tokens that, committed alone, keep the canvas completable
+        cert = self._certified
+        rows = cert[1] if cert is not None and not kept and cert[0] == tuple(c) else None
         for k in order:
             p, t, _ = proposals[k]
             p, t = int(p), int(t)
             if not 0 <= p < self.n or c[p] is not None or t == self.mask_id:
                 continue
             c[p] = t
+            row = rows.get(p) if rows is not None and not kept else None
+            if row is not None and row_allows(row, t):
+                self._prove(tuple(c))
+                kept.append((p, t))
+                if first_only:
+                    break
+                continue
             try:
                 ok = completable(tuple(c))
             except BaseException:
