@@ -33,6 +33,7 @@ mask format of the project (`dllm_constrain.kernels.bitmask`: `allocate_token_bi
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -51,6 +52,10 @@ from dllm_constrain.kernels.bitmask import (  # noqa: F401  (pack/unpack re-expo
 
 _KERNEL_MODULE = "dllm_constrain.kernels._triton_masked_row_stats"
 NEG_INF = float("-inf")
+# just above ln(FLT_MIN) = -87.3365: exp of it is a normal float32. Torch's vectorised exp on the CPU takes a slow path
+# for inputs whose result underflows (-inf among them): 4x for a row of disallowed tokens, up to 30x just below this
+# floor, with denormals flushed or not. The masked path clamps to the floor and subtracts its exp again.
+EXP_FLOOR = -87.33
 
 
 @dataclass
@@ -226,9 +231,18 @@ def _torch_stats(x: torch.Tensor, allowed: torch.Tensor | None, temperature: flo
         score.copy_(x).div_(temperature).add_(noise)  # = x.double() / T + g, as engine.sampling computes it
         token = score.argmax(-1)
     m = x.amax(-1, keepdim=True)
-    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # only -inf happens: a row with nothing allowed
+    nothing_allowed = torch.isinf(m)  # only -inf happens: a row with nothing allowed
+    m = torch.where(nothing_allowed, torch.zeros_like(m), m)
     z = x.sub_(m)
-    e = torch.exp(z, out=scratch[: rows * vocab * 4].view(torch.float32).view(rows, vocab))
+    e_out = scratch[: rows * vocab * 4].view(torch.float32).view(rows, vocab)
+    if allowed is not None:
+        # disallowed tokens' -inf: clamped to the floor (exp's fast path) and their exp taken away again, so that they
+        # weigh exactly 0 as before (a logit within 87.33 of its row's maximum gives the same exp; one further below
+        # gave 0 or a denormal, it now gives at most the rounding of exp(z) - exp(floor) there, under 1e-38)
+        z.clamp_min_(EXP_FLOOR)
+        e = torch.exp(z, out=e_out).sub_(_exp_at_floor(z.device))
+    else:
+        e = torch.exp(z, out=e_out)
     s = e.sum(-1)
     prob = e.gather(-1, token.clamp_min(0)[:, None]).squeeze(-1) / s
     if vocab > 1:
@@ -236,16 +250,23 @@ def _torch_stats(x: torch.Tensor, allowed: torch.Tensor | None, temperature: flo
         margin = (top[:, 0] - top[:, 1]) / s
     else:
         margin = e[:, 0] / s
-    # sum e z in place over x's storage (e = 0 where z = -inf: the clamp makes that term -0, not NaN)
-    t = z.clamp_min_(torch.finfo(torch.float32).min).mul_(e).sum(-1)
+    # sum e z in place over x's storage (e = 0 where z = -inf: the clamp makes that term -0, not NaN; a masked z is
+    # clamped already)
+    t = (z if allowed is not None else z.clamp_min_(torch.finfo(torch.float32).min)).mul_(e).sum(-1)
     entropy = torch.log(s) - t / s
-    empty = s == 0
+    empty = (s == 0) | nothing_allowed.squeeze(-1)
     if bool(empty.any()):
         token = token.masked_fill(empty, -1)
         prob = prob.masked_fill(empty, 0.0)
         entropy = entropy.masked_fill(empty, float("inf"))
         margin = margin.masked_fill(empty, 0.0)
     return RowStats(token=token, prob=prob, entropy=entropy, margin=margin)
+
+
+@functools.lru_cache(maxsize=None)
+def _exp_at_floor(device: torch.device) -> float:
+    """exp(EXP_FLOOR) as torch's exp computes it on `device` (a float32 value), so that exp(floor) - this is 0."""
+    return float(torch.exp(torch.full((64,), EXP_FLOOR, dtype=torch.float32, device=device))[0])
 
 
 def reference_masked_row_stats(

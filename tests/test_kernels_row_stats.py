@@ -368,3 +368,25 @@ def test_default_budget_is_clamped_fraction_of_free_memory():
     assert mrs.default_budget_bytes("cpu", fraction=1e-9) == 64 << 20
     assert mrs.default_budget_bytes("cpu", fraction=1.0, ceiling=100 << 20) == 100 << 20
     assert rows_per_chunk(126_464, b) >= 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 300), st.floats(0.5, 200.0), st.integers(0, 2**31 - 1))
+def test_masked_statistics_equal_the_closed_form_on_the_allowed_tokens(rows, vocab, spread, seed):
+    """With a mask, each statistic is the float64 closed form over the allowed tokens alone (disallowed tokens weigh
+    exactly nothing), also for logits far below their row's maximum (the masked path's exp floor)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.rand(rows, vocab, generator=g) * -spread).float()
+    allowed = torch.rand(rows, vocab, generator=g) < 0.3
+    allowed[:, 0] = True
+    got = reference_masked_row_stats(logits, pack_bool_mask(allowed), 0.0, None)
+    for r in range(rows):
+        x = logits[r].double()[allowed[r]]
+        ids = allowed[r].nonzero().flatten()
+        p = torch.softmax(x, -1)
+        assert got.token[r].item() == ids[int(x.argmax())].item()
+        assert got.prob[r].item() == pytest.approx(float(p.max()), abs=1e-6)
+        logp = torch.log_softmax(x, -1)
+        assert got.entropy[r].item() == pytest.approx(float(-(p * logp).sum()), abs=1e-5)
+        top = p.topk(min(2, p.numel())).values
+        assert got.margin[r].item() == pytest.approx(float(top[0] - (top[1] if top.numel() > 1 else 0.0)), abs=1e-6)
