@@ -1,6 +1,7 @@
-"""A compiled constraint and the canvas states made from it hold no reference cycle: once dropped (evicted from the
-compile cache, its requests ended) they are freed at once by reference counting, not left for the cyclic collector,
-whose pass would free them inside some later request's step."""
+"""What a compiled constraint costs the garbage collector: it and the canvas states made from it hold no reference
+cycle, so once dropped (evicted from the compile cache, its requests ended) they are freed at once by reference
+counting, not by a collector pass inside some later request's step; and the objects a compilation makes are collected
+by the compiling thread before it returns."""
 from __future__ import annotations
 
 import gc
@@ -35,3 +36,15 @@ def test_a_dropped_compiled_constraint_and_its_states_are_freed_without_the_cycl
     finally:
         if was_enabled:
             gc.enable()
+
+
+def test_a_compilation_collects_its_young_objects_on_the_compiling_thread() -> None:
+    """Compilation runs with the cyclic collector off; the young generations it fills are collected before it returns
+    (on the thread that compiled), not by whatever allocation, on whatever thread, next crosses the threshold."""
+    info = TokenizerInfo.from_tokenizer(build_tiny_tokenizer(), eos_id=1, vocab_size=260)
+    compiler = ConstraintCompiler(info, cache=CompileCache(4))
+    assert gc.isenabled()
+    for k in range(3):
+        schema = dict(SCHEMA, properties={**SCHEMA["properties"], f"extra{k}": {"type": "integer"}})
+        compiler.compile(schema=schema)
+        assert gc.get_count()[1] == 0  # the young generations were just collected

@@ -376,6 +376,10 @@ def _build_or_refusal(build: Callable[[], Any]) -> Any:
     finally:
         if gc_was_enabled:
             gc.enable()
+            # the young objects the compilation made are collected here, on the compiling thread: left to the
+            # allocation that next crosses the collector's threshold, that pass (a walk over thousands of new objects,
+            # then the same again one generation up) often fell on the engine's loop thread
+            gc.collect(1)
 
 
 COMPILE_CACHE = CompileCache(64)
