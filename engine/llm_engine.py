@@ -154,7 +154,7 @@ class _Loop:
     pending: list[RequestOutput] = field(default_factory=list)  # aborted requests, delivered by the next step
     masks: MaskWorkers | None = None  # threads computing masks beside the forward (None: EngineConfig.mask_workers=0)
     timing: MaskTiming = field(default_factory=MaskTiming)  # measured mask and forward time (benchmarks)
-    # set while a step's forward runs: a mask job waiting for a constraint still compiling waits that long at most
+    # open while a step's forward runs: a mask job waiting for a constraint still compiling waits that long at most
     forward_running: ForwardWindow = field(default_factory=ForwardWindow)
 
     def close(self) -> None:

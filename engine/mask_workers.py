@@ -101,10 +101,6 @@ class ForwardWindow:
             self._open = False
             self._cond.notify_all()
 
-    @property
-    def is_open(self) -> bool:
-        return self._open
-
     def wait_done(self, future: Future) -> bool:
         """Block while `future` is not done and the forward runs; True when `future` is done."""
         if future.done():
