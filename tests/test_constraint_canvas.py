@@ -108,9 +108,10 @@ def test_a_mask_is_never_empty_while_the_canvas_is_completable(data):
         assert all(_allowed_sets(state, canvas, opens))
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.data())
-def test_select_commits_keeps_a_jointly_consistent_greedy_subset(data):
+def _proposal_case(data):
+    """A drawn regex and tiny vocabulary, an all-open canvas of 2-5 positions, an exact state that has computed the
+    canvas's masks, and proposals (position, a token its mask allows, a score) at some positions: (tokens, pattern,
+    info, compiled, state, canvas, proposals), or None when the canvas is too short for the regex."""
     tokens = data.draw(tiny_vocabularies())
     pattern = data.draw(small_regexes())
     cc, info = _compiled(pattern, tokens)
@@ -118,13 +119,21 @@ def test_select_commits_keeps_a_jointly_consistent_greedy_subset(data):
     try:
         state = cc.new_canvas_state(n, expand_budget=None, timeout_s=None)
     except ConstraintTooLongError:
-        return
+        return None
     canvas = [info.mask_id] * n
     allowed = _allowed_sets(state, canvas, list(range(n)))
-    proposals = []
-    for i in range(n):
-        if allowed[i] and data.draw(st.booleans()):
-            proposals.append((i, data.draw(st.sampled_from(sorted(allowed[i]))), data.draw(st.integers(0, 10**6))))
+    proposals = [(i, data.draw(st.sampled_from(sorted(allowed[i]))), data.draw(st.integers(0, 10**6)))
+                 for i in range(n) if allowed[i] and data.draw(st.booleans())]
+    return tokens, pattern, info, cc, state, canvas, proposals
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_select_commits_keeps_a_jointly_consistent_greedy_subset(data):
+    case = _proposal_case(data)
+    if case is None:
+        return
+    tokens, pattern, info, _, state, canvas, proposals = case
     kept = state.select_commits(canvas, proposals)
     if proposals:
         assert kept, "never empty when each proposal was allowed alone"
@@ -149,20 +158,12 @@ def test_select_commits_keeps_a_jointly_consistent_greedy_subset(data):
 def test_the_first_commit_allowed_by_the_last_masks_needs_no_search_and_the_choice_is_unchanged(data):
     """On the canvas of the last mask call, the best proposal whose token its (sound) row allows is kept without a
     completability search; the commits kept are those a state without those masks keeps."""
-    tokens = data.draw(tiny_vocabularies())
-    pattern = data.draw(small_regexes())
-    cc, info = _compiled(pattern, tokens)
-    n = data.draw(st.integers(2, 5))
-    try:
-        masked = cc.new_canvas_state(n, expand_budget=None, timeout_s=None)
-        plain = cc.new_canvas_state(n, expand_budget=None, timeout_s=None)
-    except ConstraintTooLongError:
+    case = _proposal_case(data)
+    if case is None:
         return
-    canvas = [info.mask_id] * n
-    allowed = _allowed_sets(masked, canvas, list(range(n)))
-    proposals = [(i, data.draw(st.sampled_from(sorted(allowed[i]))), data.draw(st.integers(0, 10**6)))
-                 for i in range(n) if allowed[i] and data.draw(st.booleans())]
+    _, _, _, cc, masked, canvas, proposals = case
     assume(proposals)
+    plain = cc.new_canvas_state(len(canvas), expand_budget=None, timeout_s=None)
     searched: list[tuple] = []
     search = masked._completable
 
