@@ -237,8 +237,8 @@ def _torch_stats(x: torch.Tensor, allowed: torch.Tensor | None, temperature: flo
     e_out = scratch[: rows * vocab * 4].view(torch.float32).view(rows, vocab)
     if allowed is not None:
         # disallowed tokens' -inf: clamped to the floor (exp's fast path) and their exp taken away again, so that they
-        # weigh exactly 0 as before (a logit within 87.33 of its row's maximum gives the same exp; one further below
-        # gave 0 or a denormal, it now gives at most the rounding of exp(z) - exp(floor) there, under 1e-38)
+        # weigh exactly 0 as before; every other weight is its exp less exp(floor) (1.2e-38: no change above 1e-31),
+        # and one further than 87.33 below its row's maximum weighs 0 (it gave 0 or a denormal)
         z.clamp_min_(EXP_FLOOR)
         e = torch.exp(z, out=e_out).sub_(_exp_at_floor(z.device))
     else:
