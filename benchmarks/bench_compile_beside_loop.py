@@ -12,8 +12,9 @@ alternating them:
   alone          : nothing else runs;
   beside         : compilations of a JSON Schema run back to back on a compile thread the whole time (the compile
                    cache cleared before each), through `PendingConstraint` as the LLM runs them: with the short
-                   switch interval it holds while a compilation runs (engine.gil_share);
-  beside, 5 ms   : the same, with the interpreter's default switch interval (the guard off), for comparison.
+                   switch interval a compilation holds, and its pauses while the loop runs a step (engine.gil_share);
+  no pauses      : the same without the pauses (the short switch interval only);
+  neither        : the same with neither (the interpreter's default switch interval, 5 ms), for comparison.
 
 Printed per mode: the median over rounds of the wall time per request, its ratio to `alone`, and the compilations
 done per second beside the loop.
@@ -65,8 +66,8 @@ def main() -> int:
         clear_cache()
         PendingConstraint(pool, lambda: llm.compile(schema=SCHEMA)).result()
 
-    def serve(seconds: float, guard: bool | None) -> tuple[float, float]:
-        """(seconds per request, compilations per second) with compilations beside (guard on / off) or none."""
+    def serve(seconds: float, mode: str) -> tuple[float, float]:
+        """(seconds per request, compilations per second) in `mode` (see the module docstring)."""
         stop = threading.Event()
         compiled = [0]
 
@@ -75,10 +76,12 @@ def main() -> int:
                 compile_once()
                 compiled[0] += 1
 
-        saved = engine_state.compiling_beside
-        if guard is False:  # the interpreter's default interval: a guard that never lowers it
+        saved = engine_state.compiling_beside, engine_state.loop_activity
+        if mode in ("no pauses", "neither"):  # a loop activity the loop never marks: its pauses never wait
+            engine_state.loop_activity = gil_share.LoopActivity()
+        if mode == "neither":  # the interpreter's default interval: a guard that never lowers it
             engine_state.compiling_beside = gil_share.SwitchIntervalWhileBusy(sys.getswitchinterval())
-        side = threading.Thread(target=compile_loop) if guard is not None else None
+        side = threading.Thread(target=compile_loop) if mode != "alone" else None
         try:
             if side is not None:
                 side.start()
@@ -91,16 +94,16 @@ def main() -> int:
             stop.set()
             if side is not None:
                 side.join()
-            engine_state.compiling_beside = saved
+            engine_state.compiling_beside, engine_state.loop_activity = saved
         return wall / n, compiled[0] / wall
 
     engine.generate([free])
     compile_once()
-    modes = {"alone": None, "beside": True, "beside, 5 ms": False}
+    modes = ("alone", "beside", "no pauses", "neither")
     per: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
     for _ in range(args.rounds):
-        for name, guard in modes.items():
-            per[name].append(serve(args.seconds, guard))
+        for name in modes:
+            per[name].append(serve(args.seconds, name))
     pool.shutdown()
     base = statistics.median(t for t, _ in per["alone"])
     print(f"# bench_compile_beside_loop: {args.rounds} rounds of {args.seconds:g} s per mode, torch threads "

@@ -104,6 +104,7 @@ import torch
 from dllm_constrain.constraints.protocol import fill_token_bitmask
 from dllm_constrain.engine.block_diffusion import generate_blocks, is_block_diffusion
 from dllm_constrain.engine.config import EngineConfig
+from dllm_constrain.engine.gil_share import loop_activity
 from dllm_constrain.engine.logits import LogitsPath
 from dllm_constrain.engine.mask_workers import ForwardWindow, MaskItem, MaskResult, MaskTiming, MaskWorkers
 from dllm_constrain.engine.model_runner import ForwardStats, ModelRunner
@@ -368,7 +369,12 @@ class LLMEngine:
     def _step(self, loop: _Loop) -> list[RequestOutput]:
         """The per-step work both loops share: admission, forward-free work, one forward, commits, departures. A
         request whose own work raises a DllmConstrainError (constraint failure, step or time bound) ends with it;
-        the others go on."""
+        the others go on. A compilation beside the loop pauses while the step runs, except while it waits
+        (engine.gil_share)."""
+        with loop_activity.busy():
+            return self._run_step(loop)
+
+    def _run_step(self, loop: _Loop) -> list[RequestOutput]:
         outputs, loop.pending = loop.pending, []
         loop.scheduler.schedule()
         running = [loop.states[e.request_id] for e in loop.scheduler.running]
@@ -454,7 +460,8 @@ class LLMEngine:
         """No request can take a forward: wait a little for a parked one's compilation (the caller steps again)."""
         futures = [s.pending.constraint.future for s in running if s.parked is not None and not s.done]
         if futures:
-            wait_futures(futures, timeout=0.02, return_when=FIRST_COMPLETED)
+            with loop_activity.waiting():
+                wait_futures(futures, timeout=0.02, return_when=FIRST_COMPLETED)
 
     @staticmethod
     def _isolated(s: RequestState, fn: Callable[..., Any], *args: Any) -> Any:

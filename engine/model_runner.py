@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from dllm_constrain.engine.config import EngineConfig
+from dllm_constrain.engine.gil_share import loop_activity
 from dllm_constrain.engine.kv_cache import KVCache
 from dllm_constrain.engine.models.base import default_position_ids
 from dllm_constrain.engine.models.layers import bidirectional_attention
@@ -288,7 +289,8 @@ class ModelRunner:
             [e.k if e is not None else [] for e in cached], [e.v if e is not None else [] for e in cached])
 
         def finish() -> torch.Tensor:
-            hidden, new_k, new_v = future.wait()
+            with loop_activity.waiting():  # no GIL needed: a compilation beside the loop runs now (engine.gil_share)
+                hidden, new_k, new_v = future.wait()
             for seg, ks, vs in zip(segments, new_k, new_v):
                 if seg.kind == "refresh":
                     assert cache is not None

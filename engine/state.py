@@ -26,8 +26,9 @@ import torch
 
 from dllm_constrain.constraints.canvas import DEFAULT_CALL_TIMEOUT_S
 from dllm_constrain.constraints.compiler import Compiled, new_request_state
+from dllm_constrain.constraints.deadline import pausing
 from dllm_constrain.constraints.protocol import CanvasConstraint
-from dllm_constrain.engine.gil_share import compiling_beside
+from dllm_constrain.engine.gil_share import compiling_beside, loop_activity
 from dllm_constrain.errors import InvalidRequestError
 
 POLICY_NAMES = ("quota", "threshold", "entropy", "margin", "entropy_bound")
@@ -184,8 +185,8 @@ class PendingConstraint:
     def _run(self) -> None:
         try:
             # beside the request loop: the compilation's Python hands the GIL back to the loop's torch calls within
-            # a short switch interval (engine.gil_share)
-            with compiling_beside.hold():
+            # a short switch interval, and pauses while a loop runs its step (engine.gil_share)
+            with compiling_beside.hold(), pausing(loop_activity.pauser()):
                 compiled = self._compile()
         except BaseException as err:  # noqa: BLE001 - the compilation's error is the request's answer
             self.future.set_exception(err)

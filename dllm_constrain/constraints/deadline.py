@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from ..errors import CompilationTimeoutError, ConstraintTimeoutError
 
 
 class Deadline:
+    """The time limit of a compilation. Its checks are also where a compilation running beside a request loop
+    pauses while the loop runs its step (`pausing`; engine.gil_share says why)."""
+
     __slots__ = ("limit_s", "t_end", "what")
 
     def __init__(self, limit_s: float | None, what: str = "compiling the constraint"):
@@ -24,6 +29,9 @@ class Deadline:
         self.what = what
 
     def check(self) -> None:
+        pause = _local.pause
+        if pause is not None:
+            pause()
         if self.t_end is not None and time.perf_counter() > self.t_end:
             raise CompilationTimeoutError(f"{self.what} exceeded the time limit of {self.limit_s:g} s")
 
@@ -70,6 +78,7 @@ class _Local(threading.local):
     # per thread; the class default answers where no call is active, without the AttributeError that
     # getattr(local, name, None) raises and catches inside (about 10x the cost of a check)
     d: CallDeadline | None = None
+    pause: Callable[[], None] | None = None  # called at every compilation deadline check (`pausing`)
 
 
 _local = _Local()
@@ -108,3 +117,16 @@ class activate:
 
     def __exit__(self, *exc) -> None:
         _local.d = self.prev
+
+
+@contextmanager
+def pausing(pause: Callable[[], None] | None) -> Iterator[None]:
+    """`with pausing(fn):` makes this thread's compilations call `fn()` at each of their deadline checks (points
+    between atomic updates, frequent: about one every 30 us of a compilation): where a compilation may wait."""
+    prev = _local.pause
+    _local.pause = pause
+    try:
+        yield
+    finally:
+        _local.pause = prev
+
