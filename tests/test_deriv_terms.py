@@ -50,3 +50,34 @@ def test_re_nesting_the_same_head_under_the_same_tail_walks_its_chain_once() -> 
     calls["n"] = 0
     assert terms.seq(head, tail) == first
     assert walked >= 40 and calls["n"] == 1
+
+
+def _wide_alternation(n: int):
+    from dllm_constrain.constraints import regex_ast as A
+
+    return A.Alt(tuple(A.Seq((A.Lit(f"k{i}".encode()), A.Lit(b":"), A.Lit(f"{i}".encode()))) for i in range(n)))
+
+
+def test_converting_a_big_ast_checks_the_compilation_deadline() -> None:
+    """Thousands of AST nodes take tens of milliseconds to convert: the compilation's time limit holds inside."""
+    import pytest
+
+    from dllm_constrain.constraints.deadline import Deadline
+    from dllm_constrain.constraints.deriv_terms import AST_CHECK_EVERY, new_terms
+    from dllm_constrain.errors import CompilationTimeoutError
+
+    expired = Deadline(0.0)
+    with pytest.raises(CompilationTimeoutError):
+        new_terms(expired).from_ast(_wide_alternation(AST_CHECK_EVERY))
+    assert new_terms(expired).from_ast(_wide_alternation(2)) != T_NOTHING  # a few nodes: no check falls due
+
+
+def test_a_compilation_pauses_while_it_converts_a_big_ast() -> None:
+    """The conversion's checks are where a compilation beside the request loop pauses (deadline.pausing)."""
+    from dllm_constrain.constraints.deadline import Deadline, pausing
+    from dllm_constrain.constraints.deriv_terms import AST_CHECK_EVERY, new_terms
+
+    pauses: list[int] = []
+    with pausing(lambda: pauses.append(1)):
+        new_terms(Deadline(None)).from_ast(_wide_alternation(4 * AST_CHECK_EVERY))
+    assert len(pauses) >= 4

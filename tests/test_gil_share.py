@@ -245,3 +245,36 @@ def test_the_engine_counts_its_step_busy_and_its_forward_wait_idle(monkeypatch):
     assert in_step and set(in_step) == {1}
     assert in_forward_wait and set(in_forward_wait) == {0}
     assert loop_activity.busy_loops == 0
+
+
+def test_a_compilation_may_pause_before_its_collector_pass(monkeypatch):
+    import gc
+
+    from dllm_constrain.constraints import compiler
+
+    events: list[str] = []
+    real_collect = gc.collect
+
+    class RecordingGC:
+        isenabled, disable, enable = staticmethod(gc.isenabled), staticmethod(gc.disable), staticmethod(gc.enable)
+
+        @staticmethod
+        def collect(generation: int = 2) -> int:
+            events.append("collect")
+            return real_collect(generation)
+
+    monkeypatch.setattr(compiler, "gc", RecordingGC)
+    with pausing(lambda: events.append("pause")):
+        assert compiler._build_or_refusal(lambda: "built") == "built"
+    assert events == ["pause", "collect"]
+
+
+def test_a_pause_point_without_a_pause_does_nothing():
+    from dllm_constrain.constraints.deadline import pause_point
+
+    pause_point()  # no hook on this thread
+    calls: list[int] = []
+    with pausing(lambda: calls.append(1)):
+        pause_point()
+    pause_point()
+    assert calls == [1]

@@ -37,7 +37,7 @@ from ..errors import (
 )
 from . import regex_ast as A
 from .canvas import DEFAULT_CALL_TIMEOUT_S, CanvasState, SetAlgebra
-from .deadline import CallDeadline, Deadline, activate
+from .deadline import CallDeadline, Deadline, activate, pause_point
 from .deriv import DEAD, START, DerivDFA
 from .bounds import INF
 from .regex_parser import parse_regex
@@ -378,7 +378,9 @@ def _build_or_refusal(build: Callable[[], Any]) -> Any:
             gc.enable()
             # the young objects the compilation made are collected here, on the compiling thread: left to the
             # allocation that next crosses the collector's threshold, that pass (a walk over thousands of new objects,
-            # then the same again one generation up) often fell on the engine's loop thread
+            # then the same again one generation up) often fell on the engine's loop thread. The pass holds the GIL
+            # throughout (up to a few ms): beside a request loop, it waits for the loop to wait (deadline.pausing)
+            pause_point()
             gc.collect(1)
 
 

@@ -119,6 +119,14 @@ class activate:
         _local.d = self.prev
 
 
+def pause_point() -> None:
+    """Where a compilation may pause outside its deadline checks (`pausing`): before work that holds the GIL
+    throughout, such as a collector pass."""
+    pause = _local.pause
+    if pause is not None:
+        pause()
+
+
 @contextmanager
 def pausing(pause: Callable[[], None] | None) -> Iterator[None]:
     """`with pausing(fn):` makes this thread's compilations call `fn()` at each of their deadline checks (points

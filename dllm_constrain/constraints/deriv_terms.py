@@ -32,6 +32,9 @@ T_NOTHING = 0
 T_EMPTY = 1
 
 
+
+AST_CHECK_EVERY = 256  # AST nodes converted between two deadline checks (about 0.1 ms of conversion)
+
 class Terms:
     """Interned terms: id -> (kind, a, b, c)."""
 
@@ -55,6 +58,7 @@ class Terms:
         self.members: list[MembersTerms] = []
         self.deadline = deadline
         self._ast_memo: dict[int, tuple[A.Node, int]] = {}
+        self._ast_converted = 0  # AST nodes converted: the deadline is checked every AST_CHECK_EVERY of them
 
     # ------------------------------------------------------------------ constructors
     def _mk(self, key: tuple, kind: int, a=None, b=None, c=None) -> int:
@@ -176,6 +180,11 @@ class Terms:
         hit = memo.get(id(node))
         if hit is not None and hit[0] is node:
             return hit[1]
+        self._ast_converted += 1
+        if not self._ast_converted % AST_CHECK_EVERY and self.deadline is not None:
+            # a big schema's AST is tens of thousands of nodes (tens of ms): its time limit holds here too, and a
+            # compilation beside the request loop pauses here (deadline.pausing); only whole nodes are memoised
+            self.deadline.check()
         t = type(node)
         if t is A.Lit:
             r = self.lit(node.data)

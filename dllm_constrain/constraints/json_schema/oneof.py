@@ -41,6 +41,7 @@ def disjoint_branches(ctx: LoweringContext, base: list[Conjunct], branches: list
         kinds = set(infos[i].kinds) if infos[i] is not None else set()
         for j in range(len(branches)):
             if i != j and kinds:
+                ctx.check_deadline()  # pairs of a wide oneOf: milliseconds between the lowering's own checks
                 kinds &= kinds_failing(ctx, infos[i], infos[j], forbid, summaries)
                 if not kinds:
                     dropped.append((i, j))
