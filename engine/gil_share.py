@@ -17,12 +17,13 @@ beside the loop also pauses while a loop runs its step's Python (`LoopActivity`)
 every 30 us) it waits for the loops to be idle, i.e. waiting on a forward, on a compilation, or between steps; the
 compilation then runs beside the forwards, where the loop does not need the GIL. A pause that runs out
 (`MAX_PAUSE_S`: a loop busy that long is waiting for something else) ends the pauses of that compilation, so no
-compilation is held back by more than that.
+compilation is held back by more than that. The time paused does not count against the compilation's time limit.
 """
 from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -123,15 +124,19 @@ class LoopActivity:
         with self._cond:
             return self._cond.wait_for(lambda: self._busy == 0, timeout=timeout_s)
 
-    def pauser(self, max_pause_s: float = MAX_PAUSE_S) -> Callable[[], None]:
-        """The pause of one compilation (`deadline.pausing`): wait while a loop is busy; after one wait that runs
-        out, never again."""
+    def pauser(self, max_pause_s: float = MAX_PAUSE_S) -> Callable[[], float]:
+        """The pause of one compilation (`deadline.pausing`): wait while a loop is busy, returning the seconds
+        waited; after one wait that runs out, never again."""
         enabled = True
 
-        def pause() -> None:
+        def pause() -> float:
             nonlocal enabled
-            if enabled and self._busy and not self.wait_idle(max_pause_s):
+            if not (enabled and self._busy):
+                return 0.0
+            start = time.perf_counter()
+            if not self.wait_idle(max_pause_s):
                 enabled = False
+            return time.perf_counter() - start
 
         return pause
 

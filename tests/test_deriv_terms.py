@@ -78,6 +78,6 @@ def test_a_compilation_pauses_while_it_converts_a_big_ast() -> None:
     from dllm_constrain.constraints.deriv_terms import AST_CHECK_EVERY, new_terms
 
     pauses: list[int] = []
-    with pausing(lambda: pauses.append(1)):
+    with pausing(lambda: pauses.append(1) or 0.0):
         new_terms(Deadline(None)).from_ast(_wide_alternation(4 * AST_CHECK_EVERY))
     assert len(pauses) >= 4

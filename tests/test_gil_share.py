@@ -191,7 +191,7 @@ def test_waiting_outside_a_step_changes_nothing_and_a_step_inside_a_step_counts_
 def test_the_pause_is_called_at_the_deadline_checks_of_this_thread_only():
     calls: list[str] = []
     d = Deadline(None)
-    with pausing(lambda: calls.append(threading.current_thread().name)):
+    with pausing(lambda: calls.append(threading.current_thread().name) or 0.0):
         d.check()
         other = threading.Thread(target=d.check, name="other")
         other.start()
@@ -264,7 +264,7 @@ def test_a_compilation_may_pause_before_its_collector_pass(monkeypatch):
             return real_collect(generation)
 
     monkeypatch.setattr(compiler, "gc", RecordingGC)
-    with pausing(lambda: events.append("pause")):
+    with pausing(lambda: events.append("pause") or 0.0):
         assert compiler._build_or_refusal(lambda: "built") == "built"
     assert events == ["pause", "collect"]
 
@@ -274,7 +274,28 @@ def test_a_pause_point_without_a_pause_does_nothing():
 
     pause_point()  # no hook on this thread
     calls: list[int] = []
-    with pausing(lambda: calls.append(1)):
+    with pausing(lambda: calls.append(1) or 0.0):
         pause_point()
     pause_point()
     assert calls == [1]
+
+
+def test_the_time_a_compilation_pauses_does_not_count_against_its_limit():
+    from dllm_constrain.errors import CompilationTimeoutError
+
+    limit = Deadline(0.05)
+    time.sleep(0.06)  # the limit has passed, as if the compilation had worked that long
+    with pytest.raises(CompilationTimeoutError):
+        limit.check()
+    paused = Deadline(0.05)
+    time.sleep(0.06)  # ... while it waited for the loop: the pause reports the time
+    with pausing(lambda: 1.0):  # (more than it slept: the test does not race the clock)
+        paused.check()
+
+
+def test_a_pause_reports_how_long_it_waited():
+    activity = LoopActivity()
+    pause = activity.pauser(max_pause_s=0.02)
+    assert pause() == 0.0  # no loop busy
+    with activity.busy():
+        assert pause() >= 0.02  # ran out

@@ -19,7 +19,8 @@ from ..errors import CompilationTimeoutError, ConstraintTimeoutError
 
 class Deadline:
     """The time limit of a compilation. Its checks are also where a compilation running beside a request loop
-    pauses while the loop runs its step (`pausing`; engine.gil_share says why)."""
+    pauses while the loop runs its step (`pausing`; engine.gil_share says why); the time paused does not count
+    against the limit, which bounds the compilation's own work."""
 
     __slots__ = ("limit_s", "t_end", "what")
 
@@ -29,9 +30,9 @@ class Deadline:
         self.what = what
 
     def check(self) -> None:
-        pause = _local.pause
-        if pause is not None:
-            pause()
+        paused = pause_point()
+        if paused and self.t_end is not None:
+            self.t_end += paused
         if self.t_end is not None and time.perf_counter() > self.t_end:
             raise CompilationTimeoutError(f"{self.what} exceeded the time limit of {self.limit_s:g} s")
 
@@ -78,7 +79,7 @@ class _Local(threading.local):
     # per thread; the class default answers where no call is active, without the AttributeError that
     # getattr(local, name, None) raises and catches inside (about 10x the cost of a check)
     d: CallDeadline | None = None
-    pause: Callable[[], None] | None = None  # called at every compilation deadline check (`pausing`)
+    pause: Callable[[], float] | None = None  # called at every compilation deadline check (`pausing`)
 
 
 _local = _Local()
@@ -119,22 +120,21 @@ class activate:
         _local.d = self.prev
 
 
-def pause_point() -> None:
-    """Where a compilation may pause outside its deadline checks (`pausing`): before work that holds the GIL
-    throughout, such as a collector pass."""
+def pause_point() -> float:
+    """Where a compilation may pause (`pausing`): at each deadline check, and before work that holds the GIL
+    throughout, such as a collector pass. Returns the seconds paused."""
     pause = _local.pause
-    if pause is not None:
-        pause()
+    return pause() if pause is not None else 0.0
 
 
 @contextmanager
-def pausing(pause: Callable[[], None] | None) -> Iterator[None]:
-    """`with pausing(fn):` makes this thread's compilations call `fn()` at each of their deadline checks (points
-    between atomic updates, frequent: about one every 30 us of a compilation): where a compilation may wait."""
+def pausing(pause: Callable[[], float] | None) -> Iterator[None]:
+    """`with pausing(fn):` makes this thread's compilations call `fn()` (which returns the seconds it waited) at each
+    of their deadline checks (points between atomic updates, frequent: about one every 30 us of a compilation):
+    where a compilation may wait."""
     prev = _local.pause
     _local.pause = pause
     try:
         yield
     finally:
         _local.pause = prev
-

@@ -31,9 +31,8 @@ NOTHING_K, EMPTY_K, BYTES_K, LIT_K, CHARS_K, SEQ_K, ALT_K, REP_K, GAT_K, MEM_K =
 T_NOTHING = 0
 T_EMPTY = 1
 
-
-
 AST_CHECK_EVERY = 256  # AST nodes converted between two deadline checks (about 0.1 ms of conversion)
+
 
 class Terms:
     """Interned terms: id -> (kind, a, b, c)."""
