@@ -153,10 +153,19 @@ def test_random_outputs_with_patterns_validate_under_both_readings(i):
     ({"type": "integer", "not": {"enum": [2 ** 53]}}, str(2 ** 53 + 1) + ".0"),
     ({"const": float(2 ** 60)}, "1152921504606847000"),
     ({"enum": [2 ** 53 + 1, 7], "not": {"const": float(2 ** 53)}}, str(2 ** 53 + 1)),  # enum minus a double
+    # an enum member beyond 2**53 against a bound at its double: exactly above it, as a double equal to it
+    ({"enum": [2 ** 53 + 1, 2 ** 60], "exclusiveMinimum": float(2 ** 53)}, str(2 ** 53 + 1)),
 ])
 def test_numbers_whose_float_reading_fails_are_not_generated(schema, text):
     assert not (python_valid(schema, text) and ecma_valid(schema, text))
     assert not accepts_text(schema, text)
+
+
+def test_an_enum_whose_members_pass_only_read_exactly_is_refused_naming_the_double_reading():
+    from dllm_constrain.errors import UnsatisfiableSchemaError
+
+    with pytest.raises(UnsatisfiableSchemaError, match="with every number a double"):
+        lang({"type": "number", "enum": [2 ** 53 + 1], "exclusiveMinimum": float(2 ** 53)})
 
 
 @pytest.mark.parametrize("schema,text", [
@@ -169,6 +178,7 @@ def test_numbers_whose_float_reading_fails_are_not_generated(schema, text):
     ({"type": "number", "not": {"const": 0.1}}, "0.2"),
     ({"const": float(2 ** 60)}, str(2 ** 60)),
     ({"type": "number"}, "1e3"),
+    ({"enum": [2 ** 53 + 1, 7], "exclusiveMinimum": 2 ** 53 - 10}, str(2 ** 53 + 1)),  # above it either way
 ])
 def test_realistic_numbers_are_kept(schema, text):
     assert python_valid(schema, text) and ecma_valid(schema, text)

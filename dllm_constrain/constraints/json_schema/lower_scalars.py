@@ -14,7 +14,7 @@ from .. import regex_ast as A
 from .context import LoweringContext
 from .ir import Conjunction, NumberRange
 from .json_text import FLOAT_EXACT, ZERO_FRACTION, has_other_spellings, value_spellings
-from .values import canon, double_eq, is_number, json_eq
+from .values import as_doubles, canon, double_eq, inexact_as_double, is_number, json_eq
 
 _FLOAT_MULTIPLES_MAX = 1000  # multipleOf a non-integer: the products n*k enumerated for |n| up to this
 
@@ -30,15 +30,25 @@ def lower_enum(ctx: LoweringContext, s: Conjunction, path: str) -> A.Node:
     keep = []
     seen: set[str] = set()
     excl_keys = {canon(e) for e in s.excluded}
+    # integers beyond 2**53 in the conjuncts: a double reading may decide otherwise than the exact one
+    inexact_conjuncts = any(inexact_as_double(c) for c in s.conjuncts)
+    double_only = False  # a value valid read exactly was left out for its double reading
     for v in vals:
         kv = canon(v)
         if kv in seen or kv in excl_keys or any(double_eq(v, e) for e in s.excluded):
             continue  # excluded under the Python reading or the double reading
         seen.add(kv)
-        if all(ctx.validation.is_valid_fast(v, c) for c in s.conjuncts):
-            keep.append(v)
+        if not all(ctx.validation.is_valid_fast(v, c) for c in s.conjuncts):
+            continue
+        if (inexact_conjuncts or inexact_as_double(v)) and not all(
+                ctx.validation.is_valid(as_doubles(v), as_doubles(c)) for c in s.conjuncts):
+            double_only = True  # valid read exactly, not with every number a double (2**53 + 1 > 2**53 fails there)
+            continue
+        keep.append(v)
     if not keep:
-        ctx.unsat.append(f"no value of the enum/const at {path} satisfies the schema")
+        reading = " read both exactly and with every number a double (as ECMA-262 validators read it)" \
+            if double_only else ""
+        ctx.unsat.append(f"no value of the enum/const at {path} satisfies the schema{reading}")
         return A.NOTHING
     lits = []
     spelled = []  # values holding numbers: every decimal spelling of each number (1 == 1.0)

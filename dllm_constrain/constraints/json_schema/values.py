@@ -59,6 +59,31 @@ def double_eq(a, b) -> bool:
     return _equal(a, b, lambda x, y: _as_double(x) == _as_double(y))
 
 
+def inexact_as_double(x) -> bool:
+    """Whether x (a JSON value or schema) holds an integer that a double cannot represent (beyond 2**53): there the
+    double reading of a validator (ECMA-262) may decide otherwise than the exact one."""
+    if isinstance(x, bool):
+        return False
+    if isinstance(x, int):
+        return _as_double(x) != x
+    if isinstance(x, dict):
+        return any(inexact_as_double(v) for v in x.values())
+    if isinstance(x, list):
+        return any(inexact_as_double(v) for v in x)
+    return False
+
+
+def as_doubles(x):
+    """x with every integer read as a double, as an ECMA-262 validator reads the schema and the instance."""
+    if isinstance(x, bool) or not isinstance(x, (int, dict, list)):
+        return x
+    if isinstance(x, int):
+        return _as_double(x)
+    if isinstance(x, dict):
+        return {k: as_doubles(v) for k, v in x.items()}
+    return [as_doubles(v) for v in x]
+
+
 def type_of(v) -> str:
     if v is None:
         return "null"
