@@ -450,3 +450,47 @@ def test_the_greedy_bound_on_fresh_automata_spells_an_accepted_text_and_bounds_t
         layer = [u for q in layer for u in cc.ta.trans(q).succ if u not in seen and not seen.add(u)]
         depth += 1
     assert depth <= g
+
+
+# ---------------------------------------------------------------- the automaton's exploration allowance
+def test_the_footprint_estimate_grows_with_the_transitions_a_call_computes() -> None:
+    cc = compile_fresh()
+    before = cc.ta.footprint_bytes()
+    cc.new_canvas_state(4, expand_budget=None, timeout_s=None).allowed_tokens([MASK] * 4, [0, 1, 2, 3])
+    assert cc.ta.footprint_bytes() > before
+    assert cc.algebra.exploration_full() is False  # a tiny automaton is far below the default allowance
+
+
+def test_past_the_exploration_allowance_a_call_explores_nothing_ahead_of_the_frontier() -> None:
+    """A compiled constraint's automaton is shared and never shrinks: once it holds its allowance, a mask call
+    computes new transitions only for its left frontier, where budgets alone would explore every open row."""
+    canvas = [MASK] * 4
+    ahead = compile_fresh()
+    ahead.new_canvas_state(4, timeout_s=None).allowed_tokens(canvas, [0, 1, 2, 3])
+    capped = compile_fresh()
+    capped.algebra.explore_max_bytes = 0
+    masks = capped.new_canvas_state(4, timeout_s=None).allowed_tokens(canvas, [0, 1, 2, 3])
+    assert len(capped.ta._trans) < len(ahead.ta._trans)
+    oracle = brute_force_allowed(canvas, TOKENS, EOS, MASK, regex_accepts(PATTERN))
+    rows = [set(m.nonzero().flatten().tolist()) for m in masks]
+    assert rows[0] == oracle[0]  # the left frontier stays exact
+    assert all(rows[p] <= oracle[p] for p in range(4))  # the other rows stay sound
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000))
+def test_past_the_exploration_allowance_commits_are_still_decided_exactly(seed: int) -> None:
+    rng = random.Random(seed)
+    n = rng.randint(2, 5)
+    canvas = random_canvas(rng, n, rng.randint(1, min(3, n)))
+    accepts = regex_accepts(PATTERN)
+    cc = compile_fresh()
+    cc.algebra.explore_max_bytes = 0
+    st_ = cc.new_canvas_state(n, timeout_s=None)
+    assert st_.is_completable(canvas) == brute_force_completable(canvas, TOKENS, EOS, MASK, accepts)
+    p = rng.choice([i for i, c in enumerate(canvas) if c == MASK])
+    t = rng.randrange(len(TOKENS) + 1)
+    after = list(canvas)
+    after[p] = t
+    want = brute_force_completable(after, TOKENS, EOS, MASK, accepts)
+    assert st_.select_commits(canvas, [(p, t, 1.0)]) == ([(p, t)] if want else [])

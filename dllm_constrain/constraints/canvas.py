@@ -312,7 +312,10 @@ class CanvasState:
                 # finishes the sets with known transitions; the next calls take the exploration further
                 cap = min(EXPAND_S, 0.5 * self.timeout_s)
                 secs = cap if secs is None else min(secs, cap)
-            self._budget = Budget(self.expand_budget, secs)
+            # past the automaton's exploration allowance, a call computes new transitions only where its own
+            # answer needs them (the left frontier's search, the spine, verified commits): no exploration ahead
+            n = self.expand_budget if not self.alg.exploration_full() else 0
+            self._budget = Budget(n, secs)
 
     # ------------------------------------------------------------------ time bounds
     def _call(self, operation: str, c: tuple | None = None, limit: float | None = -1.0,

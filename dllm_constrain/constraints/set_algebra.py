@@ -93,6 +93,13 @@ def checked_chunks(members: list[int], size: int = 256):
 
 # Bytes of packed mask rows one compiled constraint keeps (SetAlgebra.rows)
 ROW_CACHE_BYTES = 16 << 20
+# Memory (bytes, TokenAutomaton.footprint_bytes) up to which canvas calls explore a compiled constraint's automaton
+# ahead of what they need (each call's expansion budget, canvas.py). The automaton is shared by every request of the
+# constraint and never shrinks; a wide schema's reachable part can hold tens of thousands of states (a 10,000-state
+# schema of the sample holds about 50 MB with a 4K vocabulary, more at 128K), and exploration past its DFA's state
+# bound made every later request of the constraint fail. Past the allowance masks come from the known transitions
+# (sound subsets: the left frontier stays exact) and new states are added only where a request's answer needs them.
+EXPLORE_MAX_BYTES = 128 << 20
 
 
 class SetAlgebra:
@@ -127,6 +134,7 @@ class SetAlgebra:
         self._succ_sorted: dict[int, list[int]] = {}
         self._greedy: dict[int, int] = {}
         self._greedy_step: dict[int, tuple[int, int]] = {}
+        self.explore_max_bytes = EXPLORE_MAX_BYTES  # see EXPLORE_MAX_BYTES
         self.rows: OrderedDict = OrderedDict()  # mask-row cache: (Bi, Bn) -> packed row (kernels.bitmask bytes)
         # rows kept: a byte budget, so that every request of a busy schema finds its rows again (a row is
         # ceil(V / 8) bytes: about 1,000 rows at 128K tokens, 30,000 at 4K), and at least 64
@@ -159,6 +167,11 @@ class SetAlgebra:
 
     def succ_bits(self, q: int) -> int:
         return self.ta.trans(q).succ_bits
+
+    def exploration_full(self) -> bool:
+        """Whether the automaton holds its exploration allowance (EXPLORE_MAX_BYTES): calls then stop exploring
+        ahead and add states only where their answer needs them."""
+        return self.ta.footprint_bytes() >= self.explore_max_bytes
 
     # ------------------------------------------------------------------ forward
     def known(self, q: int) -> bool:

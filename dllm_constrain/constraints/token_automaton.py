@@ -24,6 +24,8 @@ from .tokenizer_info import TokenizerInfo
 
 DENSE_MIN = 2048  # groups larger than this are stored as packed bitsets
 SMALL = 32  # states allowing more tokens than this also keep a packed row of all of them
+# memory a known state costs beyond its arrays (its objects, the set-level memos over it): see footprint_bytes
+STATE_OVERHEAD_BYTES = 3072
 
 
 def packed_row_bytes(vocab_size: int) -> int:
@@ -76,6 +78,7 @@ class TokenAutomaton:
         self._row_ids: dict[int, int] = {}
         self._unions: OrderedDict = OrderedDict()
         self.succ_bits: dict[int, int] = {}  # state -> successor bitset (filled by trans)
+        self._trans_bytes = 0  # what the published transitions hold (their id arrays and successor sets)
         self.acc_bits = 1 << 1 if dfa.accepting[1] else 0  # accepting states seen so far (bitset)
         # every byte is a token of its own: a byte path of length d is spelled by d tokens
         self.single_byte_complete = tok.single_byte_complete()
@@ -228,9 +231,19 @@ class TokenAutomaton:
                 if self.row_store is not None:
                     self.row_store.add_state(s, [(u, tt.dense.get(u, -1), tt.sparse.get(u, NO_IDS)) for u in tt.targets],
                                              tt.all_row, tt.all_sparse)
+                self._trans_bytes += _held_bytes(tt)
                 self.succ_bits[s] = tt.succ_bits  # known from here on: set last (readers do not take the lock)
             self._trans[s] = tt
             return tt
+
+    def footprint_bytes(self) -> int:
+        """An estimate of the memory this automaton holds and that grows as requests explore it: the byte DFA's
+        transition table, the interned token rows (twice: numpy and the native row store), the known states'
+        token transitions, and per known state the memos built over it (set_algebra.py), STATE_OVERHEAD_BYTES
+        (calibrated against the process's resident memory over the warm calls of a 10,000-state schema). Read
+        without the lock: a computation under way adds its bytes when it publishes."""
+        return (self.dfa.T.nbytes + 2 * self.allp.nbytes + self._trans_bytes
+                + STATE_OVERHEAD_BYTES * len(self._trans))
 
     def _compute_trans(self, s: int) -> TokTrans:
         tt = TokTrans(s)
@@ -514,6 +527,12 @@ def _set_bits(row: np.ndarray, ids: np.ndarray) -> None:
     """Set the bits of token ids in a packed row (uint8; token t = bit t % 8 of byte t // 8), in place."""
     if ids.size:
         np.bitwise_or.at(row, ids >> 3, (1 << (ids & 7)).astype(np.uint8))
+
+
+def _held_bytes(tt: TokTrans) -> int:
+    """Bytes of a state's token transitions beyond its interned rows: the id arrays and the successor set."""
+    n = sum(a.nbytes for a in tt.sparse.values()) + (tt.succ_bits.bit_length() >> 3)
+    return n + (tt.all_sparse.nbytes if tt.all_sparse is not None else 0)
 
 
 def as_bytes(x: int) -> bytes:
