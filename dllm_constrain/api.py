@@ -219,20 +219,18 @@ class LLM:
         return compile_constraint(self._constraint_compiler(), self.tokenizer_info().fingerprint, COMPILE_CACHE,
                                   **constraint.compile_kwargs())
 
-    def constraint_for_engine(self, constraint: OutputConstraint, fit_for: tuple[int, float | None] | None = None
-                              ) -> Compiled | PendingConstraint:
+    def constraint_for_engine(self, constraint: OutputConstraint) -> Compiled | PendingConstraint:
         """What a request takes as its constraint: the compiled one when the compile cache has it (a cached refusal
         is raised here), else a `PendingConstraint` to compile on this LLM's compile thread, started by the engine
         once it has started a forward (or by `result()`). The engine runs the request's first forward meanwhile (it
         reads the all-open canvas, whatever the constraint), so a schema the process has not seen costs its
         compilation only where that outlasts the forward. The input is checked and normalised here, on the caller's
-        thread (a malformed schema is refused before any forward). `fit_for` (the requests' canvas length and call
-        time limit): their fit check runs on the compile thread too, after the compilation (`PendingConstraint`)."""
+        thread (a malformed schema is refused before any forward)."""
         hit = compile_constraint(self._constraint_compiler(), self.tokenizer_info().fingerprint, COMPILE_CACHE,
                                  cached_only=True, **constraint.compile_kwargs())
         if hit is not None:
             return hit
-        return PendingConstraint(self._compile_executor(), lambda: self.compile_constraint(constraint), fit_for)
+        return PendingConstraint(self._compile_executor(), lambda: self.compile_constraint(constraint))
 
     def _compile_executor(self) -> ThreadPoolExecutor:
         """This LLM's compile thread (one: compilations run one at a time, in submission order), made on first use."""
@@ -316,8 +314,8 @@ class LLM:
         def build() -> list[Request]:
             compiled: Compiled | PendingConstraint | None = None
             if constraint is not None:
-                compiled = (self.constraint_for_engine(constraint, (params.max_new_tokens, params.constraint_timeout))
-                            if compile_beside else self.compile_constraint(constraint))
+                compiled = (self.constraint_for_engine(constraint) if compile_beside
+                            else self.compile_constraint(constraint))
             schema = constraint.schema if constraint is not None else None
             return [Request(self.encode(self.format(p, schema)), params, compiled) for p in prompts]
 

@@ -29,7 +29,7 @@ from dllm_constrain.constraints.compiler import Compiled, new_request_state
 from dllm_constrain.constraints.deadline import pausing
 from dllm_constrain.constraints.protocol import CanvasConstraint
 from dllm_constrain.engine.gil_share import compiling_beside, loop_activity
-from dllm_constrain.errors import ConstraintError, InvalidRequestError
+from dllm_constrain.errors import InvalidRequestError
 
 POLICY_NAMES = ("quota", "threshold", "entropy", "margin", "entropy_bound")
 
@@ -167,20 +167,12 @@ class PendingConstraint:
 
     `compile()` runs on `executor` once `start()` is called: the engine starts it when it has started a forward, so
     the compilation's Python does not hold up the Python that prepares that forward (they share the GIL).
-    `result()` starts it too, then waits for the Compiled (or raises the compilation's typed error).
+    `result()` starts it too, then waits for the Compiled (or raises the compilation's typed error)."""
 
-    `fit_for` (canvas length, call time limit): the request's fit check (`new_request_state`) also runs on the compile
-    thread, right after the compilation. What it finds stays on the compiled constraint (the fewest tokens of an
-    output, the automaton's states and transitions), so the engine's own check of the request, on its loop thread
-    after the first forward, finds it done instead of searching while every request of the loop waits. Its refusal
-    is not raised there: the engine's check raises it for the request."""
-
-    def __init__(self, executor: Executor, compile: Callable[[], Compiled],
-                 fit_for: tuple[int, float | None] | None = None) -> None:
+    def __init__(self, executor: Executor, compile: Callable[[], Compiled]) -> None:
         self.future: Future = Future()
         self._executor: Executor | None = executor
         self._compile = compile
-        self._fit_for = fit_for
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -196,11 +188,6 @@ class PendingConstraint:
             # a short switch interval, and pauses while a loop runs its step (engine.gil_share)
             with compiling_beside.hold(), pausing(loop_activity.pauser()):
                 compiled = self._compile()
-                if self._fit_for is not None:
-                    try:
-                        new_request_state(compiled, *self._fit_for)
-                    except ConstraintError:
-                        pass  # the request's own check (Request.constraint_state) raises it
         except BaseException as err:  # noqa: BLE001 - the compilation's error is the request's answer
             self.future.set_exception(err)
         else:

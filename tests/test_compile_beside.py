@@ -303,28 +303,3 @@ def test_beside_other_requests_a_request_that_waited_for_its_constraint_gets_its
     assert (res.nfe, res.forced_tokens) == (before.nfe, before.forced_tokens)
     first = [masks_after for index, masks_after in after_forward if index == 0][0]
     assert first is False  # its first commits read the workers' masks, none computed after the forward
-
-
-# ---------------------------------------------------------------------------------- the fit check on the compile thread
-def _tiny_compile(pattern: str):
-    from constraint_support import tiny_info
-
-    from dllm_constrain.constraints import ConstraintCompiler
-
-    # a tiny vocabulary does not spell every byte alone: the fit check searches for the fewest tokens
-    return lambda: ConstraintCompiler(tiny_info([b"a", b"b", b"abab"]), cache=False).compile_regex(pattern)
-
-
-def test_the_requests_fit_check_runs_on_the_compile_thread_after_the_compilation() -> None:
-    searched = PendingConstraint(COMPILES, _tiny_compile("(abab){3}"), fit_for=(4, None)).result(10)
-    assert searched._min_tokens == 3  # memoised there: the engine's own check finds it
-    assert PendingConstraint(COMPILES, _tiny_compile("(abab){3}")).result(10)._min_tokens is None
-
-
-def test_a_request_the_fit_check_refuses_gets_its_refusal_from_the_engines_check() -> None:
-    from dllm_constrain.errors import ConstraintTooLongError
-
-    pending = PendingConstraint(COMPILES, _tiny_compile("(abab){3}"), fit_for=(2, None))
-    assert pending.result(10)._min_tokens == 3  # the compilation itself is not refused
-    with pytest.raises(ConstraintTooLongError):
-        Request([0], SamplingParams(max_new_tokens=2), pending).constraint_state()
