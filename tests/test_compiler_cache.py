@@ -47,6 +47,27 @@ def test_the_same_normalised_constraint_is_a_hit(info) -> None:
     assert len(cache) == 3
 
 
+def test_a_compiled_constraint_worn_out_by_its_requests_is_compiled_afresh_and_the_old_one_keeps_working(
+        info) -> None:
+    cache = CompileCache(maxsize=4)
+    compiler = ConstraintCompiler(info, cache=cache)
+    old = compiler.compile(regex="[0-9]+")
+    assert compiler.compile(regex="[0-9]+") is old and not old.worn_out()
+    old.dfa.max_states = 2 * old.dfa.n_states  # the automaton now holds half its state bound
+    assert old.worn_out()
+    fresh = compiler.compile(regex="[0-9]+")
+    assert fresh is not old and not fresh.worn_out()
+    assert compiler.compile(regex="[0-9]+") is fresh
+    state = Request([0], SamplingParams(max_new_tokens=4), old).constraint_state()  # a request holding the old one
+    assert state.is_completable([state.mask_id] * 4)
+
+
+def test_past_twice_its_exploration_allowance_a_compiled_constraint_is_worn_out(info) -> None:
+    compiled = ConstraintCompiler(info, cache=False).compile(regex="[0-9]+")
+    compiled.algebra.explore_max_bytes = compiled.ta.footprint_bytes() // 2
+    assert compiled.worn_out()
+
+
 def test_a_refusal_is_cached_and_re_raised(info) -> None:
     cache = CompileCache(maxsize=2)
     compiler = ConstraintCompiler(info, cache=cache)

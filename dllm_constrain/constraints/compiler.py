@@ -83,6 +83,14 @@ class CompiledConstraint:
         src = self.source if isinstance(self.source, str) else json.dumps(self.source)[:60]
         return f"CompiledConstraint({self.kind}, {src[:60]!r}, dfa_states_so_far={self.dfa.n_states})"
 
+    def worn_out(self) -> bool:
+        """Whether the automaton, shared by every request of this constraint and never shrinking, holds half its DFA
+        state bound or twice its exploration allowance (set_algebra.EXPLORE_MAX_BYTES): past the allowance only the
+        requests' own paths add states, but over enough requests they would reach the bound, after which every call
+        that needs a new state fails. The compile cache then compiles the constraint afresh for the next request."""
+        return (self.dfa.n_states >= self.dfa.max_states // 2
+                or self.ta.footprint_bytes() >= 2 * self.algebra.explore_max_bytes)
+
     @property
     def vocab_size(self) -> int:
         return self.tokenizer_info.vocab_size
@@ -336,9 +344,15 @@ class CompileCache:
             self._lru.clear()
 
     def lookup(self, key: Hashable) -> Any:
-        """The cached result for `key` (a cached refusal is raised), or None when it is not cached."""
+        """The cached result for `key` (a cached refusal is raised), or None when it is not cached. A compiled
+        constraint worn out by the requests it served (`CompiledConstraint.worn_out`) is dropped here: the caller
+        compiles it afresh, and the requests holding the old one go on with it."""
         with self._lock:
             hit = self._lru.get(key)
+            worn = getattr(hit, "worn_out", None)
+            if worn is not None and worn():
+                del self._lru[key]
+                hit = None
             if hit is not None:
                 self._lru.move_to_end(key)
                 self.hits += 1
