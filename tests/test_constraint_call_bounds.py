@@ -124,12 +124,16 @@ def test_exact_mode_computes_every_row_whatever_the_soft_time(monkeypatch) -> No
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 10_000))
 def test_select_commits_and_is_completable_decide_exactly_when_the_budget_proves_nothing(seed: int) -> None:
-    rng = random.Random(seed)
+    assert_exact_decisions(random.Random(seed), lambda cc, n: cc.new_canvas_state(n, expand_budget=0, timeout_s=None))
+
+
+def assert_exact_decisions(rng: random.Random, make_state) -> None:
+    """On a random canvas: is_completable, and select_commits of one random proposal, agree with brute force for the
+    state `make_state(compiled, n)`."""
     n = rng.randint(2, 5)
     canvas = random_canvas(rng, n, rng.randint(1, min(3, n)))
     accepts = regex_accepts(PATTERN)
-    cc = compile_fresh()
-    st_ = cc.new_canvas_state(n, expand_budget=0, timeout_s=None)  # the budgeted check proves nothing new
+    st_ = make_state(compile_fresh(), n)
     assert st_.is_completable(canvas) == brute_force_completable(canvas, TOKENS, EOS, MASK, accepts)
     p = rng.choice([i for i, c in enumerate(canvas) if c == MASK])
     t = rng.randrange(len(TOKENS) + 1)
@@ -480,17 +484,8 @@ def test_past_the_exploration_allowance_a_call_explores_nothing_ahead_of_the_fro
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 10_000))
 def test_past_the_exploration_allowance_commits_are_still_decided_exactly(seed: int) -> None:
-    rng = random.Random(seed)
-    n = rng.randint(2, 5)
-    canvas = random_canvas(rng, n, rng.randint(1, min(3, n)))
-    accepts = regex_accepts(PATTERN)
-    cc = compile_fresh()
-    cc.algebra.explore_max_bytes = 0
-    st_ = cc.new_canvas_state(n, timeout_s=None)
-    assert st_.is_completable(canvas) == brute_force_completable(canvas, TOKENS, EOS, MASK, accepts)
-    p = rng.choice([i for i, c in enumerate(canvas) if c == MASK])
-    t = rng.randrange(len(TOKENS) + 1)
-    after = list(canvas)
-    after[p] = t
-    want = brute_force_completable(after, TOKENS, EOS, MASK, accepts)
-    assert st_.select_commits(canvas, [(p, t, 1.0)]) == ([(p, t)] if want else [])
+    def past_the_allowance(cc, n: int):
+        cc.algebra.explore_max_bytes = 0
+        return cc.new_canvas_state(n, timeout_s=None)
+
+    assert_exact_decisions(random.Random(seed), past_the_allowance)
