@@ -96,7 +96,7 @@ ROW_CACHE_BYTES = 16 << 20
 # Memory (bytes, TokenAutomaton.footprint_bytes) up to which canvas calls explore a compiled constraint's automaton
 # ahead of what they need (each call's expansion budget, canvas.py). The automaton is shared by every request of the
 # constraint and never shrinks; a wide schema's reachable part can hold tens of thousands of states (a 10,000-state
-# schema of the sample holds about 50 MB with a 4K vocabulary, more at 128K), and exploration past its DFA's state
+# schema of the sample holds about 80 MB with a 4K vocabulary, more at 128K), and exploration past its DFA's state
 # bound made every later request of the constraint fail. Past the allowance masks come from the known transitions
 # (sound subsets: the left frontier stays exact) and new states are added only where a request's answer needs them.
 EXPLORE_MAX_BYTES = 128 << 20
