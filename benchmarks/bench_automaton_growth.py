@@ -81,11 +81,11 @@ def main() -> int:
         [res] = engine.generate([Request(request.prompt_ids, request.params, compiled)], raise_errors=False)
         ms = 1e3 * (time.perf_counter() - t0)
         base = resident_mb() if base is None else base
-        ok = res.error is None and compiled.accepts_tokens(res.token_ids)
+        accepted = compiled.accepts_tokens(res.token_ids) if res.error is None else res.error
         if i % args.every == 0 or i == args.calls - 1:
             print(f"| {i} | {ms:.0f} | {len(compiled.ta._trans) - known} | {compiled.dfa.n_states} "
                   f"| {len(compiled.ta._trans)} | {compiled.ta.footprint_bytes() / 2**20:.1f} "
-                  f"| {resident_mb() - base:+.0f} | {compiled.worn_out()} | {ok if res.error is None else res.error} |")
+                  f"| {resident_mb() - base:+.0f} | {compiled.worn_out()} | {accepted} |")
     return 0
 
 
