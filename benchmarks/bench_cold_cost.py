@@ -90,9 +90,9 @@ def instrument(probe: Probe) -> None:
         probe.forwards.append((start, end))
         add_forward(self, start, end, refresh)
 
-    def timed_run(self):
+    def timed_run(self, *args):
         t0 = time.perf_counter()
-        run(self)
+        run(self, *args)
         probe.compile_s += time.perf_counter() - t0
 
     def timed_trans(self, s):
@@ -130,6 +130,8 @@ def main() -> int:
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--only", default="", help="only the schemas whose id contains this")
     ap.add_argument("--per-schema", action="store_true", help="also a line per schema (means over its passes)")
+    ap.add_argument("--core-split", choices=("auto", "on", "off"), default="auto",
+                    help="EngineConfig.core_split (auto: the engine's rule)")
     args = ap.parse_args()
 
     import torch
@@ -149,7 +151,8 @@ def main() -> int:
     items = [it for it in load_sample(args.data, args.seed, {k: args.n_per_subset for k in DEFAULT_MIX})
              if args.only in it["id"]]
     llm = dc.LLM(None)
-    engine = LLMEngine(llm.model, llm.tokenizer, config=replace(llm.engine.config, mask_workers=1))
+    split = {"auto": None, "on": True, "off": False}[args.core_split]
+    engine = LLMEngine(llm.model, llm.tokenizer, config=replace(llm.engine.config, mask_workers=1, core_split=split))
     probe = Probe()
     instrument(probe)
 
@@ -188,7 +191,8 @@ def main() -> int:
         print("no schema measured", file=sys.stderr)
         return 1
     keys = list(rows[0][0])
-    print(f"# bench_cold_cost: {len(rows)} cold/warm call pairs ({args.passes} passes), one mask worker, cpu affinity "
+    print(f"# bench_cold_cost: {len(rows)} cold/warm call pairs ({args.passes} passes), one mask worker, core split "
+          f"{engine.core_split}, cpu affinity "
           f"{sorted(os.sched_getaffinity(0))}")
     print("| per call (mean) | cold | warm |")
     print("|---|---|---|")

@@ -65,6 +65,9 @@ def main() -> int:
                          "constrained run does the free run's mix of forwards and the ratio is the constraint's own cost")
     ap.add_argument("--gil-free-forward", choices=("on", "off"), default=None,
                     help="EngineConfig.gil_free_forward (default: the engine's rule, on with mask workers on the CPU)")
+    ap.add_argument("--core-split", choices=("auto", "on", "off"), default="auto",
+                    help="EngineConfig.core_split: the mask workers and the compile thread on a core of their own, "
+                         "the GIL-free forward's threads on the others (auto: the engine's rule)")
     ap.add_argument("--freeze-gc-heap", choices=("on", "off"), default="on",
                     help="LLM(freeze_gc_heap=...): the startup heap out of the garbage collector's reach (the default) "
                          "or not (full collections then walk torch and the model inside the timed calls)")
@@ -93,6 +96,7 @@ def main() -> int:
         config = replace(config, mask_workers=args.mask_workers)
     if args.gil_free_forward is not None:
         config = replace(config, gil_free_forward=args.gil_free_forward == "on")
+    config = replace(config, core_split={"auto": None, "on": True, "off": False}[args.core_split])
     engine = LLMEngine(llm.model, llm.tokenizer, config=config)
 
     def prepare(schema: Any, compile_beside: bool = False) -> Request:
@@ -199,7 +203,7 @@ def main() -> int:
     print(f"\n# bench_constraint_overhead: {len(rows)} schemas ({len(left_out)} left out), {args.runs} runs, "
           f"model {args.model or 'bundled'}, torch threads {torch.get_num_threads()}, mask workers "
           f"{engine.config.mask_workers}, forced tokens {'off' if args.no_forced_tokens else 'on'}, heap frozen "
-          f"{args.freeze_gc_heap}, cpu affinity {sorted(os.sched_getaffinity(0))}")
+          f"{args.freeze_gc_heap}, cpu affinity {sorted(os.sched_getaffinity(0))}, core split {engine.core_split}")
     print("| configuration | per forward: mean ratio | p50 | p90 | worst | per call: mean ratio | worst | NFE (sum) |")
     print("|---|---|---|---|---|---|---|---|")
     print(f"| free | 1 | | | | 1 | | {sum(r['free_nfe'] for r in rows):.0f} |")

@@ -79,6 +79,8 @@ ENGINE_FLAGS: dict[str, str] = {
     "logits_budget_bytes": "transient logits workspace (none: from free device memory)",
     "mask_workers": "threads computing constraint masks beside the forward (0: serially before it; none: 1 on CUDA, 0 on "
                     "the CPU, where 1 runs the forward without the GIL and pays with a second core)",
+    "core_split": "with the forward without the GIL, a core of its own for the mask workers and the compile thread "
+                  "(none: when torch's threads leave one over)",
 }
 CHOICES: dict[str, Sequence[str]] = {"policy": POLICY_NAMES, "kv_cache": KV_CACHE_MODES, "refresh": REFRESH_MODES}
 CHECKPOINT_FIELDS = ("max_new_tokens", "steps", "block_length", "policy", "threshold")

@@ -43,7 +43,9 @@ many small ops each take the GIL and beside the masks' Python they measured slow
 second core a request costs 1-6% less (docs/constraints.md), but it stays opt-in: with it on by default, a seeded
 comparison of two server calls once differed (masks cut by their time allowances follow the clock;
 docs/constraints.md). More than one worker helps only when the batch holds requests of different compiled constraints
-(requests of one compiled constraint share a worker).
+(requests of one compiled constraint share a worker). With the GIL-free forward the mask workers and the compile
+thread run on a core of their own, and the forward's threads on the others (`core_split`, engine.core_split): woken
+on the forward's core, a helper took it from the forward for up to a scheduler tick while the other core was idle.
 """
 from __future__ import annotations
 
@@ -76,6 +78,10 @@ class EngineConfig:
     # with a dense cache); None: on when the loop has mask workers and the model runs on the CPU; True: whenever
     # the model has it (on CUDA too, where it is not measured); False: never
     gil_free_forward: bool | None = None
+    # with the GIL-free forward on the CPU, keep the Python threads beside it (mask workers, compile thread) on a core
+    # of their own and the forward's threads off it (engine.core_split); None: when a core is left over beside
+    # torch's intra-op threads; True: whenever the process has two cores; False: never touch thread affinity
+    core_split: bool | None = None
 
     def validate(self) -> "EngineConfig":
         """Raise InvalidRequestError naming the first bad field; returns self."""
@@ -100,6 +106,8 @@ class EngineConfig:
             raise InvalidRequestError(f"mask_workers must be an integer >= 0 (or None), got {self.mask_workers!r}")
         if self.gil_free_forward is not None and not isinstance(self.gil_free_forward, bool):
             raise InvalidRequestError(f"gil_free_forward must be True, False or None, got {self.gil_free_forward!r}")
+        if self.core_split is not None and not isinstance(self.core_split, bool):
+            raise InvalidRequestError(f"core_split must be True, False or None, got {self.core_split!r}")
         if self.backend not in BACKENDS:
             raise InvalidRequestError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         return self

@@ -92,6 +92,7 @@ Optional model hooks (all duck-typed, for families with extra per-request state)
 """
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED
@@ -104,6 +105,7 @@ import torch
 from dllm_constrain.constraints.protocol import fill_token_bitmask
 from dllm_constrain.engine.block_diffusion import generate_blocks, is_block_diffusion
 from dllm_constrain.engine.config import EngineConfig
+from dllm_constrain.engine.core_split import CoreSplit, plan_core_split, usable_cpus
 from dllm_constrain.engine.gil_share import loop_activity
 from dllm_constrain.engine.logits import LogitsPath
 from dllm_constrain.engine.mask_workers import ForwardWindow, MaskItem, MaskResult, MaskTiming, MaskWorkers
@@ -200,6 +202,10 @@ class LLMEngine:
         self.reuse_hook: Callable[[list[RequestState], torch.Tensor, list[int]], None] | None = None
         self._setup_call(self.config)
         self._loop: _Loop | None = None  # the continuous loop, made by the first add_request
+        # the cores of the latest loop's forward and of the Python threads beside it (engine.core_split), and the
+        # cores the process had when the engine was made
+        self.core_split: CoreSplit | None = None
+        self._cpus = usable_cpus()
 
     def _setup_call(self, config: EngineConfig) -> None:
         """The per-call machinery: the forward runner (with its KV cache) and the budgeted logits path."""
@@ -226,11 +232,30 @@ class LLMEngine:
         def beside(s: RequestState, view: list[int], positions: list[int]) -> torch.Tensor | None:
             return self._allowed_beside(s, view, positions, forward_running)
 
-        masks = MaskWorkers(workers, beside) if workers > 0 else None
         if config.gil_free_forward is None and workers > 0 and on_cpu:
             self.runner.use_gil_free_forward(True)
+        # the GIL-free CPU forward and the Python beside it on cores of their own (engine.core_split)
+        split = None
+        if on_cpu and self.runner.scripted is not None:
+            split = plan_core_split(usable_cpus(), torch.get_num_threads(), config.core_split)
+        self.core_split = split
+        self.runner.core_split = split
+        masks = MaskWorkers(workers, beside, split.pin_current_helper if split is not None else None) \
+            if workers > 0 else None
         return _Loop(Scheduler(scheduler_config), self.runner, self.logits_path, masks=masks, timing=self.mask_timing,
                      forward_running=forward_running)
+
+    def place_helper_thread(self) -> None:
+        """Put the calling thread, a helper of this engine's loops (a compile thread, at each compilation the loop
+        starts beside its forward), on the helper cores of the latest loop's core split; without a split, on every
+        core the process had when the engine was made (an earlier loop's split may have pinned it)."""
+        if self.core_split is not None:
+            self.core_split.pin_current_helper()
+        elif self._cpus:
+            try:
+                os.sched_setaffinity(0, self._cpus)
+            except OSError:  # the process's cores changed since: the thread stays where it is
+                pass
 
     # ------------------------------------------------------------------ set-up
     def _base_allowed(self) -> torch.Tensor:
@@ -417,7 +442,7 @@ class LLMEngine:
             for s in loop.states.values():
                 request = s.pending
                 if request is not None:
-                    request.constraint.start()
+                    request.constraint.start(self.place_helper_thread)
             rows = finish()
         except BaseException:
             loop.forward_running.close()
@@ -712,7 +737,7 @@ class LLMEngine:
         still compiling after the forward (the request then parks, see `_after_forward`)."""
         if s.pending is not None:
             pending = s.pending.constraint
-            pending.start()
+            pending.start(self.place_helper_thread)
             if not forward_running.wait_done(pending.future):
                 return None
             self._resolve_pending(s)

@@ -205,10 +205,11 @@ class MaskWorkers:
     """A thread pool of `workers` threads computing masks with `compute(state, view, positions)` (the engine's
     `_allowed`). Made per request loop; `close` ends its threads."""
 
-    def __init__(self, workers: int, compute: Compute) -> None:
+    def __init__(self, workers: int, compute: Compute, initializer: Callable[[], None] | None = None) -> None:
+        """initializer: run once on each worker thread as it starts (e.g. `CoreSplit.pin_current_helper`)."""
         self.workers = workers
         self.compute = compute
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dllm-masks")
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dllm-masks", initializer=initializer)
 
     def submit(self, items: Sequence[MaskItem]) -> MaskBatch:
         """One job per group of requests sharing compiled structures (`shared_key`), in order of first

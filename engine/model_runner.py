@@ -48,6 +48,7 @@ from dllm_constrain.engine.gil_share import loop_activity
 from dllm_constrain.engine.kv_cache import KVCache
 from dllm_constrain.engine.models.base import default_position_ids
 from dllm_constrain.engine.models.layers import bidirectional_attention
+from dllm_constrain.engine.core_split import CoreSplit
 from dllm_constrain.engine.models.scripted_forward import FULL, REFRESH, REUSE, ScriptedWeights, start_span_forward
 from dllm_constrain.engine.placement import usable_cores
 from dllm_constrain.engine.state import RequestState
@@ -143,6 +144,10 @@ class ModelRunner:
         self.stats = ForwardStats()
         # the model's tensors for the GIL-free forward (engine.models.scripted_forward), when it is on
         self.scripted: ScriptedWeights | None = None
+        # the cores for the GIL-free forward's threads (engine.core_split), set by the engine's loop; pinned once a
+        # forward has made torch's pool threads
+        self.core_split: CoreSplit | None = None
+        self._pin_attempts = 2  # at the first forward's launch and at its end; none after (no pool thread found)
         if config.gil_free_forward:
             self.use_gil_free_forward(True)
         # called with (states, hidden, offsets) after every forward that reused the cache, for those rows
@@ -288,9 +293,12 @@ class ModelRunner:
             [seg.start for seg in segments], [seg.length for seg in segments], [seg.first for seg in segments],
             [e.k if e is not None else [] for e in cached], [e.v if e is not None else [] for e in cached])
 
+        self._pin_forward_threads()
+
         def finish() -> torch.Tensor:
             with loop_activity.waiting():  # no GIL needed: a compilation beside the loop runs now (engine.gil_share)
                 hidden, new_k, new_v = future.wait()
+            self._pin_forward_threads()  # the pool's threads were only being made at the first launch
             for seg, ks, vs in zip(segments, new_k, new_v):
                 if seg.kind == "refresh":
                     assert cache is not None
@@ -298,6 +306,13 @@ class ModelRunner:
             return hidden[0, :total]
 
         return finish
+
+    def _pin_forward_threads(self) -> None:
+        """Keep torch's pool threads, which run the GIL-free forward, on the core split's forward cores: once per
+        runner (the threads are the process's and keep their cores), at the first forward's launch, or at its end
+        when its launch found none (the pool's threads were being made), and never again after that."""
+        if self.core_split is not None and self._pin_attempts > 0:
+            self._pin_attempts = 0 if self.core_split.pin_forward_threads() > 0 else self._pin_attempts - 1
 
     def _packed_inputs(self, segments: list[Segment]
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]:

@@ -175,15 +175,19 @@ class PendingConstraint:
         self._compile = compile
         self._lock = threading.Lock()
 
-    def start(self) -> None:
-        """Start the compilation (once; later calls do nothing)."""
+    def start(self, place: Callable[[], None] | None = None) -> None:
+        """Start the compilation (once; later calls do nothing). `place`, when given, runs first on the compile
+        thread: the engine that starts it beside its forward puts the thread on its helper cores
+        (`LLMEngine.place_helper_thread`, engine.core_split)."""
         with self._lock:
             executor, self._executor = self._executor, None
         if executor is not None:
-            executor.submit(self._run)
+            executor.submit(self._run, place)
 
-    def _run(self) -> None:
+    def _run(self, place: Callable[[], None] | None = None) -> None:
         try:
+            if place is not None:
+                place()
             # beside the request loop: the compilation's Python hands the GIL back to the loop's torch calls within
             # a short switch interval, and pauses while a loop runs its step (engine.gil_share)
             with compiling_beside.hold(), pausing(loop_activity.pauser()):

@@ -1,0 +1,107 @@
+"""Which CPU cores the GIL-free forward runs on, and which the Python threads beside it run on.
+
+Why: on the CPU the GIL-free forward (engine.models.scripted_forward) runs on a torch inter-op thread while the mask
+workers and the compile thread run Python beside it. The loop thread wakes those helpers just after it starts the
+forward, while it still runs itself, so the scheduler has no idle core for them and queues one behind the forward's
+thread. At its next tick (every 4 ms at HZ=250) the kernel hands that core to the helper, for up to a tick, while the
+other core has gone idle (the loop thread has gone on to wait for the forward): its load balancer leaves a task that
+ran there a moment ago (a cache-hot one) where it is. A kernel scheduler trace (`perf sched`) of a cold constrained
+request on two cores showed exactly that, and the forward thread waited 2.0-2.3 ms for its core over a 29 ms first
+forward, against 0.4-0.6 ms for the same forward of a warm request; a lower priority for the helpers (nice 19, or
+SCHED_IDLE) cut the wait only by a third, since a task at any priority gets the core when the running one is past
+its fair share at a tick. Keeping the helpers off the forward's cores removes the wait: 0.05-0.17 ms
+(docs/constraints.md, "What a schema costs per forward").
+
+So when the forward runs on torch's inter-op pool on the CPU and the process may use more cores than torch's
+intra-op threads need, `plan_core_split` keeps the last usable core for the helper threads (the mask workers, the
+compile thread) and the others for the forward's threads (torch's pool threads, named "PTThreadPool" by torch; an
+OpenMP team started from a pinned thread inherits its cores). The GIL lets one Python thread run at a time, so one
+core is what the helpers can use anyway. The loop thread itself is not pinned: between forwards it runs the logits
+and the step's Python, and no forward runs then.
+
+Thread affinity belongs to each thread and torch's pool threads belong to the process, so a split outlives the
+engine that made it (the next engine re-applies its own); `EngineConfig.core_split=False` never touches affinity.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+__all__ = ["CoreSplit", "FORWARD_THREAD_NAME", "plan_core_split", "usable_cpus"]
+
+FORWARD_THREAD_NAME = "PTThreadPool"  # the name torch gives the threads of its inter-op (and native intra-op) pools
+
+
+def usable_cpus() -> frozenset[int]:
+    """The cores this process may run on (empty where the OS has no affinity masks)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return frozenset(affinity(0)) if callable(affinity) else frozenset()
+
+
+@dataclass(frozen=True)
+class CoreSplit:
+    """Disjoint core sets: `forward` for the forward's threads, `helpers` for the Python threads beside it."""
+
+    forward: frozenset[int]
+    helpers: frozenset[int]
+
+    def __post_init__(self) -> None:
+        if not self.forward or not self.helpers or self.forward & self.helpers:
+            raise ValueError(f"a core split needs two disjoint non-empty sets, got {sorted(self.forward)} and "
+                             f"{sorted(self.helpers)}")
+
+    def pin_current_helper(self) -> None:
+        """Keep the calling thread (a mask worker, a compile thread) on the helper cores. Where the OS refuses (the
+        process's cores changed since the split was planned) the thread stays where it was: placement is a matter
+        of speed, never of results."""
+        try:
+            os.sched_setaffinity(0, self.helpers)
+        except OSError:
+            pass
+
+    def pin_forward_threads(self) -> int:
+        """Keep torch's pool threads that exist now on the forward cores; returns how many were pinned. Threads of
+        this process named otherwise, and threads that end meanwhile, are left alone."""
+        pinned = 0
+        mine = threading.get_native_id()
+        for name in _task_ids():
+            tid = int(name)
+            if tid == mine or _task_name(tid) != FORWARD_THREAD_NAME:
+                continue
+            try:
+                os.sched_setaffinity(tid, self.forward)
+            except OSError:  # the thread ended since it was listed
+                continue
+            pinned += 1
+        return pinned
+
+
+def plan_core_split(usable: frozenset[int], torch_threads: int, mode: bool | None) -> CoreSplit | None:
+    """The split for a GIL-free CPU forward, or None for none.
+
+    usable: the process's cores (`usable_cpus()`); torch_threads: torch's intra-op threads (`torch.get_num_threads()`);
+    mode: None splits when a core is left over beside the intra-op threads (the forward would not use it anyway),
+    True whenever there are two cores (the forward then gets one core less than torch may want), False never.
+    The helpers get the highest-numbered core, the forward the others."""
+    if mode is False or len(usable) < 2:
+        return None
+    if mode is None and torch_threads > len(usable) - 1:
+        return None
+    helper = max(usable)
+    return CoreSplit(forward=frozenset(usable - {helper}), helpers=frozenset({helper}))
+
+
+def _task_ids() -> list[str]:
+    try:
+        return os.listdir("/proc/self/task")
+    except OSError:  # not Linux: no per-thread listing, nothing to pin
+        return []
+
+
+def _task_name(tid: int) -> str:
+    try:
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
