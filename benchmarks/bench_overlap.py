@@ -94,9 +94,11 @@ def build_requests(llm: Any, schemas: list[tuple[str, Any]], options: dict[str, 
     return requests, compiled, left_out
 
 
-def run(llm: Any, requests: list[Request], workers: int, forced: bool) -> dict[str, Any]:
+def run(llm: Any, requests: list[Request], workers: int, forced: bool, core_split: bool | None = None
+        ) -> dict[str, Any]:
     reqs = [Request(r.prompt_ids, replace(r.params, forced_tokens=forced), r.constraint) for r in requests]
-    engine = LLMEngine(llm.model, llm.tokenizer, config=llm.engine.config.with_overrides(mask_workers=workers))
+    config = replace(llm.engine.config, mask_workers=workers, core_split=core_split)
+    engine = LLMEngine(llm.model, llm.tokenizer, config=config)
     t = time.perf_counter()
     results = engine.generate(reqs, raise_errors=False)
     wall = time.perf_counter() - t
@@ -114,6 +116,8 @@ def main() -> None:
     ap.add_argument("--workers", default="0,1,2", help="comma-separated mask_workers values")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--max-new-tokens", type=int, default=None, help="canvas (default: the checkpoint's)")
+    ap.add_argument("--core-split", choices=("auto", "on", "off"), default="auto",
+                    help="EngineConfig.core_split with the GIL-free forward (auto: the engine's rule)")
     ap.add_argument("--identity", action=argparse.BooleanOptionalAction, default=True,
                     help="also compare the outputs on exact masks (slow: exact masks on cold automata)")
     args = ap.parse_args()
@@ -121,6 +125,7 @@ def main() -> None:
 
     from dllm_constrain.api import LLM
 
+    split = {"auto": None, "on": True, "off": False}[args.core_split]
     llm = LLM(None)
     options = {"max_new_tokens": args.max_new_tokens, "temperature": 0.0, "seed": 0}
     schemas = load_schemas(args.jsb, args.subsets.split(","))
@@ -134,11 +139,12 @@ def main() -> None:
     run(llm, requests[:2], 1, True)  # warm-up: the automata of the first masks are built once, outside the timing
     for _ in range(args.runs):
         for w, f in configs:
-            runs[(w, f)].append(run(llm, requests, w, f))
+            runs[(w, f)].append(run(llm, requests, w, f, split))
 
     print(f"{len(requests)} requests (batch of all; {len(left_out)} schemas left out: {'; '.join(left_out) or '-'})")
     print(f"canvas {requests[0].params.max_new_tokens}, blocks of {requests[0].params.block_length}, policy "
-          f"{requests[0].params.policy}; medians over {args.runs} runs; torch threads {torch.get_num_threads()}")
+          f"{requests[0].params.policy}; medians over {args.runs} runs; torch threads {torch.get_num_threads()}; "
+          f"core split {args.core_split}")
     print(f"{'workers':>7} {'forced':>6} {'wall/fwd ms':>11} {'fwd ms':>7} {'mask/fwd ms':>11} {'probe':>5} "
           f"{'overlap':>7} {'wall s':>7} {'NFE':>5} {'forced':>6} {'saved':>5} {'valid':>7}")
     med = statistics.median

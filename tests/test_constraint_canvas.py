@@ -226,6 +226,38 @@ def test_a_prefix_forced_token_is_the_frontier_mask_whole(data):
             assert expected[i] == {hint}
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.data(), st.integers(0, 2**32 - 1))
+def test_a_repeated_prefix_hint_answers_as_a_state_that_never_asked(data, seed):
+    """The hint remembers its last answer for a committed prefix while no token transition is learnt: over a
+    decoding whose frontier stays put for several steps while mask calls learn transitions, each answer is the one
+    a fresh state of the same compiled constraint (the same known transitions, no memo) gives."""
+    rnd = random.Random(seed)
+    tokens = data.draw(tiny_vocabularies())
+    cc, info = _compiled(data.draw(small_regexes()), tokens)
+    n = data.draw(st.integers(1, 8))
+    try:
+        state = cc.new_canvas_state(n, expand_budget=None, timeout_s=None)
+    except ConstraintTooLongError:
+        return
+    m = info.mask_id
+    canvas = [m] * n
+    while m in canvas:
+        frontier = canvas.index(m)
+        fresh = cc.new_canvas_state(n, expand_budget=None, timeout_s=None).prefix_forced_token(canvas, frontier)
+        assert state.prefix_forced_token(canvas, frontier) == fresh
+        opens = [i for i, c in enumerate(canvas) if c == m]
+        if rnd.random() < 0.5:  # learn transitions, then ask again
+            state.allowed_tokens(canvas, opens)
+            fresh = cc.new_canvas_state(n, expand_budget=None, timeout_s=None).prefix_forced_token(canvas, frontier)
+            assert state.prefix_forced_token(canvas, frontier) == fresh
+        # commit right of the frontier when there is room (the prefix stays put), else at it
+        pos = rnd.choice(opens[1:] or opens)
+        ids = torch.nonzero(state.allowed_tokens(canvas, [pos])[0]).flatten().tolist()
+        assert ids, "an open position of a completable canvas always has an allowed token"
+        canvas[pos] = rnd.choice(ids)
+
+
 def test_the_prefix_forced_token_follows_the_committed_prefix_only():
     tokens = [b"a", b"b", b"c", b"d"]
     cc, info = _compiled("ab[cd]", tokens)

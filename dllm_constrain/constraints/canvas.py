@@ -161,6 +161,8 @@ class CanvasState:
         self._frontier_memo = FrontierMemo()  # the exact frontier's memo, kept across calls (canvas_frontier.py)
         self._fwd: list[int] = [START_BIT]
         self._fwd_ok: list[bool] = [True]
+        # the last exact frontier hint: (transitions known then, the committed prefix, its answer)
+        self._hint_memo: tuple[int, tuple, int | None] | None = None
         # the last analysis' backward chain: (its canvas, its B list, the lowest open position its walk met)
         self._back_memo: tuple[tuple, list, int] | None = None
         self._no_certified = [0] * (self.n + 2)  # backward sets of no state (a witness search without certificates)
@@ -625,13 +627,36 @@ class CanvasState:
         tokens to the right can force a position the prefix leaves free): the engine uses the hint only to choose
         between committing forced tokens before the forward and computing the masks beside it, and either choice
         keeps every commit verified."""
-        c = self._norm(canvas)
-        if first_open(c) != position:
+        view = canvas.tolist() if isinstance(canvas, torch.Tensor) else canvas
+        if len(view) != self.n:
+            self._norm(view)  # raises the canvas-length error
+        m = self.mask_id
+        if not 0 <= position < self.n or view[position] != m:
             return None
-        alg = self.alg
+        prefix = tuple(map(int, view[:position]))
+        if m in prefix:  # an open position left of it: not the frontier
+            return None
+        # the answer depends on the prefix and on the transitions known (it never computes one), so an unchanged
+        # prefix with no transition learnt since answers as before: a request whose frontier stays put over steps
+        # asks once
+        known = len(self.ta._trans)
+        memo = self._hint_memo
+        if memo is not None and memo[0] == known and memo[1] == prefix:
+            return memo[2]
+        # the positions right of the frontier do not enter its forward set: left open, the canvas costs no pass
+        c = prefix + (None,) * (self.n - position)
         F = self._forward(c, position)[position]  # every position before it is committed: exact token steps
+        token = self._single_prefix_token(F)
+        if self._fwd_ok[position] and len(self.ta._trans) == known:  # exact, and learnt nothing meanwhile
+            self._hint_memo = (known, prefix, token)
+        return token
+
+    def _single_prefix_token(self, F: int) -> int | None:
+        """The only token the states of forward set F allow next by their known transitions (EOS when one of them
+        accepts), or None when they allow several, none, or one of them has no known transitions."""
         if not F:
             return None
+        alg = self.alg
         token: int | None = self.eos if alg.any_accepting(F) else None  # EOS ends an accepted text
         for q in alg.members(F):
             if q == ENDED:
