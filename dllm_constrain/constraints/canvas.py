@@ -639,7 +639,7 @@ class CanvasState:
         # the answer depends on the prefix and on the transitions known (it never computes one), so an unchanged
         # prefix with no transition learnt since answers as before: a request whose frontier stays put over steps
         # asks once
-        known = len(self.ta._trans)
+        known = self.ta.known_count
         memo = self._hint_memo
         if memo is not None and memo[0] == known and memo[1] == prefix:
             return memo[2]
@@ -647,7 +647,7 @@ class CanvasState:
         c = prefix + (None,) * (self.n - position)
         F = self._forward(c, position)[position]  # every position before it is committed: exact token steps
         token = self._single_prefix_token(F)
-        if self._fwd_ok[position] and len(self.ta._trans) == known:  # exact, and learnt nothing meanwhile
+        if self._fwd_ok[position] and self.ta.known_count == known:  # exact, and learnt nothing meanwhile
             self._hint_memo = (known, prefix, token)
         return token
 

@@ -215,6 +215,12 @@ class TokenAutomaton:
         """The token transitions of state s if they were computed already, else None (no work, no lock)."""
         return self._trans.get(s)
 
+    @property
+    def known_count(self) -> int:
+        """How many states' token transitions are known: it only grows, so an answer read off the known
+        transitions (no new one computed) holds while it stays the same. Read without the lock."""
+        return len(self._trans)
+
     def trans(self, s: int) -> TokTrans:
         tt = self._trans.get(s)
         if tt is not None:
