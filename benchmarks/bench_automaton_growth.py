@@ -76,15 +76,15 @@ def main() -> int:
     for i in range(args.calls):
         if i == args.after and args.explore_max_mb is not None:
             compiled.algebra.explore_max_bytes = int(args.explore_max_mb * 2**20)
-        known = len(compiled.ta._trans)
+        known = compiled.ta.known_count
         t0 = time.perf_counter()
         [res] = engine.generate([Request(request.prompt_ids, request.params, compiled)], raise_errors=False)
         ms = 1e3 * (time.perf_counter() - t0)
         base = resident_mb() if base is None else base
         accepted = compiled.accepts_tokens(res.token_ids) if res.error is None else res.error
         if i % args.every == 0 or i == args.calls - 1:
-            print(f"| {i} | {ms:.0f} | {len(compiled.ta._trans) - known} | {compiled.dfa.n_states} "
-                  f"| {len(compiled.ta._trans)} | {compiled.ta.footprint_bytes() / 2**20:.1f} "
+            print(f"| {i} | {ms:.0f} | {compiled.ta.known_count - known} | {compiled.dfa.n_states} "
+                  f"| {compiled.ta.known_count} | {compiled.ta.footprint_bytes() / 2**20:.1f} "
                   f"| {resident_mb() - base:+.0f} | {compiled.worn_out()} | {accepted} |")
     return 0
 

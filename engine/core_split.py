@@ -6,8 +6,8 @@ forward, while it still runs itself, so the scheduler has no idle core for them 
 thread. At its next tick (every 4 ms at HZ=250) the kernel hands that core to the helper, for up to a tick, while the
 other core has gone idle (the loop thread has gone on to wait for the forward): its load balancer leaves a task that
 ran there a moment ago (a cache-hot one) where it is. A kernel scheduler trace (`perf sched`) of a cold constrained
-request on two cores showed exactly that, and the forward thread waited 2.0-2.3 ms for its core over a 29 ms first
-forward, against 0.4-0.6 ms for the same forward of a warm request; a lower priority for the helpers (nice 19, or
+request on two cores showed exactly that, and the forward thread waited 1.6-2.3 ms for its core over a 29 ms first
+forward, against 0.3-0.6 ms for the same forward of a warm request; a lower priority for the helpers (nice 19, or
 SCHED_IDLE) cut the wait only by a third, since a task at any priority gets the core when the running one is past
 its fair share at a tick. Keeping the helpers off the forward's cores removes the wait: 0.05-0.17 ms
 (docs/constraints.md, "What a schema costs per forward").
@@ -28,15 +28,18 @@ import os
 import threading
 from dataclasses import dataclass
 
-__all__ = ["CoreSplit", "FORWARD_THREAD_NAME", "plan_core_split", "usable_cpus"]
+__all__ = ["CoreSplit", "FORWARD_THREAD_NAME", "pin_current_thread", "plan_core_split"]
 
 FORWARD_THREAD_NAME = "PTThreadPool"  # the name torch gives the threads of its inter-op (and native intra-op) pools
 
 
-def usable_cpus() -> frozenset[int]:
-    """The cores this process may run on (empty where the OS has no affinity masks)."""
-    affinity = getattr(os, "sched_getaffinity", None)
-    return frozenset(affinity(0)) if callable(affinity) else frozenset()
+def pin_current_thread(cores: frozenset[int]) -> None:
+    """Keep the calling thread on `cores`. Where the OS refuses (the process's cores changed since they were read)
+    the thread stays where it was: placement is a matter of speed, never of results."""
+    try:
+        os.sched_setaffinity(0, cores)
+    except OSError:
+        pass
 
 
 @dataclass(frozen=True)
@@ -52,13 +55,8 @@ class CoreSplit:
                              f"{sorted(self.helpers)}")
 
     def pin_current_helper(self) -> None:
-        """Keep the calling thread (a mask worker, a compile thread) on the helper cores. Where the OS refuses (the
-        process's cores changed since the split was planned) the thread stays where it was: placement is a matter
-        of speed, never of results."""
-        try:
-            os.sched_setaffinity(0, self.helpers)
-        except OSError:
-            pass
+        """Keep the calling thread (a mask worker, a compile thread) on the helper cores (`pin_current_thread`)."""
+        pin_current_thread(self.helpers)
 
     def pin_forward_threads(self) -> int:
         """Keep torch's pool threads that exist now on the forward cores; returns how many were pinned. Threads of
@@ -80,7 +78,8 @@ class CoreSplit:
 def plan_core_split(usable: frozenset[int], torch_threads: int, mode: bool | None) -> CoreSplit | None:
     """The split for a GIL-free CPU forward, or None for none.
 
-    usable: the process's cores (`usable_cpus()`); torch_threads: torch's intra-op threads (`torch.get_num_threads()`);
+    usable: the process's cores (`engine.placement.usable_cpus()`); torch_threads: torch's intra-op threads
+    (`torch.get_num_threads()`);
     mode: None splits when a core is left over beside the intra-op threads (the forward would not use it anyway),
     True whenever there are two cores (the forward then gets one core less than torch may want), False never.
     The helpers get the highest-numbered core, the forward the others."""

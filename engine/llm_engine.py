@@ -92,7 +92,6 @@ Optional model hooks (all duck-typed, for families with extra per-request state)
 """
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED
@@ -105,11 +104,12 @@ import torch
 from dllm_constrain.constraints.protocol import fill_token_bitmask
 from dllm_constrain.engine.block_diffusion import generate_blocks, is_block_diffusion
 from dllm_constrain.engine.config import EngineConfig
-from dllm_constrain.engine.core_split import CoreSplit, plan_core_split, usable_cpus
+from dllm_constrain.engine.core_split import CoreSplit, pin_current_thread, plan_core_split
 from dllm_constrain.engine.gil_share import loop_activity
 from dllm_constrain.engine.logits import LogitsPath
 from dllm_constrain.engine.mask_workers import ForwardWindow, MaskItem, MaskResult, MaskTiming, MaskWorkers
 from dllm_constrain.engine.model_runner import ForwardStats, ModelRunner
+from dllm_constrain.engine.placement import usable_cpus
 from dllm_constrain.engine.models.base import DiffusionLM
 from dllm_constrain.engine.outputs import (
     CanvasSnapshot,
@@ -252,10 +252,7 @@ class LLMEngine:
         if self.core_split is not None:
             self.core_split.pin_current_helper()
         elif self._cpus:
-            try:
-                os.sched_setaffinity(0, self._cpus)
-            except OSError:  # the process's cores changed since: the thread stays where it is
-                pass
+            pin_current_thread(self._cpus)
 
     # ------------------------------------------------------------------ set-up
     def _base_allowed(self) -> torch.Tensor:

@@ -29,10 +29,16 @@ DTYPES: dict[str, torch.dtype] = {
 _SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask where the OS has one, e.g. under taskset)."""
+def usable_cpus() -> frozenset[int]:
+    """The CPU cores this process may run on, by number (its affinity mask, e.g. under taskset); empty where the OS
+    has no affinity masks."""
     affinity = getattr(os, "sched_getaffinity", None)
-    return len(affinity(0)) if callable(affinity) else (os.cpu_count() or 1)
+    return frozenset(affinity(0)) if callable(affinity) else frozenset()
+
+
+def usable_cores() -> int:
+    """How many CPU cores this process may run on (`usable_cpus`; where the OS has no affinity masks, all of them)."""
+    return len(usable_cpus()) or os.cpu_count() or 1
 
 
 def default_device() -> torch.device:

@@ -25,8 +25,9 @@ from hypothesis import strategies as st
 
 from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo
 from dllm_constrain.engine.config import EngineConfig
-from dllm_constrain.engine.core_split import FORWARD_THREAD_NAME, CoreSplit, plan_core_split, usable_cpus
+from dllm_constrain.engine.core_split import FORWARD_THREAD_NAME, CoreSplit, plan_core_split
 from dllm_constrain.engine.llm_engine import LLMEngine
+from dllm_constrain.engine.placement import usable_cpus
 from dllm_constrain.engine.state import PendingConstraint, Request, SamplingParams
 from dllm_constrain.errors import InvalidRequestError
 

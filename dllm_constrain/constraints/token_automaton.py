@@ -249,7 +249,7 @@ class TokenAutomaton:
         (calibrated against the process's resident memory over the warm calls of a 10,000-state schema). Read
         without the lock: a computation under way adds its bytes when it publishes."""
         return (self.dfa.T.nbytes + 2 * self.allp.nbytes + self._trans_bytes
-                + STATE_OVERHEAD_BYTES * len(self._trans))
+                + STATE_OVERHEAD_BYTES * self.known_count)
 
     def _compute_trans(self, s: int) -> TokTrans:
         tt = TokTrans(s)
