@@ -72,6 +72,7 @@ SAMPLING_FLAGS: dict[str, str] = {
     "constraint_timeout": "seconds each constraint call may take",
     "forced_tokens": "commit the tokens the constraint forces without the model",
     "schedule": "how many positions a quota policy commits per step: uniform (LLaDA) or linspace (Dream)",
+    "order_temperature": "> 0: draw the positions a quota policy commits, p = softmax(score / T) (Dream's alg_temp)",
 }
 ENGINE_FLAGS: dict[str, str] = {
     "kv_cache": "KV reuse across steps",

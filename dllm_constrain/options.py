@@ -154,6 +154,7 @@ REQUEST_FIELDS: dict[str, Callable[[Any], Any]] = {
     "mask_workers": _int_field("mask_workers", 0),
     "schedule": _choice_field("schedule", SCHEDULES),
     "schedule_eps": _real_field("schedule_eps", 0.0, 1.0, lo_open=True, hi_open=True),
+    "order_temperature": _real_field("order_temperature", 0.0, optional=False),
     "stop_token_ids": _stop_token_ids,
     "preset": _choice_field("preset", ("fast", "reference")),
 }

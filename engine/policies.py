@@ -26,7 +26,7 @@ from typing import Protocol
 
 import torch
 
-from dllm_constrain.engine.sampling import RowStats
+from dllm_constrain.engine.sampling import RowStats, gumbel_noise
 from dllm_constrain.engine.state import RequestState, SamplingParams
 from dllm_constrain.errors import InvalidRequestError
 
@@ -102,7 +102,21 @@ class QuotaPolicy:
         raise NotImplementedError
 
     def select(self, stats: RowStats, state: RequestState) -> Selection:
-        return _top_rows(self.score(stats), _committable(stats), commit_count(state, len(stats)))
+        k = commit_count(state, len(stats))
+        score, tau = self.score(stats), state.params.order_temperature
+        if tau > 0:
+            return _drawn_rows(score, _committable(stats), k, tau, state.generator)
+        return _top_rows(score, _committable(stats), k)
+
+
+def _drawn_rows(score: torch.Tensor, ok: torch.Tensor, k: int, tau: float,
+                generator: torch.Generator | None) -> Selection:
+    """k committable rows drawn without replacement with probabilities softmax(score / tau) (Dream's alg_temp):
+    the k largest score / tau + Gumbel noise, which samples that sequence exactly (the Gumbel-top-k trick), from the
+    request's own generator."""
+    noise = gumbel_noise(tuple(score.shape), generator, score.device, torch.float64)
+    drawn = _top_rows(score.double() / tau + noise, ok, k).commit
+    return Selection(commit=drawn, scores=score.double()[drawn].tolist())
 
 
 class LowConfidenceQuota(QuotaPolicy):

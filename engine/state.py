@@ -118,6 +118,9 @@ class SamplingParams:
     # position left of it committed ends the request; the checkpoint's eos_token_id lists, generation_config.json
     # and its chat template's end-of-turn token fill it (dllm_constrain.options.GenerationDefaults)
     stop_token_ids: tuple[int, ...] = ()
+    # > 0: the quota policies draw which positions to commit instead of taking the best ones, with probabilities
+    # softmax(score / order_temperature) (without replacement; Dream's alg_temp); 0: the highest scores
+    order_temperature: float = 0.0
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the first bad field."""
@@ -153,6 +156,9 @@ class SamplingParams:
         if not isinstance(self.schedule_eps, (int, float)) or isinstance(self.schedule_eps, bool) \
                 or not 0.0 < self.schedule_eps < 1.0:
             raise InvalidRequestError(f"schedule_eps must be a number in (0, 1), got {self.schedule_eps!r}")
+        if not isinstance(self.order_temperature, (int, float)) or isinstance(self.order_temperature, bool) \
+                or not math.isfinite(self.order_temperature) or self.order_temperature < 0:
+            raise InvalidRequestError(f"order_temperature must be a finite number >= 0, got {self.order_temperature!r}")
         if not isinstance(self.stop_token_ids, tuple) or not all(
                 isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
             raise InvalidRequestError(f"stop_token_ids must be a tuple of token ids >= 0, got {self.stop_token_ids!r}")

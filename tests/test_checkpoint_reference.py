@@ -163,3 +163,27 @@ def test_the_linspace_schedule_commits_everything_by_its_last_step(dream: dc.LLM
     for steps in (1, 3, 16, 40):
         [res] = dream.generate("Hi", max_new_tokens=16, steps=steps, preset="reference")
         assert res.nfe <= steps and len(res.canvas_ids) == 16 and res.finish_reason in ("eos", "length")
+
+
+def test_order_temperature_draws_positions_with_softmax_of_score_over_tau() -> None:
+    """Dream's alg_temp: the k positions are drawn without replacement with p = softmax(confidence / alg_temp)."""
+    from collections import Counter
+
+    from dllm_constrain.engine.policies import _drawn_rows
+
+    gen = torch.Generator().manual_seed(0)
+    score = torch.log(torch.tensor([0.6, 0.3, 0.1]))
+    ok = torch.ones(3, dtype=torch.bool)
+    for tau, want in [(1.0, [0.6, 0.3, 0.1]), (0.5, [0.36 / 0.46, 0.09 / 0.46, 0.01 / 0.46])]:
+        counts = Counter(_drawn_rows(score, ok, 1, tau, gen).commit[0] for _ in range(4000))
+        assert all(abs(counts[i] / 4000 - want[i]) < 0.03 for i in range(3)), (tau, counts)
+    assert sorted(_drawn_rows(score, ok, 3, 1.0, gen).commit) == [0, 1, 2]  # without replacement
+    assert _drawn_rows(score, torch.tensor([False, True, True]), 3, 1.0, gen).commit.count(0) == 0
+
+
+def test_order_temperature_is_seeded_and_near_zero_is_the_greedy_order(dream: dc.LLM) -> None:
+    options = {"max_new_tokens": 16, "steps": 8, "preset": "reference"}
+    greedy = dream.generate("Hi there", **options)[0].token_ids
+    assert dream.generate("Hi there", order_temperature=1e-9, seed=1, **options)[0].token_ids == greedy
+    drawn = [dream.generate("Hi there", order_temperature=5.0, seed=s, **options)[0].token_ids for s in (1, 1, 2, 3)]
+    assert drawn[0] == drawn[1] and any(d != greedy for d in drawn)
