@@ -297,7 +297,9 @@ class LLM:
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: str | Sequence[str], sampling_params: SamplingParams | None = None,
                  **options: Any) -> list[GenerationResult]:
-        """Generate for each prompt (one batch); returns one GenerationResult per prompt, in order.
+        """Generate for each prompt (one batch); returns one GenerationResult per prompt, in order. A prompt is a
+        string or a conversation (a list of {"role", "content"} messages), rendered by this LLM's prompt format
+        (`format`); `prompts` is one prompt or a list of them.
 
         sampling_params: the requests' SamplingParams (None: the checkpoint's defaults, its generation_config.json
         over the SamplingParams field defaults). options: keywords routed by field name (dllm_constrain.options):
@@ -306,7 +308,9 @@ class LLM:
         OutputConstraint fields (schema | regex | grammar, strict, schema_options, whitespace, compile_timeout;
         schema= also takes an output type object, see `validate_constraint`), EngineConfig fields (kv_cache,
         refresh, refresh_steps, refresh_threshold, keep_ratio, logits_budget_bytes, ...: engine settings for
-        this call; the others keep the engine's) and progress (called with a StepEvent after every step).
+        this call; the others keep the engine's), progress (called with a StepEvent after every step) and preset
+        ("reference": the settings under which greedy answers equal the authors' generate() / diffusion_generate(),
+        see `GenerationDefaults.preset_sampling`; the given keywords still win; None / "fast": the defaults).
 
         Raises InvalidRequestError (or its subclass PromptTooLongError) for bad input (an unknown keyword, a bad
         value: every field is checked by its function in REQUEST_FIELDS, prompts by `validate_prompts`), a
