@@ -159,3 +159,11 @@ def test_generation_config_fields_override_the_family(tmp_path: Path) -> None:
     defaults = dc.LLM(tmp_path, freeze_gc_heap=False).defaults
     assert (defaults.max_new_tokens, defaults.block_length, defaults.schedule) == (40, 8, "linspace")
     assert json.loads((tmp_path / "generation_config.json").read_text())["eos_token_id"] == 1
+
+
+def test_the_reference_preset_is_refused_for_a_family_without_a_reference_loop(tmp_path: Path) -> None:
+    from checkpoints import build_diffusion_gemma
+
+    llm = dc.LLM(build_diffusion_gemma(tmp_path), freeze_gc_heap=False)
+    with pytest.raises(InvalidRequestError, match="diffusion_gemma"):
+        llm.generate("Hi", max_new_tokens=8, preset="reference")
