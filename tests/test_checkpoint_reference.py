@@ -21,9 +21,12 @@ over the other ids; the answer ends at the first EOS or stop id (the authors' de
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import dllm_constrain as dc
 from dllm_constrain.engine.policies import linspace_count
@@ -187,3 +190,49 @@ def test_order_temperature_is_seeded_and_near_zero_is_the_greedy_order(dream: dc
     assert dream.generate("Hi there", order_temperature=1e-9, seed=1, **options)[0].token_ids == greedy
     drawn = [dream.generate("Hi there", order_temperature=5.0, seed=s, **options)[0].token_ids for s in (1, 1, 2, 3)]
     assert drawn[0] == drawn[1] and any(d != greedy for d in drawn)
+
+
+def _block_state(n: int, steps: int, schedule: str) -> Any:
+    from dllm_constrain.engine.state import RequestState, SamplingParams
+
+    params = SamplingParams(max_new_tokens=n, block_length=n, steps=steps, schedule=schedule)
+    return RequestState(index=0, prompt_ids=[0], params=params, canvas=torch.zeros(n, dtype=torch.long),
+                        committed=torch.zeros(n, dtype=torch.bool), generator=None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 300), steps=st.integers(1, 300))
+def test_the_uniform_schedule_is_get_num_transfer_tokens_on_an_untouched_block(n: int, steps: int) -> None:
+    """LLaDA: per step base = n // steps, the first n % steps steps one more (steps <= n; more steps than
+    positions commit one per step)."""
+    from dllm_constrain.engine.policies import commit_count
+
+    state, left, counts = _block_state(n, steps, "uniform"), n, []
+    while left:
+        counts.append(commit_count(state, left))
+        left -= counts[-1]
+        state.block_step += 1
+    if steps <= n:
+        assert counts == [n // steps + (1 if i < n % steps else 0) for i in range(steps)]
+    else:
+        assert counts == [1] * n
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 300), steps=st.integers(1, 300))
+def test_the_linspace_schedule_follows_dreams_counts_and_skips_only_empty_steps(n: int, steps: int) -> None:
+    """Dream: the count at step i is int(n_i * (1 - s / t)) on the positions still masked, n_i at the last step; the
+    engine spends a forward only on the steps whose count is above 0."""
+    from dllm_constrain.engine.policies import commit_count
+
+    state, left, spent = _block_state(n, steps, "linspace"), n, 0
+    expected_left = n
+    for i in range(steps):
+        want = linspace_count(expected_left, i, steps, 1e-3)
+        expected_left -= want
+        if want and state.schedule_step <= i:
+            got = commit_count(state, left)
+            assert got == want and state.schedule_step == i + 1
+            left -= got
+            spent += 1
+    assert left == expected_left == 0 and spent <= steps
