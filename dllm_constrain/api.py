@@ -72,12 +72,14 @@ from dllm_constrain.options import (  # noqa: F401 - re-exported: the options' c
     validate_prompts,
     validate_request,
 )
+from dllm_constrain.chat_template import ChatTemplate
+from dllm_constrain.options import Prompt, is_single_prompt
 from dllm_constrain.prompting import format_prompt, schema_sketch
 
 __all__ = ["LLM", "GenerationResult", "OutputConstraint", "SamplingParams", "EngineConfig", "generate",
            "bundled_model_path", "clear_model_cache", "STRICT_SCHEMA_OPTIONS"]
 
-PROMPT_FORMATS = ("auto", "request", "raw")
+PROMPT_FORMATS = ("auto", "request", "chat", "raw")
 _CACHE_SIZE = 4
 _LLM_CACHE: "OrderedDict[str, LLM]" = OrderedDict()
 _CACHE_LOCK = threading.Lock()  # generate(model=None | path) from many threads loads a checkpoint once
@@ -103,9 +105,19 @@ def _schema_to_dict(schema: Any) -> dict[str, Any] | bool:
 class LLM:
     """A loaded checkpoint with its engine. `LLM()` loads the bundled model; `LLM(path)` any checkpoint folder.
 
-    prompt_format: "request" wraps prompts in the bundled model's training format (`format_prompt`), "raw"
-    feeds them as given; "auto" picks "request" for checkpoints whose tokenizer has this project's
-    specials (`<|bos|>` and `<|mask|>`, i.e. trained by `python -m dllm_constrain.train`), else "raw".
+    prompt_format: "request" wraps prompts in the bundled model's training format (`format_prompt`), "chat"
+    renders them through the checkpoint's chat template with the generation prompt (dllm_constrain.chat_template:
+    a string becomes one user message; what the authors' demos of LLaDA-8B-Instruct and Dream-v0-Instruct-7B do),
+    "raw" feeds them as given; "auto" picks "request" for checkpoints whose tokenizer has this project's
+    specials (`<|bos|>` and `<|mask|>`, i.e. trained by `python -m dllm_constrain.train`), else "chat" when the
+    checkpoint's tokenizer_config.json has a chat_template, else "raw". A prompt is a string or a conversation
+    (a list of {"role", "content"} messages), in every format but "raw".
+
+    Decoding defaults come from the checkpoint (`GenerationDefaults.from_folder`): its family's schedule and
+    ranking (LLaDA: low confidence on the uniform per-block schedule, blocks of 32; Dream: entropy on the linspace
+    schedule over the whole answer) under its generation_config.json, and stop ids from its eos_token_id lists and
+    its chat template's end-of-turn token. `preset="reference"` on a call reproduces the authors' greedy outputs
+    (docs/checkpoints.md).
     """
 
     def __init__(self, model_path: str | Path | None = None, *, device: Any = None, dtype: Any = None,
@@ -157,11 +169,18 @@ class LLM:
         self.device = model_device(model)  # where the model's weights are (LLM(device=...) or from_model's model)
         self.dtype = model_dtype(model)
         self.engine = LLMEngine(model, tokenizer, max_logit_rows=max_logit_rows)
+        config = getattr(tokenizer, "tokenizer_config", None)
+        self.chat_template = ChatTemplate.from_tokenizer_config(config) if isinstance(config, dict) else None
         if prompt_format == "auto":
             ours = all(self._token_id(t) is not None for t in ("<|bos|>", "<|mask|>"))
-            prompt_format = "request" if ours else "raw"
+            prompt_format = "request" if ours else "chat" if self.chat_template is not None else "raw"
+        if prompt_format == "chat" and self.chat_template is None:
+            raise InvalidRequestError("prompt_format='chat' needs a chat_template in the checkpoint's "
+                                      "tokenizer_config.json; this one has none (use 'raw' or 'request')")
         self.prompt_format = prompt_format
-        self.defaults = GenerationDefaults.from_folder(path)
+        self.family: str | None = getattr(model, "family", None)
+        self.defaults = GenerationDefaults.from_folder(path, self.family, context=model.max_sequence_length,
+                                                       stop_token_ids=self._stop_ids(model.special.eos_id))
         self._compiler: Any = None  # the ConstraintCompiler, made by the first constrained call
         self._info: TokenizerInfo | None = None
         self._compile_pool: ThreadPoolExecutor | None = None  # the compile thread, made on first use
@@ -174,17 +193,52 @@ class LLM:
     def _token_id(self, token: str) -> int | None:
         return self.tokenizer.token_to_id(token)
 
+    def _stop_ids(self, eos_id: int) -> tuple[int, ...]:
+        """Ids that end an answer besides the model's EOS: the checkpoint's eos_token_id lists (config.json,
+        generation_config.json; `engine.tokenizer`) and the end-of-turn token its chat template writes."""
+        listed = list(getattr(self.tokenizer, "stop_ids", ()))
+        if self.chat_template is not None:
+            listed += [self._token_id(t) for t in self.chat_template.end_of_turn_tokens()]
+        return tuple(dict.fromkeys(t for t in listed if t is not None and t != eos_id))
+
     def encode(self, text: str) -> list[int]:
         """Prompt ids, with the tokenizer's own special-token post-processing (e.g. a leading BOS)."""
         if isinstance(self.tokenizer, tokenizers.Tokenizer):
             return self.tokenizer.encode(text, add_special_tokens=True).ids
         return list(self.tokenizer.encode(text, add_special=True))
 
-    def format(self, prompt: str, schema: Any = None) -> str:
-        """The text the model sees for `prompt` (and `schema`, as the compact field sketch the bundled model reads)."""
+    def format(self, prompt: Prompt | Sequence[Mapping[str, Any]], schema: Any = None) -> str:
+        """The text the model sees for `prompt` (a string or a conversation) under this LLM's prompt format:
+        "chat" renders the chat template (a string is one user message; the schema is left to the constraint),
+        "request" the bundled model's format (a conversation's user messages joined by newlines; `schema` as the
+        compact field sketch it reads), "raw" the text as given (a conversation is refused)."""
+        if not isinstance(prompt, str):
+            prompt = validate_prompts(prompt)[0]
+        if self.prompt_format == "chat":
+            assert self.chat_template is not None  # _setup refuses "chat" without one
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+            return self.chat_template.render(messages)
+        if not isinstance(prompt, str):
+            if self.prompt_format == "raw":
+                raise InvalidRequestError("a conversation needs a chat template: this LLM takes raw text prompts "
+                                          "(prompt_format='raw')")
+            prompt = "\n".join(m["content"] for m in prompt if m.get("role") == "user" and m["content"].strip())
+            if not prompt:
+                raise InvalidRequestError("the conversation has no user message with text content")
         if self.prompt_format == "raw":
             return prompt
         return format_prompt(prompt, None if schema is None else schema_sketch(_schema_to_dict(schema)))
+
+    def prompt_ids(self, prompt: Prompt | Sequence[Mapping[str, Any]], schema: Any = None) -> list[int]:
+        """The prompt's token ids as the engine gets them: `format`, then encoded; a rendered chat template
+        carries its own special tokens (its BOS), so it is encoded without the tokenizer's post-processing,
+        as transformers' apply_chat_template(..., tokenize=True) encodes it."""
+        text = self.format(prompt, schema)
+        if self.prompt_format != "chat":
+            return self.encode(text)
+        if isinstance(self.tokenizer, tokenizers.Tokenizer):
+            return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return list(self.tokenizer.encode(text, add_special=False))
 
     # ------------------------------------------------------------------ constraints
     def tokenizer_info(self) -> TokenizerInfo:
@@ -243,7 +297,9 @@ class LLM:
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: str | Sequence[str], sampling_params: SamplingParams | None = None,
                  **options: Any) -> list[GenerationResult]:
-        """Generate for each prompt (one batch); returns one GenerationResult per prompt, in order.
+        """Generate for each prompt (one batch); returns one GenerationResult per prompt, in order. A prompt is a
+        string or a conversation (a list of {"role", "content"} messages), rendered by this LLM's prompt format
+        (`format`); `prompts` is one prompt or a list of them.
 
         sampling_params: the requests' SamplingParams (None: the checkpoint's defaults, its generation_config.json
         over the SamplingParams field defaults). options: keywords routed by field name (dllm_constrain.options):
@@ -252,7 +308,9 @@ class LLM:
         OutputConstraint fields (schema | regex | grammar, strict, schema_options, whitespace, compile_timeout;
         schema= also takes an output type object, see `validate_constraint`), EngineConfig fields (kv_cache,
         refresh, refresh_steps, refresh_threshold, keep_ratio, logits_budget_bytes, ...: engine settings for
-        this call; the others keep the engine's) and progress (called with a StepEvent after every step).
+        this call; the others keep the engine's), progress (called with a StepEvent after every step) and preset
+        ("reference": the settings under which greedy answers equal the authors' generate() / diffusion_generate(),
+        see `GenerationDefaults.preset_sampling`; the given keywords still win; None / "fast": the defaults).
 
         Raises InvalidRequestError (or its subclass PromptTooLongError) for bad input (an unknown keyword, a bad
         value: every field is checked by its function in REQUEST_FIELDS, prompts by `validate_prompts`), a
@@ -306,8 +364,14 @@ class LLM:
         is compiled on this LLM's compile thread instead (`constraint_for_engine`), beside the requests' first
         forward."""
         prompts = validate_prompts(prompts)
-        routed = route_options(options, self.defaults.sampling_params(), sampling_params)
-        config = self.engine.config.with_overrides(**routed.engine)
+        routed = route_options(options, self.defaults.sampling_params(), sampling_params,
+                               preset_sampling=self.defaults.preset_sampling)
+        if routed.preset == "reference" and self.family not in ("llada", "dream"):
+            raise InvalidRequestError(f"preset='reference' reproduces LLaDA's generate() and Dream's "
+                                      f"diffusion_generate(); this model's family is {self.family!r}")
+        engine = {**self.defaults.preset_engine(routed.preset),
+                  **{k: v for k, v in routed.engine.items() if v is not None}}
+        config = self.engine.config.with_overrides(**engine)
         params = routed.sampling
         constraint = params.constraint
 
@@ -317,7 +381,7 @@ class LLM:
                 compiled = (self.constraint_for_engine(constraint) if compile_beside
                             else self.compile_constraint(constraint))
             schema = constraint.schema if constraint is not None else None
-            return [Request(self.encode(self.format(p, schema)), params, compiled) for p in prompts]
+            return [Request(self.prompt_ids(p, schema), params, compiled) for p in prompts]
 
         return build, config, routed.progress
 
@@ -376,6 +440,6 @@ def generate(prompt: str | Sequence[str], sampling_params: SamplingParams | None
     validate_prompts(prompt)  # before loading a model for a request that cannot run
     check_option_names(options)
     results = _resolve_llm(model).generate(prompt, sampling_params, **options)
-    if isinstance(prompt, str):
+    if is_single_prompt(prompt):
         return results[0] if return_result else results[0].text
     return results if return_result else [r.text for r in results]

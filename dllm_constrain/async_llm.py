@@ -20,6 +20,7 @@ from dllm_constrain.engine.outputs import StreamUpdate
 from dllm_constrain.engine.state import SamplingParams
 from dllm_constrain.engine_loop import CallHandle
 from dllm_constrain.errors import InvalidRequestError
+from dllm_constrain.options import is_single_prompt
 
 __all__ = ["AsyncLLM"]
 
@@ -57,10 +58,10 @@ class AsyncLLM:
         self.llm: LLM = _resolve_llm(model)
 
     @staticmethod
-    def _single(prompt: Any) -> str:
-        if not isinstance(prompt, str):
-            raise InvalidRequestError(f"AsyncLLM takes one prompt string, got a {type(prompt).__name__} "
-                                      "(gather several generate() calls for many)")
+    def _single(prompt: Any) -> Any:
+        if not is_single_prompt(prompt):
+            raise InvalidRequestError(f"AsyncLLM takes one prompt (a string or one conversation), got a "
+                                      f"{type(prompt).__name__} (gather several generate() calls for many)")
         return prompt
 
     async def generate(self, prompt: str, sampling_params: SamplingParams | None = None,

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 from dllm_constrain.engine.config import KV_CACHE_MODES, REFRESH_MODES, EngineConfig
 from dllm_constrain.engine.llm_engine import StepEvent
-from dllm_constrain.engine.state import POLICY_NAMES, SamplingParams
+from dllm_constrain.engine.state import POLICY_NAMES, SCHEDULES, SamplingParams
 from dllm_constrain.errors import DllmConstrainError, InvalidSchemaError
 
 OPEN = "░"
@@ -71,6 +71,8 @@ SAMPLING_FLAGS: dict[str, str] = {
     "timeout": "seconds after which the request ends with an error (none: no limit)",
     "constraint_timeout": "seconds each constraint call may take",
     "forced_tokens": "commit the tokens the constraint forces without the model",
+    "schedule": "how many positions a quota policy commits per step: uniform (LLaDA) or linspace (Dream)",
+    "order_temperature": "> 0: draw the positions a quota policy commits, p = softmax(score / T) (Dream's alg_temp)",
 }
 ENGINE_FLAGS: dict[str, str] = {
     "kv_cache": "KV reuse across steps",
@@ -82,8 +84,9 @@ ENGINE_FLAGS: dict[str, str] = {
     "core_split": "with the forward without the GIL, a core of its own for the mask workers and the compile thread "
                   "(none: when torch's threads leave one over)",
 }
-CHOICES: dict[str, Sequence[str]] = {"policy": POLICY_NAMES, "kv_cache": KV_CACHE_MODES, "refresh": REFRESH_MODES}
-CHECKPOINT_FIELDS = ("max_new_tokens", "steps", "block_length", "policy", "threshold")
+CHOICES: dict[str, Sequence[str]] = {"policy": POLICY_NAMES, "kv_cache": KV_CACHE_MODES, "refresh": REFRESH_MODES,
+                                     "schedule": SCHEDULES}
+CHECKPOINT_FIELDS = ("max_new_tokens", "steps", "block_length", "policy", "threshold", "schedule")
 
 
 def _flag_type(cls: type, name: str) -> Any:
@@ -124,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="checkpoint folder (default: the bundled model)")
     _add_field_flags(p, SamplingParams, SAMPLING_FLAGS, engine=False)
     _add_field_flags(p, EngineConfig, ENGINE_FLAGS, engine=True)
+    p.add_argument("--preset", choices=("fast", "reference"), default=None,
+                   help="reference: the settings under which greedy answers equal the authors' generate() / "
+                        "diffusion_generate() (full recompute, the family's schedule and ranking); default: fast")
+    p.add_argument("--prompt-format", choices=("auto", "chat", "request", "raw"), default="auto",
+                   help="chat: through the checkpoint's chat template; raw: as given (default: auto, chat for a "
+                        "checkpoint with a chat template, the bundled model's request format for it)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--device", default=None,
                    help="where the model runs: cpu, cuda or cuda:N (default: cuda when available, else cpu)")
@@ -193,16 +202,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     display: CanvasDisplay | None = None
     try:
         schema = load_schema_arg(args.schema) if args.schema is not None else None
-        if args.device is None and args.dtype is None:
+        if args.device is None and args.dtype is None and args.prompt_format == "auto":
             llm: LLM = _resolve_llm(args.model)
         else:
-            llm = LLM(args.model, device=args.device, dtype=args.dtype)
+            llm = LLM(args.model, device=args.device, dtype=args.dtype, prompt_format=args.prompt_format)
         show = not args.no_progress and sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
         if show:
             display = CanvasDisplay(llm.engine.decode, sys.stderr)
             display.eos_id = llm.model.special.eos_id
         (result,) = llm.generate([args.prompt], schema=schema, regex=args.regex, grammar=args.grammar,
-                                 progress=display, **field_options(args))
+                                 progress=display, preset=args.preset, **field_options(args))
     except DllmConstrainError as exc:
         if display is not None:
             display.close()

@@ -28,7 +28,8 @@ from typing import Any
 
 from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.outputs import ProgressCallback
-from dllm_constrain.engine.state import POLICY_NAMES, OutputConstraint, SamplingParams
+from dllm_constrain.chat_template import is_conversation, normalize_messages
+from dllm_constrain.engine.state import POLICY_NAMES, SCHEDULES, OutputConstraint, SamplingParams
 from dllm_constrain.errors import (
     InvalidGrammarError,
     InvalidRegexError,
@@ -113,6 +114,14 @@ def _schema_options(x: Any) -> dict[str, Any] | None:
     return x
 
 
+def _stop_token_ids(x: Any) -> tuple[int, ...] | None:
+    if x is None:
+        return None
+    if isinstance(x, (str, bytes)) or not isinstance(x, Sequence) or not all(_is_int(t) and t >= 0 for t in x):
+        raise InvalidRequestError(f"stop_token_ids must be a list of token ids >= 0 (or None), got {_given(x)}")
+    return tuple(int(t) for t in x)
+
+
 def _progress(x: Any) -> Any:
     if x is not None and not callable(x):
         raise InvalidRequestError(f"progress must be a callable taking a StepEvent (or None), got {_given(x)}")
@@ -143,6 +152,11 @@ REQUEST_FIELDS: dict[str, Callable[[Any], Any]] = {
     "budgeted_logits": _bool_field("budgeted_logits"),
     "forced_tokens": _bool_field("forced_tokens"),
     "mask_workers": _int_field("mask_workers", 0),
+    "schedule": _choice_field("schedule", SCHEDULES),
+    "schedule_eps": _real_field("schedule_eps", 0.0, 1.0, lo_open=True, hi_open=True),
+    "order_temperature": _real_field("order_temperature", 0.0, optional=False),
+    "stop_token_ids": _stop_token_ids,
+    "preset": _choice_field("preset", ("fast", "reference")),
 }
 
 # seconds per constraint call of a request (the SamplingParams field default; see "Time bounds" in
@@ -156,10 +170,21 @@ def validate_request(**given: Any) -> dict[str, Any]:
     return {k: REQUEST_FIELDS[k](v) if k in REQUEST_FIELDS else v for k, v in given.items()}
 
 
-def validate_prompts(prompts: Any) -> list[str]:
-    """A prompt or a list of prompts as a non-empty list of non-empty, encodable strings."""
-    single = isinstance(prompts, str)
-    if single:
+Prompt = str | tuple[dict[str, Any], ...]  # text, or one conversation (messages with role and text content)
+
+
+def is_single_prompt(prompts: Any) -> bool:
+    """Whether `prompts` is one prompt (a string or one conversation) rather than a list of them."""
+    return isinstance(prompts, str) or is_conversation(prompts)
+
+
+def validate_prompts(prompts: Any) -> list[Prompt]:
+    """A prompt or a list of prompts as a non-empty list of non-empty, encodable strings and conversations (a
+    list of message dicts is one conversation; its messages are checked by `normalize_messages`)."""
+    single = is_single_prompt(prompts)
+    if is_conversation(prompts):
+        prompts = [prompts]
+    elif single:
         prompts = [prompts]
     elif isinstance(prompts, (bytes, bytearray, memoryview)):
         raise InvalidRequestError("the prompt is bytes, not a string: decode it first (e.g. prompt.decode('utf-8'))")
@@ -171,19 +196,28 @@ def validate_prompts(prompts: Any) -> list[str]:
         raise InvalidRequestError(f"prompt must be a string or a list of strings, got {_given(prompts)}")
     for i, p in enumerate(prompts):
         which = "the prompt" if single else f"prompt {i}"
+        if is_conversation(p):
+            prompts[i] = normalize_messages(p, which)
+            for m in prompts[i]:
+                _check_text(m["content"], which)
+            continue
         if isinstance(p, (bytes, bytearray)):
             raise InvalidRequestError(f"{which} is bytes, not a string: decode it first (e.g. .decode('utf-8'))")
         if not isinstance(p, str):
-            raise InvalidRequestError(f"{which} is {_given(p)}, not a string")
-        try:
-            p.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise InvalidRequestError(
-                f"{which} is not valid Unicode text: lone surrogate {p[exc.start]!r} at index {exc.start} "
-                "(text decoded from non-UTF-8 bytes with surrogateescape, or a broken surrogate pair?)") from None
+            raise InvalidRequestError(f"{which} is {_given(p)}, not a string or a list of messages")
+        _check_text(p, which)
         if not p.strip():
             raise InvalidRequestError(f"{which} is empty")
     return prompts
+
+
+def _check_text(p: str, which: str) -> None:
+    try:
+        p.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequestError(
+            f"{which} is not valid Unicode text: lone surrogate {p[exc.start]!r} at index {exc.start} "
+            "(text decoded from non-UTF-8 bytes with surrogateescape, or a broken surrogate pair?)") from None
 
 
 def _output_type(x: Any) -> tuple[str, Any] | None:
@@ -262,12 +296,29 @@ def _given_as(kind: str, x: Any, plain: tuple[type, ...], error: type[Exception]
     return found[1]
 
 
+# each family's own decoding when its generation_config.json does not say otherwise: LLaDA's generate()
+# (low-confidence remasking, semi-autoregressive blocks of 32, the uniform per-block schedule) and Dream's
+# diffusion_generate (its documented alg="entropy" on the linspace schedule over the whole answer)
+FAMILY_DECODING: dict[str, dict[str, Any]] = {
+    "llada": {"policy": "quota", "schedule": "uniform"},
+    "dream": {"policy": "entropy", "schedule": "linspace", "block_length": None},  # None: the whole answer
+}
+# Dream's generation_config `alg` -> our policy of the same ranking ("origin", a random order, has none: the
+# family's entropy order stays)
+DREAM_ALGS = {"entropy": "entropy", "maskgit_plus": "quota", "topk_margin": "margin"}
+QUOTA_POLICIES = ("quota", "entropy", "margin")
+PRESETS = ("fast", "reference")
+
+
 @dataclass(frozen=True)
 class GenerationDefaults:
-    """Defaults for options the caller leaves as None: the checkpoint's generation_config.json, else these.
+    """Defaults for options the caller leaves as None: the checkpoint's generation_config.json over its family's
+    decoding (FAMILY_DECODING) over these.
 
     A checkpoint knows its own sensible canvas (the bundled model was trained on canvases up to 96
-    positions), the way Hugging Face checkpoints carry their generation defaults.
+    positions), the way Hugging Face checkpoints carry their generation defaults. generation_config.json may set
+    the fields below by name, and Dream's `alg` (DREAM_ALGS) and `eps` (schedule_eps); its `eos_token_id` list
+    reaches stop_token_ids through the tokenizer (engine.tokenizer).
     """
 
     max_new_tokens: int = SamplingParams.max_new_tokens
@@ -275,30 +326,62 @@ class GenerationDefaults:
     steps: int | None = SamplingParams.steps
     policy: str = SamplingParams.policy  # the commit policy (the bundled model: "threshold", Fast-dLLM parallel decoding)
     threshold: float = SamplingParams.threshold  # its confidence threshold
+    schedule: str = SamplingParams.schedule  # the quota policies' per-step count (LLaDA "uniform", Dream "linspace")
+    schedule_eps: float = SamplingParams.schedule_eps
+    stop_token_ids: tuple[int, ...] = SamplingParams.stop_token_ids  # besides the model's EOS
 
     @classmethod
-    def from_folder(cls, path: Path | None) -> "GenerationDefaults":
+    def from_folder(cls, path: Path | None, family: str | None = None, *, context: int | None = None,
+                    stop_token_ids: Sequence[int] = ()) -> "GenerationDefaults":
+        """The defaults of a checkpoint folder (None: the engine's own) of `family`; `context` (the model's
+        context length) is the block length of a family that decodes the whole answer as one block."""
+        known: dict[str, Any] = {}
+        for name, value in FAMILY_DECODING.get(family or "", {}).items():
+            known[name] = value if value is not None or name != "block_length" else (context or 1 << 20)
         file = path / "generation_config.json" if path is not None else None
-        if file is None or not file.is_file():
-            return cls()
-        raw = json.loads(file.read_text())
-        known = {f.name: raw[f.name] for f in fields(cls) if f.name in raw}
+        if file is not None and file.is_file():
+            raw = json.loads(file.read_text())
+            if family == "dream" and raw.get("alg") in DREAM_ALGS:
+                known["policy"] = DREAM_ALGS[raw["alg"]]
+            if family == "dream" and isinstance(raw.get("eps"), float) and 0 < raw["eps"] < 1:
+                known["schedule_eps"] = raw["eps"]
+            known.update({f.name: raw[f.name] for f in fields(cls) if f.name in raw and f.name != "stop_token_ids"})
+        if stop_token_ids:
+            known["stop_token_ids"] = tuple(stop_token_ids)
         return cls(**known)
 
-    def sampling_params(self) -> SamplingParams:
-        """SamplingParams with these defaults (the other fields keep the SamplingParams field defaults)."""
-        return SamplingParams(**{f.name: getattr(self, f.name) for f in fields(self)})
+    def sampling_params(self, preset: str | None = None) -> SamplingParams:
+        """SamplingParams with these defaults (the other fields keep the SamplingParams field defaults), under
+        `preset` (`preset_sampling`)."""
+        base = {f.name: getattr(self, f.name) for f in fields(self)}
+        return SamplingParams(**{**base, **self.preset_sampling(preset)})
 
+    def preset_sampling(self, preset: str | None) -> dict[str, Any]:
+        """The SamplingParams fields a preset sets: "reference" ranks with the family's own order (a quota policy:
+        the checkpoint's if it names one, else low confidence on the uniform schedule, entropy on Dream's);
+        None / "fast": nothing (these defaults)."""
+        if preset != "reference":
+            return {}
+        if self.policy in QUOTA_POLICIES:
+            return {"policy": self.policy}
+        return {"policy": "entropy" if self.schedule == "linspace" else "quota"}
+
+    @staticmethod
+    def preset_engine(preset: str | None) -> dict[str, Any]:
+        """The EngineConfig fields a preset sets: "reference" recomputes the whole sequence every step, as the
+        authors' generate() / diffusion_generate() do."""
+        return {"kv_cache": "none"} if preset == "reference" else {}
 
 
 # ---------------------------------------------------------------------------------- routing
 SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams) if f.name != "constraint")
 CONSTRAINT_FIELDS = tuple(f.name for f in fields(OutputConstraint))
 ENGINE_FIELDS = tuple(f.name for f in fields(EngineConfig))
-CALL_OPTIONS = ("progress",)
+CALL_OPTIONS = ("progress", "preset")
 OPTION_NAMES = SAMPLING_FIELDS + CONSTRAINT_FIELDS + ENGINE_FIELDS + CALL_OPTIONS
 # fields a checkpoint's generation_config.json may set: None given for them means "the checkpoint's default"
 CHECKPOINT_FIELDS = tuple(f.name for f in fields(GenerationDefaults))
+
 
 
 @dataclass(frozen=True)
@@ -308,6 +391,7 @@ class RoutedOptions:
     sampling: SamplingParams
     engine: dict[str, Any]  # the EngineConfig fields given for this call (None values: keep the engine's)
     progress: ProgressCallback | None = None
+    preset: str | None = None  # "fast" | "reference" (see GenerationDefaults.preset_sampling), None: the defaults
 
 
 def check_option_names(names: Any, extra: Sequence[str] = ()) -> None:
@@ -327,25 +411,30 @@ def generate_options(options: Mapping[str, Any]) -> dict[str, Any]:
                 for f in fields(SamplingParams) if f.name != "constraint"}
     defaults.update({f.name: getattr(OutputConstraint, f.name) for f in fields(OutputConstraint)})
     defaults["progress"] = None
+    defaults["preset"] = None
     return {**defaults, **options}
 
 
 def route_options(options: Mapping[str, Any], defaults: SamplingParams,
-                  sampling_params: SamplingParams | None = None) -> RoutedOptions:
+                  sampling_params: SamplingParams | None = None,
+                  preset_sampling: Callable[[str | None], Mapping[str, Any]] | None = None) -> RoutedOptions:
     """Check every keyword (REQUEST_FIELDS) and put it on its object by field name: per-request fields replace
     those of `sampling_params` (given) or `defaults` (the checkpoint's), constraint fields those of its
-    OutputConstraint, engine fields go to `engine`. None for a checkpoint field keeps the base value."""
+    OutputConstraint, engine fields go to `engine`. None for a checkpoint field keeps the base value. A `preset`
+    keyword sets the fields `preset_sampling(preset)` names on the base first (the given keywords still win)."""
     check_option_names(options)
     if sampling_params is not None and not isinstance(sampling_params, SamplingParams):
         raise InvalidRequestError(f"sampling_params must be a SamplingParams, got {_given(sampling_params)}")
     v = validate_request(**options)
     base = sampling_params if sampling_params is not None else defaults
+    if preset_sampling is not None and v.get("preset") is not None:
+        base = replace(base, **preset_sampling(v["preset"]))
     changes = {k: v[k] for k in SAMPLING_FIELDS if k in v and not (v[k] is None and k in CHECKPOINT_FIELDS)}
     constraint = _route_constraint(v, base.constraint)
     params = replace(base, **changes, constraint=constraint)
     params.validate()
     engine = {k: v[k] for k in ENGINE_FIELDS if k in v}
-    return RoutedOptions(params, engine, v.get("progress"))
+    return RoutedOptions(params, engine, v.get("progress"), v.get("preset"))
 
 
 def _route_constraint(v: Mapping[str, Any], base: OutputConstraint | None) -> OutputConstraint | None:

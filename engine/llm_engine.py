@@ -894,9 +894,8 @@ class LLMEngine:
         """Stop if the answer has ended (fill the tail with EOS); otherwise move past completed blocks."""
         eos = self.special.eos_id
         while not s.done:
-            eos_at = ((s.canvas == eos) & s.committed).nonzero().flatten()
-            if eos_at.numel() and bool(s.committed[: int(eos_at[0])].all()):
-                first = int(eos_at[0])
+            first = s.first_stop(eos)  # EOS or a stop id (the answer ends there; the tail becomes EOS)
+            if first is not None and bool(s.committed[:first].all()):
                 s.canvas[first:] = eos
                 s.committed[first:] = True
                 s.finish("eos")
@@ -908,6 +907,7 @@ class LLMEngine:
                 return
             s.block += 1
             s.block_step = 0
+            s.schedule_step = 0
 
     # ------------------------------------------------------------------ outputs
     def _event(self, states: list[RequestState]) -> StepEvent:

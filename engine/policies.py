@@ -5,9 +5,18 @@ position of the active block (left to right) and the selection names rows, best 
 commits at least one row per call, so the loop always terminates. Scores (higher = commit first) are also
 what constraint joint verification keeps greedily.
 
-Quota policies (LLaDA and Dream) commit k = ceil(n_open / steps_left) rows per step. On an untouched
-block this reproduces LLaDA's `get_num_transfer_tokens` schedule exactly (the remainder goes to the first
-steps), and it adapts when forced tokens or remasks change the number of open positions.
+Quota policies (LLaDA and Dream) commit `commit_count(state, n_open)` rows per step, on the request's schedule
+(`SamplingParams.schedule`):
+  "uniform"  (LLaDA's generate) k = ceil(n_open / steps_left) over each block's step budget. On an untouched
+             block this is LLaDA's `get_num_transfer_tokens` exactly (base = n // steps per step, the remainder
+             one extra on the first steps), and it adapts when forced tokens or remasks change n_open.
+  "linspace" (Dream's diffusion_generate) timesteps = linspace(1, eps, steps + 1) in float32; at schedule step i
+             with t = timesteps[i], s = timesteps[i + 1], k = int(n_open * (1 - s / t)) if i < steps - 1 else
+             n_open. A step whose k is 0 changes nothing in Dream's loop but spends a forward; here it is skipped
+             (the schedule moves on to the first step with k > 0), which for a greedy run gives the same canvas
+             with fewer forwards, since an unchanged canvas gives the same logits.
+The ranking is the policy's own: LLaDA's low-confidence remasking (p of the chosen token; Dream's
+`maskgit_plus`), Dream's `entropy` (negative entropy) and `topk_margin` (top1 - top2 probability).
 """
 from __future__ import annotations
 
@@ -17,7 +26,7 @@ from typing import Protocol
 
 import torch
 
-from dllm_constrain.engine.sampling import RowStats
+from dllm_constrain.engine.sampling import RowStats, gumbel_noise
 from dllm_constrain.engine.state import RequestState, SamplingParams
 from dllm_constrain.errors import InvalidRequestError
 
@@ -58,8 +67,34 @@ def _top_rows(score: torch.Tensor, ok: torch.Tensor, k: int) -> Selection:
     return Selection(commit=order.tolist(), scores=score[order].tolist())
 
 
+def linspace_count(n_open: int, step: int, steps: int, eps: float) -> int:
+    """Dream's count at schedule step `step` of `steps`: int(n * (1 - s / t)) on float32 linspace(1, eps, steps + 1)
+    timesteps (the arithmetic of diffusion_generate, float32 throughout), all of them at the last step."""
+    if step >= steps - 1:
+        return n_open
+    timesteps = torch.linspace(1, eps, steps + 1)
+    t, s = timesteps[step], timesteps[step + 1]
+    return int(torch.tensor(n_open, dtype=torch.float32) * (1 - s / t))
+
+
+def commit_count(state: RequestState, n_open: int) -> int:
+    """How many of the block's `n_open` positions this step commits under the request's schedule (at least 1),
+    advancing `state.schedule_step` past the "linspace" steps that would commit none (see the module docstring)."""
+    params = state.params
+    if params.schedule == "uniform":
+        return max(1, math.ceil(n_open / state.steps_left_in_block()))
+    steps = state.budget[state.block]
+    step = state.schedule_step
+    k = linspace_count(n_open, step, steps, params.schedule_eps)
+    while k == 0:
+        step += 1
+        k = linspace_count(n_open, step, steps, params.schedule_eps)
+    state.schedule_step = step + 1
+    return k
+
+
 class QuotaPolicy:
-    """Commit the k = ceil(open / steps_left) highest-scoring open positions of the block."""
+    """Commit the `commit_count` highest-scoring open positions of the block (the request's schedule)."""
 
     name = "quota"
 
@@ -67,12 +102,26 @@ class QuotaPolicy:
         raise NotImplementedError
 
     def select(self, stats: RowStats, state: RequestState) -> Selection:
-        k = math.ceil(len(stats) / state.steps_left_in_block())
-        return _top_rows(self.score(stats), _committable(stats), max(1, k))
+        k = commit_count(state, len(stats))
+        score, tau = self.score(stats), state.params.order_temperature
+        if tau > 0:
+            return _drawn_rows(score, _committable(stats), k, tau, state.generator)
+        return _top_rows(score, _committable(stats), k)
+
+
+def _drawn_rows(score: torch.Tensor, ok: torch.Tensor, k: int, tau: float,
+                generator: torch.Generator | None) -> Selection:
+    """k committable rows drawn without replacement with probabilities softmax(score / tau) (Dream's alg_temp):
+    the k largest score / tau + Gumbel noise, which samples that sequence exactly (the Gumbel-top-k trick), from the
+    request's own generator."""
+    noise = gumbel_noise(tuple(score.shape), generator, score.device, torch.float64)
+    drawn = _top_rows(score.double() / tau + noise, ok, k).commit
+    return Selection(commit=drawn, scores=score.double()[drawn].tolist())
 
 
 class LowConfidenceQuota(QuotaPolicy):
-    """LLaDA low-confidence remasking: score = p(chosen token); keep the most confident, remask the rest."""
+    """LLaDA low-confidence remasking (Dream `alg="maskgit_plus"`): score = p(chosen token); keep the most
+    confident, remask the rest."""
 
     name = "quota"
 

@@ -32,6 +32,10 @@ from dllm_constrain.engine.gil_share import compiling_beside, loop_activity
 from dllm_constrain.errors import InvalidRequestError
 
 POLICY_NAMES = ("quota", "threshold", "entropy", "margin", "entropy_bound")
+# how many positions a quota policy commits per step (engine.policies.commit_count): "uniform" is LLaDA's
+# get_num_transfer_tokens per block (ceil(open / steps_left)), "linspace" Dream's diffusion_generate schedule
+# (int(open * (1 - s / t)) on timesteps linspace(1, eps, steps + 1), everything left at the last step)
+SCHEDULES = ("uniform", "linspace")
 
 # JSON Schema options for generation (like xgrammar's strict_mode): an object schema that does not say
 # `additionalProperties` gets no undeclared properties, a schema without `type` produces the types its
@@ -106,6 +110,17 @@ class SamplingParams:
     # commit the positions whose constraint mask allows a single token without the model (False: every position
     # goes through the policy; see "Forced tokens" in engine.llm_engine)
     forced_tokens: bool = True
+    # the quota policies' per-step commit count (SCHEDULES); the checkpoint's family picks it (LLaDA "uniform",
+    # Dream "linspace", see dllm_constrain.options.GenerationDefaults)
+    schedule: str = "uniform"
+    schedule_eps: float = 1e-3  # the last timestep of the "linspace" schedule (Dream's eps)
+    # ids that end the answer besides the model's EOS (vLLM's stop_token_ids): a committed stop id with every
+    # position left of it committed ends the request; the checkpoint's eos_token_id lists, generation_config.json
+    # and its chat template's end-of-turn token fill it (dllm_constrain.options.GenerationDefaults)
+    stop_token_ids: tuple[int, ...] = ()
+    # > 0: the quota policies draw which positions to commit instead of taking the best ones, with probabilities
+    # softmax(score / order_temperature) (without replacement; Dream's alg_temp); 0: the highest scores
+    order_temperature: float = 0.0
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the first bad field."""
@@ -136,6 +151,17 @@ class SamplingParams:
                                       f"got {self.constraint_timeout!r}")
         if not isinstance(self.forced_tokens, bool):
             raise InvalidRequestError(f"forced_tokens must be True or False, got {self.forced_tokens!r}")
+        if self.schedule not in SCHEDULES:
+            raise InvalidRequestError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if not isinstance(self.schedule_eps, (int, float)) or isinstance(self.schedule_eps, bool) \
+                or not 0.0 < self.schedule_eps < 1.0:
+            raise InvalidRequestError(f"schedule_eps must be a number in (0, 1), got {self.schedule_eps!r}")
+        if not isinstance(self.order_temperature, (int, float)) or isinstance(self.order_temperature, bool) \
+                or not math.isfinite(self.order_temperature) or self.order_temperature < 0:
+            raise InvalidRequestError(f"order_temperature must be a finite number >= 0, got {self.order_temperature!r}")
+        if not isinstance(self.stop_token_ids, tuple) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
+            raise InvalidRequestError(f"stop_token_ids must be a tuple of token ids >= 0, got {self.stop_token_ids!r}")
 
     @property
     def num_blocks(self) -> int:
@@ -258,6 +284,7 @@ class RequestState:
     constraint: CanvasConstraint | None = None
     block: int = 0  # active block index
     block_step: int = 0  # forwards spent on the active block
+    schedule_step: int = 0  # the active block's position in its commit schedule (engine.policies.commit_count)
     step: int = 0  # loop iterations (forwards + forward-free forced-token steps)
     nfe: int = 0  # forward passes this request took part in
     forced_tokens: int = 0  # tokens committed because the constraint allowed only one
@@ -305,6 +332,14 @@ class RequestState:
     def canvas_view(self, mask_id: int) -> list[int]:
         """The canvas as constraints see it: committed ids, mask_id at every open position."""
         return torch.where(self.committed, self.canvas, torch.full_like(self.canvas, mask_id)).tolist()
+
+    def first_stop(self, eos_id: int) -> int | None:
+        """The first committed position holding EOS or one of the request's stop ids, or None."""
+        stops = (self.canvas == eos_id)
+        for tok in self.params.stop_token_ids:
+            stops |= self.canvas == tok
+        at = (stops & self.committed).nonzero()
+        return int(at[0, 0]) if at.numel() else None
 
     def commit(self, positions: list[int], tokens: list[int]) -> None:
         for pos, tok in zip(positions, tokens):

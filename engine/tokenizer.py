@@ -7,6 +7,10 @@ Special ids (bos, eos, pad, mask) are resolved per role, first hit wins:
   3. well-known token names (LLaDA `<|mdm_mask|>`, Dream `<|mask|>`, `<|endoftext|>`, `<|eot_id|>`, `<eos>`, ...).
 A missing pad falls back to eos. A role that resolves nowhere is None (the model config may still supply it).
 
+Stop ids (`stop_ids`): every id of an `eos_token_id` list in config.json (top level or text_config) and in
+generation_config.json (an int or a list), the resolved eos first. The checkpoint's tokenizer_config.json is kept
+as `tokenizer_config` (its chat template is rendered by dllm_constrain.chat_template).
+
 `token_bytes()` is what the constraint compiler consumes: the exact bytes a token contributes to the decoded
 text. Byte-level BPE (GPT-2/Llama-3/Qwen layout) inverts the GPT-2 bytes-to-unicode table; SentencePiece-style
 tokenizers (Metaspace or Replace('▁', ' ') decoders, ByteFallback `<0xAB>` tokens) map '▁' to a space and byte
@@ -81,6 +85,16 @@ def _config_id(config: Mapping[str, Any], role: str) -> int | None:
     return None
 
 
+def _id_list(config: Mapping[str, Any], key: str) -> list[int]:
+    """Every id of `key` (an int or a list of ints) at the top level of a config and in its text_config."""
+    out: list[int] = []
+    for scope in (config, config.get("text_config") or {}):
+        value = scope.get(key) if isinstance(scope, Mapping) else None
+        values = value if isinstance(value, list) else [value]
+        out += [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+    return out
+
+
 def _flatten(component: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
     """A decoder/pre-tokenizer JSON node as a flat list (Sequence nodes expanded)."""
     if not component:
@@ -108,6 +122,7 @@ class Tokenizer:
         special_tokens_map: Mapping[str, Any] | None = None,
     ) -> None:
         self.path: Path | None = None
+        generation_config: Mapping[str, Any] = {}
         if isinstance(source, tokenizers.Tokenizer):
             backend = source
         else:
@@ -121,6 +136,8 @@ class Tokenizer:
                     tokenizer_config = _read_json(folder / "tokenizer_config.json")
                 if special_tokens_map is None and (folder / "special_tokens_map.json").is_file():
                     special_tokens_map = _read_json(folder / "special_tokens_map.json")
+                if (folder / "generation_config.json").is_file():
+                    generation_config = _read_json(folder / "generation_config.json")
             if not path.is_file():
                 raise CheckpointError(f"tokenizer.json not found: {path}")
             try:
@@ -138,6 +155,10 @@ class Tokenizer:
         self.eos_id: int | None = ids["eos"]
         self.pad_id: int | None = ids["pad"]
         self.mask_id: int | None = ids["mask"]
+        self.tokenizer_config: dict[str, Any] = dict(tokenizer_config or {})
+        listed = [*_id_list(config or {}, "eos_token_id"), *_id_list(generation_config, "eos_token_id")]
+        ordered = ([self.eos_id] if self.eos_id is not None else []) + listed
+        self.stop_ids: tuple[int, ...] = tuple(dict.fromkeys(t for t in ordered if 0 <= t < self.vocab_size))
 
     # ------------------------------------------------------------------ special ids
     def _resolve(self, role: str, config: Mapping[str, Any], tokenizer_config: Mapping[str, Any],

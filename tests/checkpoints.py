@@ -186,3 +186,62 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
     ids = torch.tensor([[pad_id] * (width - len(r)) + list(r) for r in rows])
     mask = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows])
     return ids, mask
+
+
+# ---------------------------------------------------------------------------------- Instruct layouts
+# The chat formats of the released Instruct checkpoints, written from their published prompt layouts: LLaDA-8B-
+# Instruct uses Llama-3's header/eot layout (the BOS written by the template before the first message), Dream-v0-
+# Instruct-7B Qwen2's ChatML with a default system message.
+LLADA_CHAT_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim"
+    " + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+DREAM_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+LLADA_INSTRUCT_SPECIALS = [*LLADA_SPECIALS, "<|start_header_id|>", "<|end_header_id|>"]
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    path.write_text(json.dumps(value, indent=2))
+
+
+def build_llada_instruct(folder: Path, seed: int = 0, generation_config: dict[str, Any] | None = None,
+                         **overrides: Any) -> LLaDAModel:
+    """A tiny LLaDA-8B-Instruct layout: config.json with the released fields, tokenizer_config.json with the chat
+    template and its special tokens, generation_config.json (eos 126081-like `<|endoftext|>`; `<|eot_id|>` ends a
+    turn). Returns the saved model."""
+    tok = byte_level_tokenizer(LLADA_INSTRUCT_SPECIALS)
+    model = randomize(LLaDAModel(llada_config(tok.token_to_id, **overrides)), seed)
+    save_checkpoint(model, tok, folder)
+    _with_released_fields(folder, LLADA_RELEASED_FIELDS)
+    _write_json(folder / "tokenizer_config.json", {
+        "bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+        "chat_template": LLADA_CHAT_TEMPLATE, "model_max_length": 1000000000000000019884624838656})
+    _write_json(folder / "generation_config.json", generation_config if generation_config is not None else {
+        "bos_token_id": tok.token_to_id("<|startoftext|>"), "eos_token_id": tok.token_to_id("<|endoftext|>"),
+        "pad_token_id": tok.token_to_id("<|endoftext|>")})
+    return model
+
+
+def build_dream_instruct(folder: Path, seed: int = 0, generation_config: dict[str, Any] | None = None,
+                         **overrides: Any) -> DreamModel:
+    """A tiny Dream-v0-Instruct-7B layout: ChatML template (`<|im_end|>` ends a turn), eos `<|endoftext|>`, mask
+    `<|mask|>`, generation_config.json with the eos/pad/bos ids. Returns the saved model."""
+    tok = byte_level_tokenizer(DREAM_SPECIALS)
+    model = randomize(DreamModel(dream_config(tok.token_to_id, **overrides)), seed)
+    model.tie_weights()
+    save_checkpoint(model, tok, folder)
+    _with_released_fields(folder, DREAM_RELEASED_FIELDS)
+    _write_json(folder / "tokenizer_config.json", {
+        "bos_token": None, "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "mask_token": "<|mask|>",
+        "chat_template": DREAM_CHAT_TEMPLATE})
+    eos = tok.token_to_id("<|endoftext|>")
+    _write_json(folder / "generation_config.json", generation_config if generation_config is not None else {
+        "bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos})
+    return model

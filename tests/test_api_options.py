@@ -68,7 +68,8 @@ def test_each_default_is_the_dataclass_field_default() -> None:
     assert GenerationDefaults().sampling_params() == SamplingParams()
     opts = generate_options({})
     for f in fields(SamplingParams):
-        if f.name not in ("constraint", "max_new_tokens", "steps", "block_length", "policy", "threshold"):
+        if f.name not in ("constraint", "max_new_tokens", "steps", "block_length", "policy", "threshold", "schedule",
+                          "schedule_eps", "stop_token_ids"):
             assert opts[f.name] == f.default, f.name
     for f in fields(OutputConstraint):
         assert opts[f.name] == f.default, f.name
@@ -79,7 +80,7 @@ def test_each_default_is_the_dataclass_field_default() -> None:
 
 def test_every_field_of_the_three_objects_is_an_option_and_nothing_else_is() -> None:
     names = {f.name for cls in (SamplingParams, OutputConstraint, EngineConfig) for f in fields(cls)}
-    assert set(OPTION_NAMES) == (names - {"constraint"}) | {"progress"}
+    assert set(OPTION_NAMES) == (names - {"constraint"}) | {"progress", "preset"}
 
 
 @pytest.mark.parametrize("kwargs, match", [({"max_tokens": 32}, "'max_tokens'"),

@@ -62,7 +62,7 @@ class ConstraintSpec:
 class GenerationRequest:
     """What the HTTP layer asks of a backend, free of any wire format."""
 
-    prompt: str  # the prompt text handed to LLM.generate (which applies the checkpoint's own request format)
+    prompt: Any  # handed to LLM.generate (which applies the checkpoint's prompt format): text or a conversation
     constraint: ConstraintSpec | None = None
     max_new_tokens: int | None = None  # None: the checkpoint's default canvas
     temperature: float = 0.0
@@ -381,7 +381,7 @@ class EngineBackend:
             job.handle.publish(Delta(delta))
         schema = request.constraint.value if request.constraint is not None and \
             request.constraint.kind == "schema" else None
-        prompt_tokens = len(self.llm.encode(self.llm.format(request.prompt, schema)))
+        prompt_tokens = len(self.llm.prompt_ids(request.prompt, schema))
         completion_tokens = len(result.token_ids)  # what the model produced, before any stop string cut it
         finish = "stop" if stopped or result.finish_reason == "eos" else "length"
         return Done(Completion(text, finish, prompt_tokens, completion_tokens, result))

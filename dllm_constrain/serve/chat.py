@@ -1,19 +1,21 @@
-"""Chat messages -> the prompt text handed to `LLM.generate`.
+"""Chat messages -> the prompt handed to `LLM.generate`.
 
-A checkpoint that ships a chat template (`chat_template` in its tokenizer_config.json, as Hugging Face instruct
-checkpoints such as LLaDA-8B-Instruct do) is prompted through it, rendered the way transformers'
-`apply_chat_template` renders it (sandboxed Jinja, trim_blocks/lstrip_blocks, `add_generation_prompt=True`).
-A checkpoint without one, or one that `LLM` prompts in this project's request format (the bundled model, which
-was trained on single requests and wraps the prompt itself), gets the user messages' text joined by newlines.
+An LLM that prompts through its checkpoint's chat template (`prompt_format="chat"`, the default for a checkpoint
+whose tokenizer_config.json has a `chat_template`, as LLaDA-8B-Instruct's and Dream-v0-Instruct-7B's do) gets the
+messages themselves: it renders them on the same code path as `LLM.generate(messages)`, `dc.generate` and the CLI
+(dllm_constrain.chat_template). An LLM prompted raw whose checkpoint ships a template gets the rendered text
+(the same renderer); one prompted in this project's request format (the bundled model, which was trained on single
+requests and wraps the prompt itself), or without a template, gets the user messages' text joined by newlines.
 """
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from dllm_constrain.chat_template import ChatTemplate, normalize_messages
+from dllm_constrain.errors import InvalidRequestError
 from dllm_constrain.serve.errors import BadRequest
 
 
@@ -33,87 +35,63 @@ def message_text(content: Any, index: int) -> str:
     return "".join(parts)
 
 
-def _special_token(value: Any) -> str:
-    if isinstance(value, dict):  # {"content": "<s>", ...} in older tokenizer configs
-        value = value.get("content")
-    return value if isinstance(value, str) else ""
-
-
 class ChatFormatter:
-    """Renders a conversation into one prompt string (see the module docstring)."""
+    """Renders a conversation into the prompt handed to the LLM (see the module docstring)."""
 
     def __init__(self, template: str | None = None, special_tokens: dict[str, str] | None = None,
-                 strip_prefix: str = "") -> None:
+                 strip_prefix: str = "", *, pass_messages: bool = False) -> None:
         """template: a Jinja chat template (None: join the user messages). special_tokens: bos_token, eos_token...
         passed to the template. strip_prefix: removed from the start of the rendered text (the BOS the tokenizer
-        adds again when encoding, so the prompt does not start with two)."""
+        adds again when encoding, so the prompt does not start with two). pass_messages: hand the checked
+        messages to the LLM, which renders them itself (an LLM with prompt_format="chat")."""
         self.template_source = template
         self.special_tokens = dict(special_tokens or {})
         self.strip_prefix = strip_prefix
-        self._template = self._compile(template) if template is not None else None
-
-    @staticmethod
-    def _compile(source: str) -> Any:
-        from jinja2 import TemplateError
-        from jinja2.ext import loopcontrols
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(message: str) -> None:
-            raise TemplateError(message)
-
-        def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-                   sort_keys: bool = False) -> str:
-            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-        env.filters["tojson"] = tojson
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        return env.from_string(source)
+        self.pass_messages = pass_messages
+        self._template = ChatTemplate(template, special_tokens) if template is not None else None
 
     @classmethod
     def for_llm(cls, llm: Any) -> "ChatFormatter":
-        """The formatter for a loaded `LLM`: its checkpoint's chat template when it has one and is prompted raw."""
+        """The formatter for a loaded `LLM`: the messages themselves for one that renders its chat template, the
+        rendered template for one prompted raw whose checkpoint has a template, else the joined user messages."""
+        if getattr(llm, "prompt_format", "raw") == "chat":
+            return cls(pass_messages=True)
         path = getattr(llm, "path", None)
         if getattr(llm, "prompt_format", "raw") == "request" or path is None:
             return cls()
         config_file = Path(path) / "tokenizer_config.json"
         if not config_file.is_file():
             return cls()
-        config = json.loads(config_file.read_text())
-        template = config.get("chat_template")
-        if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
-            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-            template = named.get("default") or next(iter(named.values()), None)
-        if not isinstance(template, str):
+        template = ChatTemplate.from_tokenizer_config(json.loads(config_file.read_text()))
+        if template is None:
             return cls()
-        specials = {k: _special_token(v) for k, v in config.items() if k.endswith("_token")}
-        bos = specials.get("bos_token", "")
+        bos = template.special_tokens.get("bos_token", "")
         strip = ""
         if bos:
             bos_id = llm.tokenizer.token_to_id(bos)
             ids = llm.encode("a")
             if bos_id is not None and ids and ids[0] == bos_id:
                 strip = bos
-        return cls(template, specials, strip)
+        return cls(template.source, template.special_tokens, strip)
 
-    def render(self, messages: Sequence[dict[str, Any]]) -> str:
-        """The prompt for `messages` (dicts with role and content); BadRequest when there is nothing to answer."""
+    def render(self, messages: Sequence[dict[str, Any]]) -> Any:
+        """The prompt for `messages` (dicts with role and content): text, or with `pass_messages` the checked
+        messages (a tuple of dicts); BadRequest when there is nothing to answer."""
         if not messages:
             raise BadRequest("messages must not be empty", param="messages")
-        if self._template is None:
+        if self._template is None and not self.pass_messages:
             users = [message_text(m.get("content"), i) for i, m in enumerate(messages) if m.get("role") == "user"]
             text = "\n".join(u for u in users if u.strip())
             if not text:
                 raise BadRequest("no user message with text content", param="messages")
             return text
-        from jinja2 import TemplateError
-
-        plain = [{**m, "content": message_text(m.get("content"), i)} for i, m in enumerate(messages)]
         try:
-            text = self._template.render(messages=plain, add_generation_prompt=True, **self.special_tokens)
-        except TemplateError as exc:
-            raise BadRequest(f"the checkpoint's chat template refused the messages: {exc}", param="messages") from None
+            if self.pass_messages:
+                return normalize_messages(messages)
+            assert self._template is not None
+            text = self._template.render(messages)
+        except InvalidRequestError as exc:
+            raise BadRequest(str(exc), param="messages") from None
         if self.strip_prefix and text.startswith(self.strip_prefix):
             text = text[len(self.strip_prefix):]
         return text
