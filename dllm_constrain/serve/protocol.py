@@ -25,6 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from dllm_constrain.serve.backend import Completion, ConstraintSpec, GenerationRequest
 from dllm_constrain.serve.constraint_fields import JSON_OBJECT_SCHEMA, choice_regex
 from dllm_constrain.serve.errors import BadRequest
+from dllm_constrain.serve.grammar_access import GrammarAccess
+from dllm_constrain.serve.limits import MAX_JSON_DEPTH, json_depth
 
 # ---------------------------------------------------------------------------------------------- request bodies
 
@@ -109,10 +111,14 @@ def parse_body(model: type[_GenerationBody], raw: bytes) -> Any:
     """The request body as `model`, or BadRequest naming the first offending field."""
     try:
         data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest(f"the request body nests arrays/objects more than {MAX_JSON_DEPTH} deep") from None
+    except ValueError as exc:  # malformed JSON, bad UTF-8, an integer of more digits than Python converts
+        raise BadRequest(f"the request body is not valid JSON: {str(exc)[:200]}") from None
     if not isinstance(data, dict):
         raise BadRequest("the request body must be a JSON object")
+    if json_depth(data) > MAX_JSON_DEPTH:
+        raise BadRequest(f"the request body nests arrays/objects more than {MAX_JSON_DEPTH} deep")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -139,9 +145,11 @@ def _refuse_unsupported(body: _GenerationBody) -> None:
             no(name, "a diffusion model denoises all positions together; there is no token history to penalise")
     if body.logit_bias:
         no("logit_bias", "use a constraint (response_format, structured_outputs) instead")
-    if body.logprobs not in (None, False):
+    if body.logprobs not in (None, False, 0):
         no("logprobs", "not computed by the engine")
     if isinstance(body, ChatCompletionBody):
+        if body.top_logprobs not in (None, 0):
+            no("top_logprobs", "log probabilities are not computed by the engine")
         if body.tools or body.tool_choice not in (None, "none"):
             no("tools", "use response_format with a JSON Schema for structured output")
     if isinstance(body, CompletionBody):
@@ -210,11 +218,17 @@ def _stop_of(body: _GenerationBody) -> tuple[str, ...]:
     return tuple(stop)
 
 
-def to_generation_request(body: _GenerationBody, prompt: str, *, timeout: float | None
+def to_generation_request(body: _GenerationBody, prompt: str, *, timeout: float | None,
+                          queue_time: float | None = None, grammars: GrammarAccess | None = None
                           ) -> tuple[GenerationRequest, str | None]:
-    """(the backend request for `body` with the already rendered `prompt`, the constraint's request field)."""
+    """(the backend request for `body` with the already rendered `prompt`, the constraint's request field).
+    A grammar field is resolved by `grammars` (default: shipped names and grammar text only), so the request
+    carries grammar text, never a file name."""
     _refuse_unsupported(body)
     constraint, param = constraint_of(body)
+    if constraint is not None and constraint.kind == "grammar":
+        text = (grammars or GrammarAccess()).resolve(constraint.value, param or "grammar")
+        constraint = ConstraintSpec("grammar", text)
     max_tokens = body.max_tokens
     if isinstance(body, ChatCompletionBody) and body.max_completion_tokens is not None:
         if max_tokens is not None and max_tokens != body.max_completion_tokens:
@@ -223,7 +237,7 @@ def to_generation_request(body: _GenerationBody, prompt: str, *, timeout: float 
     request = GenerationRequest(
         prompt=prompt, constraint=constraint, max_new_tokens=max_tokens,
         temperature=0.0 if body.temperature is None else float(body.temperature), seed=body.seed,
-        stop=_stop_of(body), stream=body.stream, timeout=timeout)
+        stop=_stop_of(body), stream=body.stream, timeout=timeout, queue_time=queue_time)
     return request, param
 
 
