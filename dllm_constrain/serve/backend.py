@@ -176,6 +176,7 @@ class RequestHandle:
         while True:
             try:
                 event = await asyncio.wait_for(self._queue.get(), self._wait_bound())
+                self.admitted = True  # a request that has an event has left any queue
                 break
             except asyncio.TimeoutError:
                 now = time.monotonic()
@@ -219,7 +220,9 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
     def submit(self, request: GenerationRequest) -> RequestHandle:
-        """Queue a request (call on the event loop); raises QueueFullError when the backend is at capacity."""
+        """Queue a request (call on the event loop); raises QueueFullError when the backend is at capacity.
+        Set `handle.admitted` when the request leaves the backend's queue for the engine: until then, or until its
+        first event, its `queue_time` counts."""
         ...
 
 
