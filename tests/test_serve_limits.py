@@ -215,7 +215,8 @@ def test_unknown_schema_keywords_reach_the_client_in_a_header_and_the_body(llm: 
 
 
 # ---------------------------------------------------------------------------------------------- shutdown
-def test_a_draining_server_refuses_requests_with_503_and_still_answers_health() -> None:
+def test_a_draining_server_refuses_requests_and_reports_draining_on_health_with_503() -> None:
+    import urllib.error
     import urllib.request
 
     drain = Drain()
@@ -224,8 +225,9 @@ def test_a_draining_server_refuses_requests_with_503_and_still_answers_health() 
     with running_server(build_app(backend, drain=drain)) as url:
         status, headers, text = post(url + "/completions", {"prompt": "x", "max_tokens": 8})
         assert status == 503 and _error(text)["code"] == "server_shutting_down" and "retry-after" in headers
-        with urllib.request.urlopen(url.removesuffix("/v1") + "/health", timeout=WAIT) as resp:
-            assert resp.status == 200
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(url.removesuffix("/v1") + "/health", timeout=WAIT)
+        assert err.value.code == 503 and json.loads(err.value.read()) == {"status": "draining"}
     assert backend.requests == []
 
 

@@ -88,6 +88,7 @@ def build_app(backend: Backend, *, chat: ChatFormatter | None = None, request_ti
     chat = chat if chat is not None else ChatFormatter()
     limits = limits if limits is not None else ServeLimits()
     grammars = grammars if grammars is not None else GrammarAccess()
+    drain = drain if drain is not None else Drain()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -101,7 +102,7 @@ def build_app(backend: Backend, *, chat: ChatFormatter | None = None, request_ti
 
     app = FastAPI(title="dllm-constrain", lifespan=lifespan)
     app.add_middleware(RequestGuard, max_body_bytes=limits.max_body_bytes,  # type: ignore[arg-type]
-                       drain=drain if drain is not None else Drain())
+                       drain=drain)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -119,7 +120,10 @@ def build_app(backend: Backend, *, chat: ChatFormatter | None = None, request_ti
                                 param="model")
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
+    async def health() -> Any:
+        """200 while the server takes requests; 503 once it drains for shutdown (load balancers stop routing)."""
+        if drain.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
         return {"status": "ok"}
 
     @app.get("/v1/models")
