@@ -166,15 +166,19 @@ def test_a_prompt_longer_than_any_that_fits_is_refused_before_it_reaches_the_bac
 
 
 def test_the_prompt_bound_of_a_model_admits_every_prompt_that_fits(llm: Any) -> None:
-    """The bound is a necessary condition: the longest text one token stands for times the context."""
+    """The bound is a necessary condition: the longest text one token stands for times the context; a prompt of
+    the longest tokens that fills the context is under it."""
     from dllm_constrain.serve.limits import prompt_char_bound
 
     bound = prompt_char_bound(llm)
     context = llm.engine.model.max_sequence_length
     longest = max(len(b) for b in llm.tokenizer_info().token_bytes if b is not None)
     assert bound >= context * longest
-    fitting = "a" * (context - 200)  # at most one token per character
+    info = llm.tokenizer_info()
+    widest = max((b for b in info.token_bytes if b is not None), key=len).decode("utf-8", "replace")
+    fitting = (widest + " ") * (context // 4)
     assert len(llm.encode(fitting)) <= context and len(fitting) <= bound
+    assert len("x" * (bound + 1)) > bound and len(llm.encode("x" * (bound + 1))) > context
 
 
 # ---------------------------------------------------------------------------------------------- queue time

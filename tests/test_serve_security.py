@@ -174,6 +174,9 @@ def test_path_attacks_over_http_are_400s_without_file_content(host_files: dict[s
                 assert error["code"] == "grammar_not_allowed" and SECRET not in json.dumps(answer)
                 expected = "guided_grammar" if "guided_grammar" in field else "structured_outputs.grammar"
                 assert error["param"] == expected
+        status, answer = _post(url, {"prompt": "x", "max_tokens": 8, "guided_grammar": "csv:many"})
+        assert status == 400 and (answer["error"]["code"], answer["error"]["param"]) == ("invalid_grammar",
+                                                                                         "guided_grammar")
         status, _ = _post(url, {"prompt": "x", "max_tokens": 8, "guided_grammar": "digits"})
         assert status == 200
     assert [r.constraint.value for r in backend.requests] == ["start: /[0-9]+/\n"]  # the only one that got through

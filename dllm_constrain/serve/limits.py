@@ -20,7 +20,6 @@ DEFAULT_MAX_BODY_BYTES = 8 << 20
 DEFAULT_MAX_QUEUE_TIME = 30.0
 DEFAULT_SHUTDOWN_TIMEOUT = 20.0  # seconds (serve/shutdown.py); below Kubernetes' default grace period of 30 s
 MAX_JSON_DEPTH = 100  # arrays/objects inside each other in a request body
-SPECIAL_TOKEN_CHARS = 64  # a floor for the longest text one token can stand for (special tokens are matched whole)
 NORMALIZER_SLACK = 2  # a normalizer may shorten the text (NFC composes pairs), so the bound allows twice as much
 
 
@@ -52,11 +51,18 @@ class ServeLimits:
 
 def prompt_char_bound(llm: Any) -> int:
     """The most characters a prompt can have and still fit `llm`'s context: context tokens times the longest
-    text one token stands for (the longest vocabulary entry, at least SPECIAL_TOKEN_CHARS), with slack for
-    normalizers. Prompts over it need more tokens than the context holds, whatever the tokenizer does."""
+    text one token stands for (the longest vocabulary entry in bytes, which is at least its length in characters;
+    special tokens, matched whole in the text, by their own text), with slack for normalizers. Prompts over it need
+    more tokens than the context holds, whatever the tokenizer does with them."""
     context = int(llm.engine.model.max_sequence_length)
-    longest = max((len(b) for b in llm.tokenizer_info().token_bytes if b is not None), default=1)
-    return context * max(longest, SPECIAL_TOKEN_CHARS) * NORMALIZER_SLACK
+    longest = 1
+    for token_id, raw in enumerate(llm.tokenizer_info().token_bytes):
+        if raw is None:  # a special token: its text
+            text = llm.tokenizer.id_to_token(token_id)
+            longest = max(longest, len(text) if isinstance(text, str) else 1)
+        else:
+            longest = max(longest, len(raw))
+    return context * longest * NORMALIZER_SLACK
 
 
 def json_depth(value: Any) -> int:

@@ -22,6 +22,7 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from dllm_constrain.errors import InvalidGrammarError
 from dllm_constrain.serve.backend import Completion, ConstraintSpec, GenerationRequest
 from dllm_constrain.serve.constraint_fields import JSON_OBJECT_SCHEMA, choice_regex
 from dllm_constrain.serve.errors import BadRequest
@@ -227,7 +228,10 @@ def to_generation_request(body: _GenerationBody, prompt: str, *, timeout: float 
     _refuse_unsupported(body)
     constraint, param = constraint_of(body)
     if constraint is not None and constraint.kind == "grammar":
-        text = (grammars or GrammarAccess()).resolve(constraint.value, param or "grammar")
+        try:
+            text = (grammars or GrammarAccess()).resolve(constraint.value, param or "grammar")
+        except InvalidGrammarError as exc:  # bad parameters of a shipped name (csv:x)
+            raise BadRequest(str(exc), param=param, code="invalid_grammar") from None
         constraint = ConstraintSpec("grammar", text)
     max_tokens = body.max_tokens
     if isinstance(body, ChatCompletionBody) and body.max_completion_tokens is not None:
