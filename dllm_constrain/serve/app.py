@@ -27,9 +27,9 @@ from dllm_constrain.serve.admission import Drain, RequestGuard
 from dllm_constrain.serve.backend import Backend, Delta, Done, Event, RequestHandle, Started
 from dllm_constrain.serve.chat import ChatFormatter
 from dllm_constrain.serve.constraint_warnings import constraint_warnings, warnings_header
+from dllm_constrain.serve.errors import ModelNotFound, ServeError, error_info
 from dllm_constrain.serve.grammar_access import GrammarAccess
 from dllm_constrain.serve.limits import ServeLimits
-from dllm_constrain.serve.errors import ModelNotFound, ServeError, error_info
 from dllm_constrain.serve.protocol import (
     ChatCompletionBody,
     CompletionBody,
