@@ -192,3 +192,47 @@ def test_a_cwd_import_over_http_is_a_400_invalid_grammar(llm: Any, host_files: d
                                      "guided_grammar": "start: SECRET\n%import secret.SECRET\n"})
     assert status == 400 and answer["error"]["code"] == "invalid_grammar", answer
     assert SECRET not in json.dumps(answer) and answer["error"]["param"] == "guided_grammar"
+
+
+# ---------------------------------------------------------------------------------------------- property
+_SHIPPED_DIR = Path(load_grammar.__code__.co_filename).resolve().parent
+
+
+@pytest.fixture()
+def opened(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every file the code under test opens (builtins.open and io.open), recorded."""
+    import builtins
+    import io
+
+    seen: list[str] = []
+    real_open = builtins.open
+
+    def spy(file: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", spy)
+    monkeypatch.setattr(io, "open", spy)
+    return seen
+
+
+def test_without_a_grammar_directory_no_field_value_opens_a_file_but_a_shipped_grammar(opened: list[str]) -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    words = st.one_of(st.text(max_size=40), st.from_regex(r"[./~A-Za-z0-9_:-]{1,30}", fullmatch=True),
+                      st.sampled_from(["/etc/passwd", "../x.lark", "json", "csv:3", "/proc/self/environ", "x.lark"]))
+
+    @settings(max_examples=300, deadline=None)
+    @given(words)
+    def resolve_touches_only_shipped_files(value: str) -> None:
+        opened.clear()
+        try:
+            text = GrammarAccess().resolve(value, "grammar")
+        except (GrammarNotAllowed, InvalidGrammarError):
+            pass
+        else:
+            assert "\n" in text  # grammar text, never something a later step could read as a file name
+        assert all(Path(f).resolve().parent == _SHIPPED_DIR for f in opened), opened
+
+    resolve_touches_only_shipped_files()
