@@ -144,7 +144,19 @@ def test_a_malformed_body_is_a_400(raw: bytes) -> None:
     assert backend.requests == []
 
 
-@pytest.mark.parametrize("field,value", [("top_logprobs", 3), ("logprobs", True), ("top_p", 0.5)])
+def test_neutral_values_of_unimplemented_fields_are_accepted() -> None:
+    backend = _InstantBackend()
+    neutral = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "ignore_eos": False, "stop_token_ids": [],
+               "min_tokens": 0, "logprobs": False, "top_logprobs": 0, "top_p": 1, "user": "someone"}
+    with running_server(build_app(backend)) as url:
+        status, _, text = post(url + "/chat/completions",
+                               {"messages": [{"role": "user", "content": "x"}], **neutral})
+    assert status == 200, text
+
+
+@pytest.mark.parametrize("field,value", [("top_logprobs", 3), ("logprobs", True), ("top_p", 0.5), ("top_k", 5),
+                                         ("min_p", 0.1), ("repetition_penalty", 1.2), ("ignore_eos", True),
+                                         ("stop_token_ids", [3]), ("min_tokens", 4)])
 def test_an_output_changing_field_the_server_does_not_implement_is_a_400(field: str, value: Any) -> None:
     backend = _InstantBackend()
     with running_server(build_app(backend)) as url:

@@ -132,10 +132,29 @@ def parse_body(model: type[_GenerationBody], raw: bytes) -> Any:
 STOP_MAX = 4  # as OpenAI
 
 
+# vLLM's and OpenAI's extra sampling fields that would change the output, with their neutral values: given with
+# any other value they are refused (unknown fields are otherwise ignored, and these must not be silently).
+_NEUTRAL_EXTRAS: dict[str, tuple[Any, ...]] = {
+    "top_k": (None, 0, -1), "min_p": (None, 0, 0.0), "repetition_penalty": (None, 1, 1.0),
+    "min_tokens": (None, 0), "ignore_eos": (None, False), "stop_token_ids": (None, []),
+    "include_stop_str_in_output": (None, False), "prompt_logprobs": (None, 0), "prediction": (None,),
+    "guided_whitespace_pattern": (None,), "length_penalty": (None, 1, 1.0), "use_beam_search": (None, False),
+}
+
+
+def _is_neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
+    """Whether `value` is one of `neutral` (a boolean is not a number here: top_k=false is not top_k=0)."""
+    return any(value == n and isinstance(value, bool) == isinstance(n, bool) for n in neutral)
+
+
 def _refuse_unsupported(body: _GenerationBody) -> None:
     """400 for options that would change the output but are not implemented."""
     def no(field: str, why: str) -> None:
         raise BadRequest(f"{field} is not supported by this server ({why})", param=field)
+
+    for name, neutral in _NEUTRAL_EXTRAS.items():
+        if not _is_neutral((body.model_extra or {}).get(name), neutral):
+            no(name, "it would change the answer and is not implemented")
 
     if body.n is not None and body.n != 1:
         no("n", "one choice per request: n must be 1")
