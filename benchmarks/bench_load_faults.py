@@ -186,6 +186,7 @@ def bad_inputs(planted: dict[str, str]) -> list[tuple[str, bytes, str]]:
          "application/json"),
         ("logprobs", body(logprobs=3), "application/json"),
         ("n=5", body(n=5), "application/json"),
+        ("top_k 5", body(top_k=5), "application/json"),
         ("seed 2^80", body(seed=2 ** 80), "application/json"),
         ("temperature inf", b'{"prompt": "x", "temperature": Infinity}', "application/json"),
         ("temperature nan", b'{"prompt": "x", "temperature": NaN}', "application/json"),

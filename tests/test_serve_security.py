@@ -236,3 +236,13 @@ def test_without_a_grammar_directory_no_field_value_opens_a_file_but_a_shipped_g
         assert all(Path(f).resolve().parent == _SHIPPED_DIR for f in opened), opened
 
     resolve_touches_only_shipped_files()
+
+
+def test_the_grammar_directory_option_must_name_a_directory(tmp_path: Path) -> None:
+    from dllm_constrain.serve.__main__ import parse_args
+
+    assert parse_args(["--grammar-dir", str(tmp_path)]).grammar_dir == tmp_path
+    with pytest.raises(SystemExit):
+        parse_args(["--grammar-dir", str(tmp_path / "missing")])
+    with pytest.raises(ValueError):
+        GrammarAccess(tmp_path / "missing")
