@@ -265,7 +265,7 @@ def test_shutdown_stops_running_requests_with_a_clear_error_within_its_bound() -
         took = time.monotonic() - began
     assert status == 503 and _error(text)["code"] == "request_aborted" and "shutting down" in _error(text)["message"]
     assert backend.drained.is_set() and drain.draining
-    assert plan.abort_after - 0.2 <= took <= plan.shutdown_timeout + 1.0
+    assert plan.abort_after - 0.2 <= took <= plan.shutdown_timeout + 5.0  # generous: a loaded machine
 
 
 def test_sigterm_under_load_exits_within_the_shutdown_timeout_and_no_request_gets_a_500() -> None:
@@ -277,9 +277,9 @@ def test_sigterm_under_load_exits_within_the_shutdown_timeout_and_no_request_get
     url = f"http://127.0.0.1:{port}/v1"
     try:
         _wait_until_up(url, proc)
-        ask = {"prompt": "What is 3 plus 4?", "max_tokens": 96, "guided_regex": "[0-9]+( [0-9]+)*"}
-        with ThreadPoolExecutor(12) as pool:  # one runs at a time: more than the timeout's worth of work
-            answers = [pool.submit(_post_or_gone, url + "/completions", ask) for _ in range(12)]
+        ask = {"prompt": "What is 3 plus 4?", "max_tokens": 192, "guided_regex": "[0-9]+( [0-9]+)*"}
+        with ThreadPoolExecutor(24) as pool:  # one runs at a time: more than the timeout's worth of work
+            answers = [pool.submit(_post_or_gone, url + "/completions", ask) for _ in range(24)]
             time.sleep(0.5)
             began = time.monotonic()
             proc.send_signal(signal.SIGTERM)
