@@ -111,5 +111,18 @@ class AsyncLLM:
             if delta:
                 yield delta
         finally:
-            if not finished and not handle.done():
-                handle.abort()
+            if not finished:
+                if not handle.done():
+                    handle.abort()
+                _settle_unread(done)
+
+
+def _settle_unread(done: asyncio.Future) -> None:
+    """A stream left early never reads its request's outcome (the abort's GenerationAbortedError, or an error that
+    arrived meanwhile): mark it read, so asyncio does not log "Future exception was never retrieved". A future not
+    resolved yet is cancelled: `settle` then drops the outcome when it arrives."""
+    if done.done():
+        if not done.cancelled():
+            done.exception()
+    else:
+        done.cancel()

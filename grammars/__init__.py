@@ -21,7 +21,8 @@ from pathlib import Path
 
 from dllm_constrain.errors import InvalidGrammarError
 
-__all__ = ["load_grammar", "list_grammars", "examples", "csv_grammar", "SHIPPED"]
+__all__ = ["load_grammar", "list_grammars", "examples", "csv_grammar", "shipped_grammar", "shipped_file_text",
+           "SHIPPED"]
 
 _FILES = {
     "json": "json.lark",
@@ -90,38 +91,70 @@ def _params(s: str | None, kwargs: dict) -> dict:
     return out
 
 
+def shipped_grammar(spec: str, **params) -> str | None:
+    """Lark grammar text for a shipped grammar name ("name" or "name:k=v,..."), or None when `spec` is not one.
+    Never touches the file system, so it is safe on untrusted input (the server's grammar fields)."""
+    m = _NAME_RE.match(spec.strip()) if isinstance(spec, str) and "\n" not in spec else None
+    if m is None:
+        return None
+    name = _ALIASES.get(m.group(1).lower(), m.group(1).lower())
+    if name in _FILES:
+        if m.group(2) or params:
+            raise InvalidGrammarError(f"grammar {name!r} takes no parameters")
+        return _read(_FILES[name])
+    if name in _GENERATED:
+        p = _params(m.group(2), params)
+        unknown = set(p) - {"columns"}
+        if unknown:
+            raise InvalidGrammarError(f"unknown parameters {sorted(unknown)} for grammar {name!r} (columns)")
+        return csv_grammar(p.get("columns", 3), "," if name == "csv" else "\t")
+    return None
+
+
+def shipped_file_text(file_name: str) -> str | None:
+    """The text of a file of the shipped grammars folder by its bare file name (e.g. "json.lark"), or None: what
+    a grammar's Lark `%import` may read besides Lark's own library (constraints/cfg/frontend.py)."""
+    if file_name not in _FILES.values():
+        return None
+    return _read(file_name)
+
+
 def load_grammar(name_or_path_or_text: str | os.PathLike, **params) -> str:
     """Lark grammar text for a shipped grammar name (optionally "name:k=v,..."), a .lark file path, or grammar
-    text (returned unchanged). Raises InvalidGrammarError for an unknown name or bad parameters."""
+    text (returned unchanged). Raises InvalidGrammarError for an unknown name, bad parameters, or a file that
+    cannot be read as UTF-8 text.
+
+    This is the Python API's loader: it reads any file the calling process can read, because the caller is the
+    operator. Untrusted input (an HTTP request) must never reach it as a path: the server resolves its grammar
+    fields itself (dllm_constrain/serve/grammar_access.py) and hands only grammar text or shipped names on."""
     src = name_or_path_or_text
     if isinstance(src, os.PathLike):
         src = os.fspath(src)
     if not isinstance(src, str):
         raise InvalidGrammarError(f"grammar must be a name, a path or Lark grammar text, got {type(src).__name__}")
-    m = _NAME_RE.match(src.strip())
-    if m and "\n" not in src:
-        name = _ALIASES.get(m.group(1).lower(), m.group(1).lower())
-        if name in _FILES:
-            if m.group(2) or params:
-                raise InvalidGrammarError(f"grammar {name!r} takes no parameters")
-            return _read(_FILES[name])
-        if name in _GENERATED:
-            p = _params(m.group(2), params)
-            unknown = set(p) - {"columns"}
-            if unknown:
-                raise InvalidGrammarError(f"unknown parameters {sorted(unknown)} for grammar {name!r} (columns)")
-            return csv_grammar(p.get("columns", 3), "," if name == "csv" else "\t")
-        if not src.strip().endswith(".lark") and not os.path.exists(src):
-            raise InvalidGrammarError(f"unknown grammar name {src!r}; shipped grammars: {', '.join(SHIPPED)} "
-                                      "(or pass a .lark path or Lark grammar text)")
+    shipped = shipped_grammar(src, **params)
+    if shipped is not None:
+        return shipped
+    if _NAME_RE.match(src.strip()) and "\n" not in src \
+            and not src.strip().endswith(".lark") and not os.path.exists(src):
+        raise InvalidGrammarError(f"unknown grammar name {src!r}; shipped grammars: {', '.join(SHIPPED)} "
+                                  "(or pass a .lark path or Lark grammar text)")
     if params:
         raise InvalidGrammarError("parameters are only accepted with a shipped grammar name")
     if "\n" not in src and len(src) < 4096 and (src.endswith(".lark") or os.path.isfile(src)):
-        p = Path(src)
-        if not p.is_file():
-            raise InvalidGrammarError(f"grammar file not found: {src}")
-        return p.read_text(encoding="utf-8")
+        return _read_file(Path(src))
     return src
+
+
+def _read_file(p: Path) -> str:
+    try:
+        if not p.is_file():
+            raise InvalidGrammarError(f"grammar file not found: {p}")
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InvalidGrammarError(f"grammar file {p} is not UTF-8 text") from None
+    except OSError as exc:
+        raise InvalidGrammarError(f"grammar file {p} cannot be read ({exc.strerror or type(exc).__name__})") from None
 
 
 def examples(name: str) -> list[str]:

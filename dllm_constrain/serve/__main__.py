@@ -1,11 +1,15 @@
 """python -m dllm_constrain.serve [--model PATH] [--host H] [--port P] [--device D] [--dtype T] [--max-queue N]
-[--request-timeout S] [--max-batch-size B] [--served-model-name NAME]: an OpenAI-compatible server (docs/serving.md)."""
+[--request-timeout S] [--max-queue-time S] [--max-batch-size B] [--max-body-bytes N] [--shutdown-timeout S]
+[--grammar-dir DIR] [--served-model-name NAME]: an OpenAI-compatible server (docs/serving.md)."""
 from __future__ import annotations
 
 import argparse
 import gc
 import logging
 import sys
+from pathlib import Path
+
+from dllm_constrain.serve.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE_TIME, DEFAULT_SHUTDOWN_TIMEOUT
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -23,6 +27,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="requests in the engine's continuous batch at once")
     p.add_argument("--request-timeout", type=float, default=None,
                    help="seconds a request may take from arrival, queueing included (504 past it; default: none)")
+    p.add_argument("--max-queue-time", type=float, default=DEFAULT_MAX_QUEUE_TIME,
+                   help="seconds a request may wait for the engine; past it 503 with Retry-After "
+                        f"(default {DEFAULT_MAX_QUEUE_TIME:g}; 0: no bound)")
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                   help=f"largest request body; larger ones get 413 (default {DEFAULT_MAX_BODY_BYTES})")
+    p.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT,
+                   help="seconds from SIGTERM to exit: new requests get 503 at once, running ones are stopped "
+                        f"after 3/4 of it (default {DEFAULT_SHUTDOWN_TIMEOUT:g})")
+    p.add_argument("--grammar-dir", type=Path, default=None,
+                   help="a directory of .lark grammars requests may name (by file name, inside it only); "
+                        "default: shipped grammars and grammar text only")
     p.add_argument("--served-model-name", default=None, help="model id in /v1/models and responses")
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
@@ -30,21 +45,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-queue and --max-batch-size must be >= 1")
     if args.request_timeout is not None and args.request_timeout <= 0:
         p.error("--request-timeout must be > 0")
+    if args.max_queue_time < 0 or args.max_body_bytes < 1 or args.shutdown_timeout <= 0:
+        p.error("--max-queue-time must be >= 0, --max-body-bytes >= 1 and --shutdown-timeout > 0")
+    if args.grammar_dir is not None and not args.grammar_dir.is_dir():
+        p.error(f"--grammar-dir {args.grammar_dir} is not a directory")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        import uvicorn
-
         from dllm_constrain.serve.app import build_app
+        from dllm_constrain.serve.shutdown import ShutdownPlan, make_server
     except ImportError as exc:
         print(f"the server needs fastapi and uvicorn ({exc}); pip install fastapi uvicorn", file=sys.stderr)
         return 2
     from dllm_constrain import LLM
+    from dllm_constrain.serve.admission import Drain
     from dllm_constrain.serve.backend import EngineBackend
     from dllm_constrain.serve.chat import ChatFormatter
+    from dllm_constrain.serve.grammar_access import GrammarAccess
+    from dllm_constrain.serve.limits import ServeLimits, prompt_char_bound
 
     logging.basicConfig(level=args.log_level.upper())
     from dllm_constrain.errors import DllmConstrainError
@@ -56,13 +77,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     backend = EngineBackend(llm, model_id=args.served_model_name, max_queue=args.max_queue,
                             max_batch_size=args.max_batch_size)
-    app = build_app(backend, chat=ChatFormatter.for_llm(llm), request_timeout=args.request_timeout)
+    limits = ServeLimits(max_body_bytes=args.max_body_bytes, max_prompt_chars=prompt_char_bound(llm),
+                         max_queue_time=args.max_queue_time or None)
+    drain = Drain()
+    app = build_app(backend, chat=ChatFormatter.for_llm(llm), request_timeout=args.request_timeout, limits=limits,
+                    grammars=GrammarAccess(args.grammar_dir), drain=drain)
     # The model, tokenizer and torch's own objects live as long as the server: moved out of the collector's
     # reach, a full collection no longer walks them (0.15-0.3 s with torch loaded, which would land inside
     # whatever constraint call runs then and eat its per-call time limit; docs/constraints.md, "Time bounds").
     gc.collect()
     gc.freeze()
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    server = make_server(app, backend=backend, drain=drain, plan=ShutdownPlan(args.shutdown_timeout),
+                         host=args.host, port=args.port, log_level=args.log_level)
+    server.run()
     return 0
 
 

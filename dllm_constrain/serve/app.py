@@ -8,7 +8,8 @@ Flow of a request: parse and map the body (protocol.py; 400 on anything not supp
 (429 when the queue is full) -> wait for the first event (the request passed compilation and its first step
 ran; until then every failure is still an HTTP error status, also for `stream: true`) -> a JSON body, or a
 server-sent event stream of final text. Client disconnects abort the request; so does the per-request timeout
-(504, or an error event once a stream has started).
+(504, or an error event once a stream has started). In front of the routes, `RequestGuard` (admission.py) refuses
+oversized and non-JSON bodies and, while the server drains for shutdown, every request (limits.py, shutdown.py).
 """
 from __future__ import annotations
 
@@ -22,9 +23,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from dllm_constrain.serve.admission import Drain, RequestGuard
 from dllm_constrain.serve.backend import Backend, Delta, Done, Event, RequestHandle, Started
 from dllm_constrain.serve.chat import ChatFormatter
+from dllm_constrain.serve.constraint_warnings import constraint_warnings, warnings_header
 from dllm_constrain.serve.errors import ModelNotFound, ServeError, error_info
+from dllm_constrain.serve.grammar_access import GrammarAccess
+from dllm_constrain.serve.limits import ServeLimits
 from dllm_constrain.serve.protocol import (
     ChatCompletionBody,
     CompletionBody,
@@ -49,8 +54,7 @@ def error_response(exc: BaseException, *, constraint_param: str | None = None,
     info = error_info(exc, constraint_param=constraint_param, prompt_param=prompt_param)
     if info.status >= 500 and not isinstance(exc, ServeError):
         log.error("request failed", exc_info=exc)
-    headers = {"Retry-After": "1"} if info.status == 429 else None
-    return JSONResponse(info.body(), status_code=info.status, headers=headers)
+    return JSONResponse(info.body(), status_code=info.status, headers=info.headers())
 
 
 async def _unless_disconnected(request: Request, awaitable: Awaitable[T]) -> T:
@@ -71,13 +75,20 @@ async def _unless_disconnected(request: Request, awaitable: Awaitable[T]) -> T:
 
 
 def build_app(backend: Backend, *, chat: ChatFormatter | None = None, request_timeout: float | None = None,
-              manage_backend: bool = True) -> FastAPI:
+              manage_backend: bool = True, limits: ServeLimits | None = None, grammars: GrammarAccess | None = None,
+              drain: Drain | None = None) -> FastAPI:
     """The OpenAI-compatible app over `backend`.
 
     chat: how chat messages become a prompt (default: the user messages joined; see ChatFormatter.for_llm).
     request_timeout: seconds a request may take from arrival, queueing included (None: no limit).
-    manage_backend: start the backend with the app and close it at shutdown."""
+    manage_backend: start the backend with the app and close it at shutdown.
+    limits: body size, prompt characters, queue time (default: ServeLimits(), whose queue time is bounded).
+    grammars: what grammar fields may name (default: shipped names and grammar text only, never a file).
+    drain: set when the server shuts down; from then on every request gets 503 (shutdown.py sets it)."""
     chat = chat if chat is not None else ChatFormatter()
+    limits = limits if limits is not None else ServeLimits()
+    grammars = grammars if grammars is not None else GrammarAccess()
+    drain = drain if drain is not None else Drain()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -90,6 +101,8 @@ def build_app(backend: Backend, *, chat: ChatFormatter | None = None, request_ti
                 await asyncio.get_running_loop().run_in_executor(None, backend.close)
 
     app = FastAPI(title="dllm-constrain", lifespan=lifespan)
+    app.add_middleware(RequestGuard, max_body_bytes=limits.max_body_bytes,  # type: ignore[arg-type]
+                       drain=drain)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -107,7 +120,10 @@ def build_app(backend: Backend, *, chat: ChatFormatter | None = None, request_ti
                                 param="model")
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
+    async def health() -> Any:
+        """200 while the server takes requests; 503 once it drains for shutdown (load balancers stop routing)."""
+        if drain.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
         return {"status": "ok"}
 
     @app.get("/v1/models")
@@ -129,7 +145,10 @@ def build_app(backend: Backend, *, chat: ChatFormatter | None = None, request_ti
             check_model(body.model)
             prompt = chat.render([m.model_dump() for m in body.messages]) if kind == "chat" \
                 else completion_prompt(body)
-            gen, constraint_param = to_generation_request(body, prompt, timeout=request_timeout)
+            limits.check_prompt(prompt)
+            gen, constraint_param = to_generation_request(body, prompt, timeout=request_timeout,
+                                                          queue_time=limits.max_queue_time, grammars=grammars)
+            warnings = constraint_warnings(gen.constraint)
             handle = backend.submit(gen)
             first = await _unless_disconnected(request, handle.next_event())
             builder = ResponseBuilder("chat" if kind == "chat" else "text", backend.model_id)
@@ -137,10 +156,14 @@ def build_app(backend: Backend, *, chat: ChatFormatter | None = None, request_ti
                 include_usage = bool(body.stream_options and body.stream_options.include_usage)
                 stream = _event_stream(handle, first, builder, include_usage, constraint_param, prompt_param)
                 return StreamingResponse(stream, media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                                  **warnings_header(warnings)})
             completion = first.completion if isinstance(first, Done) else \
                 await _unless_disconnected(request, handle.result())
-            return JSONResponse(builder.full(completion))
+            full = builder.full(completion)
+            if warnings:
+                full["constraint_warnings"] = warnings
+            return JSONResponse(full, headers=warnings_header(warnings))
         except _ClientGone:
             if handle is not None:
                 handle.abort()

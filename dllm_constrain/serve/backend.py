@@ -30,7 +30,13 @@ from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from dllm_constrain.engine_loop import CallHandle, GenerationAbortedError
 from dllm_constrain.errors import DllmConstrainError
-from dllm_constrain.serve.errors import QueueFullError, RequestAbortedError, RequestTimeoutError
+from dllm_constrain.serve.errors import (
+    QueueFullError,
+    QueueTimeoutError,
+    RequestAbortedError,
+    RequestTimeoutError,
+    ServerDrainingError,
+)
 from dllm_constrain.serve.streaming import CommittedText
 
 if TYPE_CHECKING:  # only for annotations: the engine's result and progress types
@@ -70,6 +76,7 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     stream: bool = False  # publish Delta events while denoising
     timeout: float | None = None  # seconds from submission after which the request is dropped (504)
+    queue_time: float | None = None  # seconds it may wait for the engine before it is dropped (503, Retry-After)
 
 
 @dataclass(frozen=True)
@@ -117,7 +124,10 @@ class RequestHandle:
                  on_abort: Callable[["RequestHandle"], None] | None = None) -> None:
         self.request_id = request_id
         self.request = request
-        self.deadline = time.monotonic() + request.timeout if request.timeout is not None else None
+        now = time.monotonic()
+        self.deadline = now + request.timeout if request.timeout is not None else None
+        self.queue_deadline = now + request.queue_time if request.queue_time is not None else None
+        self.admitted = False  # set by the backend when the request leaves the queue for the engine
         self._loop = loop
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self._on_abort = on_abort
@@ -137,7 +147,10 @@ class RequestHandle:
         return self._aborted
 
     def expired(self, now: float | None = None) -> bool:
-        return self.deadline is not None and (now if now is not None else time.monotonic()) >= self.deadline
+        now = now if now is not None else time.monotonic()
+        if self.deadline is not None and now >= self.deadline:
+            return True
+        return not self.admitted and self.queue_deadline is not None and now >= self.queue_deadline
 
     def wanted(self, now: float | None = None) -> bool:
         """Whether the engine should still spend work on this request."""
@@ -152,16 +165,29 @@ class RequestHandle:
         if self._on_abort is not None:
             self._on_abort(self)
 
+    def _wait_bound(self) -> float | None:
+        """Seconds until the nearer of the deadline and (while queued) the queue deadline; None: no bound."""
+        bounds = [d for d in (self.deadline, None if self.admitted else self.queue_deadline) if d is not None]
+        return max(0.0, min(bounds) - time.monotonic()) if bounds else None
+
     async def next_event(self) -> Event:
-        """The next event; raises RequestTimeoutError (and aborts) past the deadline, the request's own error
-        for Failed."""
-        timeout = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
-        try:
-            event = await asyncio.wait_for(self._queue.get(), timeout)
-        except asyncio.TimeoutError:
-            self.abort()
-            raise RequestTimeoutError(f"the request did not finish within {self.request.timeout:g} s "
-                                      "(the server's --request-timeout)") from None
+        """The next event; raises RequestTimeoutError past the deadline, QueueTimeoutError past the queue
+        deadline while still queued (aborting the request either way), the request's own error for Failed."""
+        while True:
+            try:
+                event = await asyncio.wait_for(self._queue.get(), self._wait_bound())
+                self.admitted = True  # a request that has an event has left any queue
+                break
+            except asyncio.TimeoutError:
+                now = time.monotonic()
+                if self.deadline is not None and now >= self.deadline:
+                    self.abort()
+                    raise RequestTimeoutError(f"the request did not finish within {self.request.timeout:g} s "
+                                              "(the server's --request-timeout)") from None
+                if not self.admitted and self.queue_deadline is not None and now >= self.queue_deadline:
+                    self.abort()
+                    raise QueueTimeoutError(f"the request waited {self.request.queue_time:g} s without reaching "
+                                            "the engine (the server's --max-queue-time); retry later") from None
         if isinstance(event, Failed):
             self._finished = True
             raise event.error
@@ -194,7 +220,9 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
     def submit(self, request: GenerationRequest) -> RequestHandle:
-        """Queue a request (call on the event loop); raises QueueFullError when the backend is at capacity."""
+        """Queue a request (call on the event loop); raises QueueFullError when the backend is at capacity.
+        Set `handle.admitted` when the request leaves the backend's queue for the engine: until then, or until its
+        first event, its `queue_time` counts."""
         ...
 
 
@@ -232,6 +260,7 @@ class EngineBackend:
         # reentrant: a call that ends at once runs its done-callback inside _pump, under the lock
         self._cond = threading.Condition(threading.RLock())
         self._closing = False
+        self._draining = False
         self._started = False
         self._ids = itertools.count(1)
         self._aborted = 0  # requests aborted by their consumer (client gone, timeout), waiting or running
@@ -246,7 +275,17 @@ class EngineBackend:
                 return
             self._started = True
             self._closing = False
+            self._draining = False
             self._pump()
+
+    def drain(self) -> None:
+        """Stop admitting: refuse new requests and fail the waiting ones (503 server_shutting_down); the running
+        ones go on until they finish or `close` stops them."""
+        with self._cond:
+            self._draining = True
+            waiting, self._waiting = list(self._waiting), deque()
+        for job in waiting:
+            job.handle.publish(Failed(ServerDrainingError("the server is shutting down; the request did not start")))
 
     def close(self, timeout: float = 10.0) -> None:
         """Refuse new requests, fail the waiting ones, stop the running ones at their next step, wait for them."""
@@ -259,7 +298,7 @@ class EngineBackend:
                 if job.call is not None:
                     job.call.abort()
         for job in waiting:
-            job.handle.publish(Failed(RequestAbortedError("the server is shutting down")))
+            job.handle.publish(Failed(ServerDrainingError("the server is shutting down; the request did not start")))
         with self._cond:
             self._cond.wait_for(lambda: not self._running, timeout)
             self._started = False
@@ -273,8 +312,8 @@ class EngineBackend:
     def submit(self, request: GenerationRequest) -> RequestHandle:
         handle = RequestHandle(f"req-{next(self._ids)}", request, asyncio.get_running_loop(), self._forget)
         with self._cond:
-            if self._closing:
-                raise RequestAbortedError("the server is shutting down")
+            if self._closing or self._draining:
+                raise ServerDrainingError("the server is shutting down; retry on another replica")
             if len(self._waiting) >= self.max_queue:
                 raise QueueFullError(f"the server's queue is full ({self.max_queue} requests waiting); "
                                      "retry later")
@@ -298,10 +337,11 @@ class EngineBackend:
     # ------------------------------------------------------------------ engine loop
     def _pump(self) -> None:
         """Move waiting requests into the engine while there is room (call with the lock held)."""
-        while self._started and not self._closing and self._waiting and len(self._running) < self.max_batch_size:
+        while self._started and not self._closing and not self._draining and self._waiting and len(self._running) < self.max_batch_size:
             job = self._waiting.popleft()
             if not job.handle.wanted():
                 continue  # timed out while waiting (aborted ones already left the queue)
+            job.handle.admitted = True
             self._running.append(job)
             try:
                 job.call = self._launch(job)
@@ -334,9 +374,9 @@ class EngineBackend:
                     [result] = future.result()
                     job.handle.publish(self._complete(job, result))
                 else:  # aborted or expired as it ended (e.g. by close()): no consumer may be left waiting
-                    job.handle.publish(Failed(RequestAbortedError("the request was aborted")))
+                    job.handle.publish(Failed(self._abort_error()))
             elif isinstance(exc, (_RequestStopped, GenerationAbortedError)):
-                job.handle.publish(Failed(RequestAbortedError("the request was aborted")))
+                job.handle.publish(Failed(self._abort_error()))
             else:
                 if not isinstance(exc, DllmConstrainError):  # typed errors are the request's answer, not a fault
                     log.error("engine loop: request failed", exc_info=exc)
@@ -349,6 +389,12 @@ class EngineBackend:
                 if job in self._running:
                     self._running.remove(job)
                 self._pump()
+
+    def _abort_error(self) -> RequestAbortedError:
+        if self._closing:
+            return RequestAbortedError("the server is shutting down: the request was stopped before it finished "
+                                       "(the server's --shutdown-timeout)")
+        return RequestAbortedError("the request was aborted")
 
     def _progress(self, job: _Job, event: StepEvent) -> None:
         """After every engine step of this request: announce it started (once its constraint has compiled: until

@@ -3,7 +3,8 @@
 The library's typed errors (`dllm_constrain.errors`) say *what* went wrong; this module decides the HTTP status,
 OpenAI error type and machine-readable code for each, in one table, so routes never pick statuses ad hoc. Client
 libraries (the `openai` package) map the status to their exception classes: 400 -> BadRequestError,
-404 -> NotFoundError, 429 -> RateLimitError, 5xx -> InternalServerError.
+404 -> NotFoundError, 413 / 415 -> APIStatusError, 429 -> RateLimitError, 5xx -> InternalServerError (the
+client retries 429 and 503 by itself, after the `Retry-After` the server sends with them).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class ServeError(Exception):
     status: int = 400
     type: str = "invalid_request_error"
     code: str | None = None
+    retry_after: int | None = None  # seconds, sent as the Retry-After header (429 and 503 refusals)
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -49,6 +51,28 @@ class BadRequest(ServeError):
     code = "invalid_request"
 
 
+class GrammarNotAllowed(BadRequest):
+    """A grammar field that names a file path, or a name that is neither a shipped grammar nor one in the
+    operator's grammar directory: over HTTP a grammar is text or a name, never a path (serve/grammar_access.py).
+    The message never says whether a file exists."""
+
+    code = "grammar_not_allowed"
+
+
+class PayloadTooLarge(ServeError):
+    """The request body is over the server's `--max-body-bytes` (HTTP 413)."""
+
+    status = 413
+    code = "payload_too_large"
+
+
+class UnsupportedMediaType(ServeError):
+    """A request body declared as something other than JSON (HTTP 415)."""
+
+    status = 415
+    code = "unsupported_media_type"
+
+
 class ModelNotFound(ServeError):
     status = 404
     code = "model_not_found"
@@ -60,6 +84,26 @@ class QueueFullError(ServeError):
     status = 429
     type = "rate_limit_error"
     code = "queue_full"
+    retry_after = 1
+
+
+class QueueTimeoutError(ServeError):
+    """The request waited `--max-queue-time` seconds without reaching the engine: dropped, the client should retry
+    later or elsewhere (HTTP 503 with Retry-After) rather than wait without bound."""
+
+    status = 503
+    type = "server_error"
+    code = "queue_timeout"
+    retry_after = 5
+
+
+class ServerDrainingError(ServeError):
+    """The server is shutting down: it takes no new request (HTTP 503; retry on another replica)."""
+
+    status = 503
+    type = "server_error"
+    code = "server_shutting_down"
+    retry_after = 1
 
 
 class RequestTimeoutError(ServeError):
@@ -87,6 +131,10 @@ class ErrorInfo:
     code: str | None
     message: str
     param: str | None
+    retry_after: int | None = None
+
+    def headers(self) -> dict[str, str] | None:
+        return {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -119,7 +167,7 @@ def error_info(exc: BaseException, *, constraint_param: str | None = None,
     """The HTTP status and OpenAI error fields for any exception (unknown ones are 500 server_error, with the
     exception's class name only, so internals do not leak into responses)."""
     if isinstance(exc, ServeError):
-        return ErrorInfo(exc.status, exc.type, exc.code, exc.message, exc.param)
+        return ErrorInfo(exc.status, exc.type, exc.code, exc.message, exc.param, exc.retry_after)
     for cls, status, type_, code, param in _LIBRARY_ERRORS:
         if isinstance(exc, cls):
             where = {"constraint": constraint_param, "prompt": prompt_param}.get(param, param) \

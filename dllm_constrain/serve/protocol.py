@@ -22,9 +22,12 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from dllm_constrain.errors import InvalidGrammarError
 from dllm_constrain.serve.backend import Completion, ConstraintSpec, GenerationRequest
 from dllm_constrain.serve.constraint_fields import JSON_OBJECT_SCHEMA, choice_regex
 from dllm_constrain.serve.errors import BadRequest
+from dllm_constrain.serve.grammar_access import GrammarAccess
+from dllm_constrain.serve.limits import MAX_JSON_DEPTH, json_depth
 
 # ---------------------------------------------------------------------------------------------- request bodies
 
@@ -109,10 +112,14 @@ def parse_body(model: type[_GenerationBody], raw: bytes) -> Any:
     """The request body as `model`, or BadRequest naming the first offending field."""
     try:
         data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest(f"the request body nests arrays/objects more than {MAX_JSON_DEPTH} deep") from None
+    except ValueError as exc:  # malformed JSON, bad UTF-8, an integer of more digits than Python converts
+        raise BadRequest(f"the request body is not valid JSON: {str(exc)[:200]}") from None
     if not isinstance(data, dict):
         raise BadRequest("the request body must be a JSON object")
+    if json_depth(data) > MAX_JSON_DEPTH:
+        raise BadRequest(f"the request body nests arrays/objects more than {MAX_JSON_DEPTH} deep")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -125,10 +132,29 @@ def parse_body(model: type[_GenerationBody], raw: bytes) -> Any:
 STOP_MAX = 4  # as OpenAI
 
 
+# vLLM's and OpenAI's extra sampling fields that would change the output, with their neutral values: given with
+# any other value they are refused (unknown fields are otherwise ignored, and these must not be silently).
+_NEUTRAL_EXTRAS: dict[str, tuple[Any, ...]] = {
+    "top_k": (None, 0, -1), "min_p": (None, 0, 0.0), "repetition_penalty": (None, 1, 1.0),
+    "min_tokens": (None, 0), "ignore_eos": (None, False), "stop_token_ids": (None, []),
+    "include_stop_str_in_output": (None, False), "prompt_logprobs": (None, 0), "prediction": (None,),
+    "guided_whitespace_pattern": (None,), "length_penalty": (None, 1, 1.0), "use_beam_search": (None, False),
+}
+
+
+def _is_neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
+    """Whether `value` is one of `neutral` (a boolean is not a number here: top_k=false is not top_k=0)."""
+    return any(value == n and isinstance(value, bool) == isinstance(n, bool) for n in neutral)
+
+
 def _refuse_unsupported(body: _GenerationBody) -> None:
     """400 for options that would change the output but are not implemented."""
     def no(field: str, why: str) -> None:
         raise BadRequest(f"{field} is not supported by this server ({why})", param=field)
+
+    for name, neutral in _NEUTRAL_EXTRAS.items():
+        if not _is_neutral((body.model_extra or {}).get(name), neutral):
+            no(name, "it would change the answer and is not implemented")
 
     if body.n is not None and body.n != 1:
         no("n", "one choice per request: n must be 1")
@@ -139,9 +165,11 @@ def _refuse_unsupported(body: _GenerationBody) -> None:
             no(name, "a diffusion model denoises all positions together; there is no token history to penalise")
     if body.logit_bias:
         no("logit_bias", "use a constraint (response_format, structured_outputs) instead")
-    if body.logprobs not in (None, False):
+    if body.logprobs not in (None, False, 0):
         no("logprobs", "not computed by the engine")
     if isinstance(body, ChatCompletionBody):
+        if body.top_logprobs not in (None, 0):
+            no("top_logprobs", "log probabilities are not computed by the engine")
         if body.tools or body.tool_choice not in (None, "none"):
             no("tools", "use response_format with a JSON Schema for structured output")
     if isinstance(body, CompletionBody):
@@ -210,11 +238,20 @@ def _stop_of(body: _GenerationBody) -> tuple[str, ...]:
     return tuple(stop)
 
 
-def to_generation_request(body: _GenerationBody, prompt: str, *, timeout: float | None
+def to_generation_request(body: _GenerationBody, prompt: str, *, timeout: float | None,
+                          queue_time: float | None = None, grammars: GrammarAccess | None = None
                           ) -> tuple[GenerationRequest, str | None]:
-    """(the backend request for `body` with the already rendered `prompt`, the constraint's request field)."""
+    """(the backend request for `body` with the already rendered `prompt`, the constraint's request field).
+    A grammar field is resolved by `grammars` (default: shipped names and grammar text only), so the request
+    carries grammar text, never a file name."""
     _refuse_unsupported(body)
     constraint, param = constraint_of(body)
+    if constraint is not None and constraint.kind == "grammar":
+        try:
+            text = (grammars or GrammarAccess()).resolve(constraint.value, param or "grammar")
+        except InvalidGrammarError as exc:  # bad parameters of a shipped name (csv:x)
+            raise BadRequest(str(exc), param=param, code="invalid_grammar") from None
+        constraint = ConstraintSpec("grammar", text)
     max_tokens = body.max_tokens
     if isinstance(body, ChatCompletionBody) and body.max_completion_tokens is not None:
         if max_tokens is not None and max_tokens != body.max_completion_tokens:
@@ -223,7 +260,7 @@ def to_generation_request(body: _GenerationBody, prompt: str, *, timeout: float 
     request = GenerationRequest(
         prompt=prompt, constraint=constraint, max_new_tokens=max_tokens,
         temperature=0.0 if body.temperature is None else float(body.temperature), seed=body.seed,
-        stop=_stop_of(body), stream=body.stream, timeout=timeout)
+        stop=_stop_of(body), stream=body.stream, timeout=timeout, queue_time=queue_time)
     return request, param
 
 

@@ -211,6 +211,28 @@ class GrammarSpec:
         return END_NAME if tid == self.END else self.type_names[tid]
 
 
+def _confined_import(base_path: object, grammar_path: str) -> tuple[object, str]:
+    """Lark's `%import` loader for every grammar: Lark's own library (common.lark, unicode.lark, ...) and the
+    shipped grammars folder (`%import json.value`), nothing else. Lark would otherwise read `<name>.lark` relative
+    to the importing script or the working directory; a grammar is data, often from a request, and may not read
+    files. Not finding the module raises (rather than OSError, on which Lark would go on to its file-system
+    lookups), and the message does not say whether such a file exists anywhere."""
+    from lark.load_grammar import stdlib_loader
+
+    try:
+        return stdlib_loader(None, grammar_path)
+    except OSError:
+        pass
+    from dllm_constrain.grammars import shipped_file_text
+
+    text = shipped_file_text(grammar_path) if "/" not in grammar_path and "\\" not in grammar_path else None
+    if text is not None:
+        return f"<dllm_constrain.grammars>/{grammar_path}", text
+    module = grammar_path[:-len(".lark")].replace("/", ".") if grammar_path.endswith(".lark") else grammar_path
+    raise InvalidGrammarError(f"%import {module}: no such grammar module; a grammar may import from Lark's own "
+                              "library (common, unicode, ...) and the shipped grammars only")
+
+
 def load_spec(text: str, start: str = "start") -> GrammarSpec:
     if not isinstance(text, str) or not text.strip():
         raise InvalidGrammarError("the grammar is empty")
@@ -219,7 +241,9 @@ def load_spec(text: str, start: str = "start") -> GrammarSpec:
     lg.setLevel(logging.ERROR)
     try:
         try:
-            lk = lark.Lark(text, parser="lalr", lexer="basic", start=start)
+            lk = lark.Lark(text, parser="lalr", lexer="basic", start=start, import_paths=[_confined_import])
+        except InvalidGrammarError:
+            raise
         except LarkError as e:
             msg = str(e).strip().splitlines()
             head = msg[0] if msg else type(e).__name__
@@ -228,6 +252,8 @@ def load_spec(text: str, start: str = "start") -> GrammarSpec:
             raise InvalidGrammarError(f"grammar refused by Lark: {head}") from None
         except (ValueError, TypeError, AssertionError, KeyError) as e:
             raise InvalidGrammarError(f"grammar refused by Lark: {type(e).__name__}: {e}") from None
+        except RecursionError:
+            raise InvalidGrammarError("grammar refused by Lark: the grammar is nested too deeply") from None
         return _build_spec(text, start, lk)
     finally:
         lg.setLevel(old)
