@@ -101,7 +101,7 @@ from typing import Any
 
 import torch
 
-from dllm_constrain.constraints.protocol import fill_token_bitmask
+from dllm_constrain.constraints.protocol import fill_token_bitmask, first_unfit_pin
 from dllm_constrain.engine.block_diffusion import generate_blocks, is_block_diffusion
 from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.core_split import CoreSplit, pin_current_thread, plan_core_split
@@ -129,6 +129,7 @@ from dllm_constrain.errors import (
     DllmConstrainError,
     GenerationTimeoutError,
     InvalidRequestError,
+    PinnedTokenError,
     PromptTooLongError,
 )
 from dllm_constrain.kernels.bitmask import (
@@ -300,14 +301,47 @@ class LLMEngine:
             committed=torch.zeros(n, dtype=torch.bool),
             generator=generator,
         )
-        if defer and not request.constraint_ready:
+        pins = params.pinned_tokens()
+        if defer and not request.constraint_ready and not pins:
             state.pending = request
         else:
+            # a template's pins are checked against the constraint before any forward, so its compilation is waited
+            # for here (it cannot run beside the first forward)
             state.constraint = request.constraint_state()  # made for this canvas (max_new_tokens)
+        if pins:
+            self._pin(state, pins)
         hook = getattr(self.model, "init_request_state", None)
         if callable(hook):
             hook(state)
         return state
+
+    def _pin(self, s: RequestState, pins: dict[int, int]) -> None:
+        """Commit a template's pinned tokens (before the first step), after checking that some valid output holds
+        them: tokens the model may write at all, EOS only followed by EOS (the canvas conventions), and under a
+        constraint a completable pinned canvas (`first_unfit_pin`). Raises PinnedTokenError naming the first
+        position that cannot be part of any valid output."""
+        if s.params.template is not None and s.params.seed_canvas is None:
+            raise InvalidRequestError("SamplingParams.template is made into seed_canvas / pinned by the front end "
+                                      "(LLM.generate); give the engine seed_canvas and pinned")
+        eos, eos_at = self.special.eos_id, None
+        for pos, tok in pins.items():
+            if not self._base_allows(tok):
+                raise PinnedTokenError(f"pinned token {tok} at canvas position {pos} is not one the model may write "
+                                       f"(a special such as MASK/BOS/PAD, or past the vocabulary)",
+                                       position=pos, token=tok)
+            if eos_at is not None and tok != eos:
+                raise PinnedTokenError(f"pinned token {tok} at canvas position {pos} follows the pinned EOS at "
+                                       f"position {eos_at}: after EOS only EOS is valid", position=pos, token=tok)
+            if tok == eos and eos_at is None:
+                eos_at = pos
+        if s.constraint is not None:
+            bad = first_unfit_pin(s.constraint, s.canvas_len, pins, self.special.mask_id)
+            if bad is not None:
+                text = self.decode([pins[bad]]) if self.tokenizer is not None else ""
+                raise PinnedTokenError(
+                    f"pinned token {pins[bad]} ({text!r}) at canvas position {bad} cannot be part of any output the "
+                    f"constraint accepts (given the pins left of it)", position=bad, token=pins[bad])
+        s.commit(list(pins), list(pins.values()))
 
     def _add(self, loop: _Loop, request: Request, request_id: int | None = None) -> int:
         """Validate a request and queue it in `loop` (typed errors: InvalidRequestError, PromptTooLongError)."""

@@ -121,6 +121,17 @@ class SamplingParams:
     # > 0: the quota policies draw which positions to commit instead of taking the best ones, with probabilities
     # softmax(score / order_temperature) (without replacement; Dream's alg_temp); 0: the highest scores
     order_temperature: float = 0.0
+    # a template (vLLM's `diffusion_seed_canvas` / `diffusion_pinned`): the canvas's initial ids (exactly
+    # max_new_tokens of them) and the positions held through every step. Pinned positions are committed before the
+    # first step (under a constraint they are checked at admission: errors.PinnedTokenError names the first one no
+    # valid output can have); the others start open, whatever the seed holds there
+    seed_canvas: tuple[int, ...] | None = None
+    pinned: tuple[int, ...] | None = None
+    # the same as text with holes (`<hole>`, `<hole:N>`, `<hole:..N>`; dllm_constrain.templates), made into
+    # seed_canvas / pinned by the front end (LLM.generate), which also sets max_new_tokens to the template's length;
+    # hole_length: the tokens of a `<hole>` that does not say
+    template: str | None = None
+    hole_length: int = 8
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the first bad field."""
@@ -162,6 +173,34 @@ class SamplingParams:
         if not isinstance(self.stop_token_ids, tuple) or not all(
                 isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
             raise InvalidRequestError(f"stop_token_ids must be a tuple of token ids >= 0, got {self.stop_token_ids!r}")
+        self._validate_template()
+
+    def _validate_template(self) -> None:
+        if not isinstance(self.hole_length, int) or isinstance(self.hole_length, bool) or self.hole_length < 1:
+            raise InvalidRequestError(f"hole_length must be an integer >= 1, got {self.hole_length!r}")
+        if self.template is not None and not isinstance(self.template, str):
+            raise InvalidRequestError(f"template must be text with holes, got {type(self.template).__name__}")
+        if self.seed_canvas is None:
+            if self.pinned:
+                raise InvalidRequestError("pinned needs a seed_canvas to hold")
+            return
+        seed = self.seed_canvas
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in seed):
+            raise InvalidRequestError("seed_canvas must be a sequence of token ids (integers >= 0)")
+        if len(seed) != self.max_new_tokens:
+            raise InvalidRequestError(f"seed_canvas must hold exactly max_new_tokens = {self.max_new_tokens} ids, "
+                                      f"got {len(seed)}")
+        pins = self.pinned or ()
+        if not all(isinstance(p, int) and not isinstance(p, bool) and 0 <= p < len(seed) for p in pins):
+            raise InvalidRequestError(f"pinned positions must be integers in [0, {len(seed)})")
+        if len(set(pins)) != len(pins):
+            raise InvalidRequestError("pinned positions must be distinct")
+
+    def pinned_tokens(self) -> dict[int, int]:
+        """Pinned position -> its token id, in position order (empty without a template)."""
+        if self.seed_canvas is None or not self.pinned:
+            return {}
+        return {p: self.seed_canvas[p] for p in sorted(self.pinned)}
 
     @property
     def num_blocks(self) -> int:
