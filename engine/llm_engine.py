@@ -278,6 +278,9 @@ class LLMEngine:
         compiling is left pending (`RequestState.pending`, resolved by the request loop after the first forward)."""
         params = request.params
         params.validate()
+        if params.template is not None and params.seed_canvas is None:
+            raise InvalidRequestError("SamplingParams.template is made into seed_canvas / pinned by the front end "
+                                      "(LLM.generate); give the engine seed_canvas and pinned")
         if not request.prompt_ids:
             raise InvalidRequestError("the prompt is empty (no token ids)")
         total = len(request.prompt_ids) + params.max_new_tokens
@@ -320,27 +323,29 @@ class LLMEngine:
         them: tokens the model may write at all, EOS only followed by EOS (the canvas conventions), and under a
         constraint a completable pinned canvas (`first_unfit_pin`). Raises PinnedTokenError naming the first
         position that cannot be part of any valid output."""
-        if s.params.template is not None and s.params.seed_canvas is None:
-            raise InvalidRequestError("SamplingParams.template is made into seed_canvas / pinned by the front end "
-                                      "(LLM.generate); give the engine seed_canvas and pinned")
-        eos, eos_at = self.special.eos_id, None
-        for pos, tok in pins.items():
-            if not self._base_allows(tok):
-                raise PinnedTokenError(f"pinned token {tok} at canvas position {pos} is not one the model may write "
-                                       f"(a special such as MASK/BOS/PAD, or past the vocabulary)",
-                                       position=pos, token=tok)
-            if eos_at is not None and tok != eos:
-                raise PinnedTokenError(f"pinned token {tok} at canvas position {pos} follows the pinned EOS at "
-                                       f"position {eos_at}: after EOS only EOS is valid", position=pos, token=tok)
-            if tok == eos and eos_at is None:
-                eos_at = pos
+        special = next((p for p, t in pins.items() if not self._base_allows(t)), None)
         if s.constraint is not None:
-            bad = first_unfit_pin(s.constraint, s.canvas_len, pins, self.special.mask_id)
+            # validity under a constraint includes the EOS tail; the pins left of a special are searched
+            bad = first_unfit_pin(s.constraint, s.canvas_len, {p: t for p, t in pins.items()
+                                                                 if special is None or p < special},
+                                  self.special.mask_id)
             if bad is not None:
                 text = self.decode([pins[bad]]) if self.tokenizer is not None else ""
                 raise PinnedTokenError(
                     f"pinned token {pins[bad]} ({text!r}) at canvas position {bad} cannot be part of any output the "
                     f"constraint accepts (given the pins left of it)", position=bad, token=pins[bad])
+        else:
+            eos = self.special.eos_id
+            eos_at = next((p for p, t in pins.items() if t == eos), None)
+            after = next((p for p, t in pins.items() if eos_at is not None and p > eos_at and t != eos), None)
+            if after is not None and (special is None or after < special):
+                raise PinnedTokenError(f"pinned token {pins[after]} at canvas position {after} follows the pinned "
+                                       f"EOS at position {eos_at}: after EOS only EOS is valid",
+                                       position=after, token=pins[after])
+        if special is not None:
+            raise PinnedTokenError(f"pinned token {pins[special]} at canvas position {special} is not one the model "
+                                   f"may write (a special such as MASK/BOS/PAD, or past the vocabulary)",
+                                   position=special, token=pins[special])
         s.commit(list(pins), list(pins.values()))
 
     def _add(self, loop: _Loop, request: Request, request_id: int | None = None) -> int:

@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dllm_constrain.serve.backend import Backend, Delta, Done, Event, RequestHandle, Started
 from dllm_constrain.serve.chat import ChatFormatter
+from dllm_constrain.serve.decisions import register_decisions_route
 from dllm_constrain.serve.errors import ModelNotFound, ServeError, error_info
 from dllm_constrain.serve.protocol import (
     ChatCompletionBody,
@@ -158,6 +159,7 @@ def build_app(backend: Backend, *, chat: ChatFormatter | None = None, request_ti
     async def completions(request: Request) -> Any:
         return await serve(request, "text")
 
+    register_decisions_route(app, backend)
     return app
 
 
