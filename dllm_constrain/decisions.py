@@ -15,24 +15,29 @@ The answer is the label the canvas committed: always exactly one of the question
 nothing else; a slot that does not read as a label after stripping its padding is a ConstraintError, never an
 answer).
 
-Label probabilities (what `probabilities` means). One extra forward per call reads every slot: the canvas as the
-generation left it, with that question's slot re-opened (all its positions masked) and everything else in place
-(joint: the other answers condition it; one slot per canvas: the bare slot, i.e. the generation's first forward).
-A label l fills the slot with its canonical tokens, then padding (spaces, or EOS at the canvas end): f_1..f_L. Its
-probability is the masked diffusion model's product of marginals over the slot, renormalised over the labels:
+Label probabilities (what `probabilities` means). A slot is read at the forward that decided it: the first
+forward whose commits touch the part of the slot where its labels differ (the engine keeps that forward's
+log-probabilities there, SamplingParams.read_slots; no extra forward is spent). Positions where every label has the
+same token are a factor common to all labels and are skipped, as are positions committed without the model before
+that forward (forced: every label still possible shares their token); and the context is what was committed by then: the pinned text, and, joint, the answers decided
+before. A label l fills the slot with its canonical tokens, then padding (spaces, or EOS at the canvas end):
+f_1..f_L. Its probability is the model's product of marginals over the slot, renormalised over the labels:
 
     P(l) = prod_j p_j(f_j(l)) / sum_l' prod_j p_j(f_j(l'))
 
-p_j being the model's distribution at slot position j. Masking each position to the tokens some label has there
-(the masked distribution) scales every label's product by the same factor, so P is the same whether read from the
-masked or the full distribution. Why this reading: a masked dLLM predicts the positions of one forward
-independently, so the product of marginals is the probability it gives a filling in one forward; it costs one
-forward for all questions and labels (a chain-rule reading costs a forward per label token prefix), it covers
-multi-token labels exactly (every token of every label is read), and the probabilities sum to 1 over exactly the
-labels by construction. `confidence` is the committed label's product probability over the whole vocabulary
-(P(answer) x the labels' total mass, as vLLM's confidence is the label's probability over the vocabulary). The
-committed answer and the most probable label can differ (the generation commits in its policy's order with the
-slots of that moment; the reading sees the final canvas); both are reported.
+p_j being the model's distribution at slot position j in that forward (temperature 1). Masking each position to
+the tokens some label has there (the masked distribution the engine samples from) scales every label's product by
+the same factor, so P is the same whether read from the masked or the full distribution. Why this reading: a
+masked dLLM predicts the positions of one forward independently, so the product of marginals is the probability it
+gives a whole filling in one forward; read at the forward that committed the slot it is the distribution the
+answer was drawn from, costs nothing extra (a chain-rule reading needs a forward per label-token prefix), covers
+multi-token labels exactly (every token of every label is read), and sums to 1 over exactly the labels by
+construction. With one-token labels and temperature 0 the committed label is the most probable one (greedy on the
+same masked distribution); a multi-token slot committed over several forwards may end on another label than the
+first forward's favourite (later tokens see the first ones): the committed label is the answer, the reading says
+how sure the model was when it started on it. `confidence` is the committed label's product probability over the
+whole vocabulary (P(answer) x the labels' total mass, as vLLM's confidence is the label's probability over the
+vocabulary). A slot whose positions were all forced has one possible label: probability 1.
 """
 from __future__ import annotations
 
@@ -51,7 +56,6 @@ QUESTION_TYPES = ("predicate", "choice", "score")
 PREDICATE_LABELS = ("yes", "no")
 MAX_QUESTIONS = 200  # per call, as vLLM 0.33
 MAX_JOINT_QUESTIONS = 64  # on one canvas (vLLM 0.33's `joint` packs up to 64)
-READ_CHUNK_ROWS = 8  # rows of one reading forward call (bounds its activations)
 
 
 @dataclass(frozen=True)
@@ -132,13 +136,10 @@ class Decision:
 
 @dataclass
 class DecisionResult:
-    """The answers of one call with its cost: generation forwards (summed over requests), reading forward calls
-    and the rows they read, tokens, and wall time."""
+    """The answers of one call with its cost: forwards (summed over the call's requests), tokens, wall time."""
 
     decisions: list[Decision]
     nfe: int
-    read_forwards: int
-    read_rows: int
     input_tokens: int
     output_tokens: int
     wall_time: float
@@ -161,12 +162,15 @@ def _alternation(labels: Sequence[str]) -> str:
 
 
 def _prompt(text: str, questions: Sequence[Question], joint: bool) -> str:
+    """The request text: the input, then each question's options (joint: the questions themselves are the pinned
+    text of the canvas, so the prompt names only their options)."""
     lines = [text.strip(), ""]
     for i, q in enumerate(questions, 1):
-        head = f"Q{i}: " if joint else "Question: "
-        lines.append(head + q.instructions)
-        opts = [f"{label} ({d})" if d else label for label, d in zip(q.labels, q.descriptions or ("",) * 99)]
-        lines.append("Answer with one of: " + ", ".join(opts))
+        opts = [f"{label} ({d})" if d else label for label, d in zip(q.labels, q.descriptions or ("",) * len(q.labels))]
+        if joint:
+            lines.append(f"Q{i} options: " + ", ".join(opts))
+        else:
+            lines += ["Question: " + q.instructions, "Answer with one of: " + ", ".join(opts)]
     return "\n".join(lines)
 
 
@@ -213,34 +217,39 @@ def _joint_layout(llm: Any, questions: Sequence[Question]) -> tuple[str, list[in
     return "".join(pattern), seed, pinned, slots
 
 
-def _read(llm: Any, rows: list[list[int]], slots: list[tuple[int, _Slot]]) -> list[tuple[list[float], float]]:
-    """One reading forward over `rows` (ids; row r's slot at offset slots[r][0] + slot.start, masked): per row the
-    labels' renormalised product-of-marginals probabilities and the labels' total mass over the vocabulary."""
-    model = llm.model
-    pad = model.special.pad_id if model.special.pad_id is not None else model.special.eos_id
-    out: list[tuple[list[float], float]] = []
-    for at in range(0, len(rows), READ_CHUNK_ROWS):
-        chunk = rows[at:at + READ_CHUNK_ROWS]
-        width = max(len(r) for r in chunk)
-        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-        keep = torch.zeros((len(chunk), width), dtype=torch.bool)
-        for r, row in enumerate(chunk):
-            ids[r, width - len(row):] = torch.tensor(row)
-            keep[r, width - len(row):] = True
-        positions = (keep.long().cumsum(-1) - 1).clamp_min(0)
-        with torch.inference_mode():
-            hidden = model.hidden_states(ids.to(llm.device), positions.to(llm.device), keep.to(llm.device))
-            for r, row in enumerate(chunk):
-                offset, slot = slots[at + r]
-                base = width - len(row) + offset + slot.start
-                span = len(slot.fills[0])
-                logp = torch.log_softmax(model.logits(hidden[r, base:base + span]).float(), dim=-1).cpu()
-                scores = [float(sum(logp[j, t] for j, t in enumerate(fill))) for fill in slot.fills]
-                top = max(scores)
-                weights = [math.exp(s - top) for s in scores]
-                total = sum(weights)
-                out.append(([w / total for w in weights], math.exp(top) * total))
-    return out
+def _distinct_span(slot: _Slot) -> tuple[int, int]:
+    """[a, b) offsets in the slot between its first and last position where the label fills differ (outside it
+    every label has the same token: a common factor, and committing it decides nothing)."""
+    differ = [j for j in range(len(slot.fills[0])) if len({fill[j] for fill in slot.fills}) > 1]
+    return differ[0], differ[-1] + 1
+
+
+def _read_slot(slot: _Slot) -> tuple[int, int, tuple[int, ...]]:
+    """The engine's read request for a slot (SamplingParams.read_slots): the span where its labels differ and the
+    ids the label fills use there."""
+    a, b = _distinct_span(slot)
+    ids = tuple(sorted({t for fill in slot.fills for t in fill[a:b]}))
+    return slot.start + a, slot.start + b, ids
+
+
+def _probabilities(slot: _Slot, read: torch.Tensor | None, committed: int) -> tuple[list[float], float]:
+    """The labels' renormalised product-of-marginals probabilities from the slot's reading, and the labels' total
+    mass over the vocabulary (positions not read, committed without the model, are skipped: a factor every label
+    still possible shares). Without a reading (every position of the slot was forced) the committed label is the
+    only one the constraint allowed: probability 1."""
+    if read is None:
+        return [1.0 if i == committed else 0.0 for i in range(len(slot.fills))], 1.0
+    a, b = _distinct_span(slot)
+    _, _, ids = _read_slot(slot)
+    column = {t: c for c, t in enumerate(ids)}
+    scores = []
+    for fill in slot.fills:
+        terms = [float(read[j, column[t]]) for j, t in enumerate(fill[a:b])]
+        scores.append(sum(x for x in terms if not math.isnan(x)))
+    top = max(scores)
+    weights = [math.exp(x - top) for x in scores]
+    total = sum(weights)
+    return [w / total for w in weights], math.exp(top) * total
 
 
 def _committed_label(llm: Any, q: Question, slot_ids: Sequence[int]) -> int:
@@ -254,8 +263,8 @@ def _committed_label(llm: Any, q: Question, slot_ids: Sequence[int]) -> int:
     return q.labels.index(text)
 
 
-def _decision(q: Question, label: int, read: tuple[list[float], float]) -> Decision:
-    probs, mass = read
+def _decision(q: Question, slot: _Slot, label: int, read: torch.Tensor | None) -> Decision:
+    probs, mass = _probabilities(slot, read, label)
     return Decision(q, q.labels[label], q.value_of(label), tuple(probs), probs[label] * mass)
 
 
@@ -287,47 +296,36 @@ def _decide_joint(llm: Any, text: str, qs: list[Question], options: dict[str, An
     pattern, seed, pinned, slots = _joint_layout(llm, qs)
     n = len(seed)
     opts = {"block_length": n, "steps": len(qs), **options}
-    prompt = llm.format(_prompt(text, qs, joint=True))
-    [res] = llm.generate([prompt], regex=pattern, seed_canvas=seed, pinned=pinned, max_new_tokens=n, **opts)
+    prompt = _prompt(text, qs, joint=True)  # LLM.generate applies the checkpoint's request format
+    [res] = llm.generate([prompt], regex=pattern, seed_canvas=seed, pinned=pinned, max_new_tokens=n,
+                         read_slots=tuple(_read_slot(s) for s in slots), **opts)
     if res.error is not None:
         raise res.error
     canvas = list(res.canvas_ids)
     labels = [_committed_label(llm, q, canvas[s.start:s.start + len(s.fills[0])]) for q, s in zip(qs, slots)]
-    prompt_ids = llm.encode(prompt)
-    mask = llm.model.special.mask_id
-    rows = []
-    for s in slots:
-        row = prompt_ids + canvas
-        for j in range(len(s.fills[0])):
-            row[len(prompt_ids) + s.start + j] = mask
-        rows.append(row)
-    reads = _read(llm, rows, [(len(prompt_ids), s) for s in slots])
-    open_positions = n - len(pinned)
-    return DecisionResult([_decision(q, lab, r) for q, lab, r in zip(qs, labels, reads)], nfe=res.nfe,
-                          read_forwards=math.ceil(len(rows) / READ_CHUNK_ROWS), read_rows=len(rows),
-                          input_tokens=len(prompt_ids), output_tokens=open_positions,
+    reads = res.slot_logprobs or [None] * len(slots)
+    return DecisionResult([_decision(q, s, lab, r) for q, s, lab, r in zip(qs, slots, labels, reads)], nfe=res.nfe,
+                          input_tokens=len(llm.encode(llm.format(prompt))), output_tokens=n - len(pinned),
                           wall_time=time.perf_counter() - start, canvases=[res.text])
 
 
 def _decide_each(llm: Any, text: str, qs: list[Question], options: dict[str, Any], start: float) -> DecisionResult:
     eos = llm.model.special.eos_id
-    fills = [_fills(llm, q, eos) for q in qs]
-    prompts = [llm.format(_prompt(text, [q], joint=False)) for q in qs]
+    slots = [_Slot(0, _fills(llm, q, eos)) for q in qs]
+    prompts = [_prompt(text, [q], joint=False) for q in qs]
     opts = {"steps": 1, **options}
-    # one request per question, as one batch (each its own canvas and constraint)
-    handles = [llm.submit([p], regex=_alternation(q.labels), max_new_tokens=len(f[0]), block_length=len(f[0]),
-                          **opts) for p, q, f in zip(prompts, qs, fills)]
+    # one request per question, submitted together: the engine loop batches them (each its own canvas, constraint)
+    handles = [llm.submit([p], regex=_alternation(q.labels), max_new_tokens=len(s.fills[0]),
+                          block_length=len(s.fills[0]), read_slots=(_read_slot(s),), **opts)
+               for p, q, s in zip(prompts, qs, slots)]
     results = [h.result()[0] for h in handles]
     for res in results:
         if res.error is not None:
             raise res.error
     labels = [_committed_label(llm, q, res.canvas_ids) for q, res in zip(qs, results)]
-    prompt_ids = [llm.encode(p) for p in prompts]
-    mask = llm.model.special.mask_id
-    rows = [ids + [mask] * len(f[0]) for ids, f in zip(prompt_ids, fills)]
-    reads = _read(llm, rows, [(len(ids), _Slot(0, f)) for ids, f in zip(prompt_ids, fills)])
-    return DecisionResult([_decision(q, lab, r) for q, lab, r in zip(qs, labels, reads)],
-                          nfe=sum(r.nfe for r in results), read_forwards=math.ceil(len(rows) / READ_CHUNK_ROWS),
-                          read_rows=len(rows), input_tokens=sum(len(x) for x in prompt_ids),
-                          output_tokens=sum(len(f[0]) for f in fills), wall_time=time.perf_counter() - start,
+    decisions = [_decision(q, s, lab, (res.slot_logprobs or [None])[0])
+                 for q, s, lab, res in zip(qs, slots, labels, results)]
+    return DecisionResult(decisions, nfe=sum(r.nfe for r in results),
+                          input_tokens=sum(len(llm.encode(llm.format(p))) for p in prompts),
+                          output_tokens=sum(len(s.fills[0]) for s in slots), wall_time=time.perf_counter() - start,
                           canvases=[r.text for r in results])

@@ -834,6 +834,8 @@ class LLMEngine:
         if s.constraint is not None and not s.constraint.is_completable(s.canvas_view(self.special.mask_id)):
             self._undo(s, accepted)
             return
+        if s.params.read_slots:
+            self._read_slots(s, positions, hidden, offset, accepted)
         renoise = [positions[r] for r in selection.renoise]
         s.renoised += len(renoise)
         rejected = {p for p, _, _ in proposals} - {p for p, _ in accepted}
@@ -843,6 +845,24 @@ class LLMEngine:
             # decoder never conditions on tokens the constraint rules out (see block_diffusion.noised_block)
             s.model_state["masked_samples"] = {positions[r]: int(stats.token[r]) for r in range(len(positions))
                                                if int(stats.token[r]) >= 0 and not bool(s.committed[positions[r]])}
+
+    def _read_slots(self, s: RequestState, positions: list[int], hidden: torch.Tensor, offset: int,
+                    accepted: list[tuple[int, int]]) -> None:
+        """Keep the reading of every slot (SamplingParams.read_slots) this step's commits touched first: the
+        log-probabilities of the slot's ids at its positions that were open at this forward (the others, committed
+        before without the model, stay NaN). One LM-head projection of the slot's rows, only for such slots."""
+        committed = {p for p, _ in accepted}
+        open_rows = {p: r for r, p in enumerate(positions)}
+        for k, (start, end, ids) in enumerate(s.params.read_slots or ()):
+            if k in s.slot_reads or not any(start <= p < end for p in committed):
+                continue
+            rows = [p for p in range(start, end) if p in open_rows]
+            read = torch.full((end - start, len(ids)), float("nan"))
+            if rows:
+                logits = self.model.logits(hidden[[offset + p for p in rows]]).float()
+                logp = torch.log_softmax(logits, dim=-1)[:, list(ids)].cpu()
+                read[[p - start for p in rows]] = logp
+            s.slot_reads[k] = read
 
     def _undo(self, s: RequestState, commits: list[tuple[int, int]]) -> None:
         """Reopen this step's commits and ban them at their positions (approximate masks let them in)."""
@@ -989,4 +1009,6 @@ class LLMEngine:
             backtracks=s.backtracks,
             refreshes=runner.refreshes.get(s.index, s.nfe) if runner.cached else s.nfe,
             error=s.error,
+            slot_logprobs=[s.slot_reads.get(k) for k in range(len(s.params.read_slots))]
+            if s.params.read_slots else None,
         )

@@ -132,6 +132,10 @@ class SamplingParams:
     # hole_length: the tokens of a `<hole>` that does not say
     template: str | None = None
     hole_length: int = 8
+    # slots to read (dllm_constrain.decisions): (start, end, token ids) canvas spans; at the forward whose commits
+    # first touch a span, the log-probabilities (full softmax, temperature 1) of those ids at the span's positions
+    # still open are kept (GenerationResult.slot_logprobs): what the model predicted for the slot when it decided it
+    read_slots: tuple[tuple[int, int, tuple[int, ...]], ...] | None = None
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the first bad field."""
@@ -342,6 +346,9 @@ class RequestState:
     parked: torch.Tensor | None = None
     masks_after_forward: bool = False  # this step's masks are computed after its forward (the first step, serially)
     model_state: dict[str, Any] = field(default_factory=dict)  # family-specific (e.g. self-conditioning)
+    # per read slot (SamplingParams.read_slots, by index): float32 [end - start, ids] log-probabilities, NaN rows at
+    # the positions committed before that forward
+    slot_reads: dict[int, torch.Tensor] = field(default_factory=dict)
     done: bool = False
     finish_reason: str | None = None  # "eos" | "length" | "error" | "aborted"
     error: Exception | None = None  # the typed error a failed request ended with

@@ -135,8 +135,7 @@ def response_body(model_id: str, result: DecisionResult) -> dict[str, Any]:
                   "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                   "output_tokens": result.output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
                   "total_tokens": result.input_tokens + result.output_tokens,
-                  "dllm": {"nfe": result.nfe, "read_forwards": result.read_forwards, "read_rows": result.read_rows,
-                           "wall_time": result.wall_time}},
+                  "dllm": {"nfe": result.nfe, "wall_time": result.wall_time}},
     }
 
 
