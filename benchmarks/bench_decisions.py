@@ -8,7 +8,8 @@ label, 5 four-level scores) and generation options; "each" submits its 20 reques
 batches them into shared forwards. Per way: forwards (the summed NFE of its requests: the model rows computed; for
 "each" also the loop's forward calls, which batch rows), wall time (median of --repeats runs, the two ways
 alternating so the machine's load hits both alike), and validity (every answer one of its labels, probabilities
-summing to 1). The bundled model is small and not trained on questions: the answers' quality is not the point.
+summing to 1). "calls" and "token rows" are the engine loop's forward calls and the
+token rows they ran (prompt and canvas tokens through the model; the last run). The bundled model is small and not trained on questions: the answers' quality is not the point.
 """
 from __future__ import annotations
 
@@ -54,17 +55,23 @@ def main() -> None:
     llm.decide(TEXT, qs[:2], joint=True, **opts)  # warm: model, tokenizer tables
     runs: dict[str, list[float]] = {"joint": [], "each": []}
     last: dict[str, object] = {}
+    calls: dict[str, tuple[int, int]] = {}
     for _ in range(args.repeats):
         for way in ("joint", "each"):
+            before = llm.engine.forward_stats
+            before = (before.forwards, before.token_rows)
             start = time.perf_counter()
             result = llm.decide(TEXT, qs, joint=way == "joint", **opts)
             runs[way].append(time.perf_counter() - start)
+            after = llm.engine.forward_stats
+            calls[way] = (after.forwards - before[0], after.token_rows - before[1])
             last[way] = result
     print(f"20 questions, {args.repeats} runs each (medians), policy {args.policy or 'checkpoint default'}")
-    print(f"{'way':<6} {'forwards':>9} {'wall s':>8} {'valid':>6}")
+    print(f"{'way':<6} {'forwards':>9} {'calls':>6} {'token rows':>11} {'wall s':>8} {'valid':>6}")
     for way in ("joint", "each"):
         r = last[way]
-        print(f"{way:<6} {r.nfe:>9} {statistics.median(runs[way]):>8.3f} {str(valid(r, qs)):>6}")
+        print(f"{way:<6} {r.nfe:>9} {calls[way][0]:>6} {calls[way][1]:>11} {statistics.median(runs[way]):>8.3f} "
+              f"{str(valid(r, qs)):>6}")
     ratio_f = last["joint"].nfe / last["each"].nfe
     ratio_t = statistics.median(runs["joint"]) / statistics.median(runs["each"])
     print(f"joint / each: forwards {ratio_f:.2f}x, wall time {ratio_t:.2f}x")
