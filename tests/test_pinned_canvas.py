@@ -175,3 +175,12 @@ def test_streaming_shows_the_pinned_prefix_as_committed(bundled) -> None:
     [res] = handle.result(60)
     assert updates and updates[0][:len(prefix)] == prefix
     assert res.token_ids[:len(prefix)] == prefix
+
+
+def test_a_grammar_template_is_filled_and_an_unbalanced_one_refused(bundled) -> None:
+    [res] = bundled.generate(["Compute 3 plus 4 times 2."], grammar="arithmetic", template="(<hole:3>)*<hole:..4>",
+                             seed=0)
+    assert res.text.startswith("(") and ")*" in res.text
+    with pytest.raises(PinnedTokenError) as err:
+        bundled.generate(["Compute 3 plus 4 times 2."], grammar="arithmetic", template="(<hole:3>)*)<hole:..4>")
+    assert err.value.position == 6  # the second ')' (after "(", three hole tokens, ")", "*")
