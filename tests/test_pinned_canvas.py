@@ -184,3 +184,40 @@ def test_a_grammar_template_is_filled_and_an_unbalanced_one_refused(bundled) -> 
     with pytest.raises(PinnedTokenError) as err:
         bundled.generate(["Compute 3 plus 4 times 2."], grammar="arithmetic", template="(<hole:3>)*)<hole:..4>")
     assert err.value.position == 6  # the second ')' (after "(", three hole tokens, ")", "*")
+
+
+RECORD = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+          "required": ["a", "b"]}
+RECORD_TEXT = '{"a":12,"b":"x"}'  # compact, declared order: what the strict schema compiles to
+HOLE = (5, 7)  # the digits of "a": open; every other position pinned
+FILL = "0123456789-x\""
+
+
+def _record_valid(text: str) -> bool:
+    """Compact JSON, keys in declared order, no others, types right (the strict compile's language)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    return (isinstance(value, dict) and list(value) == ["a", "b"] and type(value["a"]) is int
+            and isinstance(value["b"], str) and json.dumps(value, separators=(",", ":")) == text)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(at=st.integers(0, len(RECORD_TEXT) - 1).filter(lambda p: not HOLE[0] <= p < HOLE[1]),
+       char=st.sampled_from(list('{}":,ab1x ')))
+def test_a_record_template_is_refused_exactly_when_no_fill_of_its_hole_is_schema_valid(tiny, at, char) -> None:
+    text = RECORD_TEXT[:at] + char + RECORD_TEXT[at + 1:]
+    fits = any(_record_valid(text[:HOLE[0]] + x + y + text[HOLE[1]:]) for x in FILL for y in FILL)
+    ids = tiny.encode_text(text)  # byte-level: one token per character
+    pinned = [p for p in range(len(ids)) if not HOLE[0] <= p < HOLE[1]]
+    engine = LLMEngine(tiny.model, tiny.tokenizer)
+    request = Request(tiny.encode("x"), SamplingParams(max_new_tokens=len(ids), seed_canvas=tuple(ids),
+                                                       pinned=tuple(pinned)), tiny.compile(schema=RECORD))
+    if fits:
+        assert engine.abort(engine.add_request(request))
+    else:
+        with pytest.raises(PinnedTokenError) as err:
+            engine.add_request(request)
+        # everything left of the changed character is the valid record: the first unfit pin is not before it
+        assert not engine.has_unfinished() and err.value.position >= at
