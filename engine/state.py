@@ -184,6 +184,13 @@ class SamplingParams:
             raise InvalidRequestError(f"hole_length must be an integer >= 1, got {self.hole_length!r}")
         if self.template is not None and not isinstance(self.template, str):
             raise InvalidRequestError(f"template must be text with holes, got {type(self.template).__name__}")
+        for slot in self.read_slots or ():
+            ok = isinstance(slot, tuple) and len(slot) == 3 and all(isinstance(x, int) for x in slot[:2]) \
+                and 0 <= slot[0] < slot[1] <= self.max_new_tokens and isinstance(slot[2], tuple) \
+                and all(isinstance(t, int) and t >= 0 for t in slot[2])
+            if not ok:
+                raise InvalidRequestError(f"read_slots holds (start, end, token ids) spans inside the canvas of "
+                                          f"{self.max_new_tokens} positions, got {slot!r}")
         if self.seed_canvas is None:
             if self.pinned:
                 raise InvalidRequestError("pinned needs a seed_canvas to hold")
