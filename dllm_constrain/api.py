@@ -75,6 +75,8 @@ from dllm_constrain.options import (  # noqa: F401 - re-exported: the options' c
 from dllm_constrain.chat_template import ChatTemplate
 from dllm_constrain.options import Prompt, is_single_prompt
 from dllm_constrain.prompting import format_prompt, schema_sketch
+from dllm_constrain.decisions import DecisionResult, Question, decide
+from dllm_constrain.templates import apply_template
 
 __all__ = ["LLM", "GenerationResult", "OutputConstraint", "SamplingParams", "EngineConfig", "generate",
            "bundled_model_path", "clear_model_cache", "STRICT_SCHEMA_OPTIONS"]
@@ -207,6 +209,12 @@ class LLM:
             return self.tokenizer.encode(text, add_special_tokens=True).ids
         return list(self.tokenizer.encode(text, add_special=True))
 
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of a piece of answer text (a template's pinned text, a label): no special tokens."""
+        if isinstance(self.tokenizer, tokenizers.Tokenizer):
+            return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return list(self.tokenizer.encode(text, add_special=False))
+
     def format(self, prompt: Prompt | Sequence[Mapping[str, Any]], schema: Any = None) -> str:
         """The text the model sees for `prompt` (a string or a conversation) under this LLM's prompt format:
         "chat" renders the chat template (a string is one user message; the schema is left to the constraint),
@@ -325,6 +333,13 @@ class LLM:
                                       "or stream callback): it would wait for itself; use LLM.submit there")
         return self.submit(prompts, sampling_params, **options).result()
 
+    def decide(self, text: str, questions: Sequence[Question | dict[str, Any]], *, joint: bool = False,
+               **options: Any) -> DecisionResult:
+        """Answer typed questions (predicate, choice, score; `decisions.Question` or vLLM's wire dicts) about
+        `text`: each question a slot constrained to its labels, `joint=True` all of them on one canvas; per-label
+        probabilities with each answer (meaning: dllm_constrain.decisions). options: generation keywords."""
+        return decide(self, text, questions, joint=joint, **options)
+
     def submit(self, prompts: str | Sequence[str], sampling_params: SamplingParams | None = None, *,
                on_stream: StreamCallback | None = None, **options: Any) -> CallHandle:
         """Queue a generation (the arguments of `generate`) on this LLM's engine loop without waiting: returns a
@@ -372,7 +387,9 @@ class LLM:
         engine = {**self.defaults.preset_engine(routed.preset),
                   **{k: v for k, v in routed.engine.items() if v is not None}}
         config = self.engine.config.with_overrides(**engine)
-        params = routed.sampling
+        # a text template becomes the canvas's pinned ids here, on the caller's thread (bad markers are refused
+        # before anything is queued); the engine checks the pins against the constraint at admission
+        params = apply_template(routed.sampling, self.encode_text, self.model.special.mask_id)
         constraint = params.constraint
 
         def build() -> list[Request]:

@@ -73,6 +73,8 @@ SAMPLING_FLAGS: dict[str, str] = {
     "forced_tokens": "commit the tokens the constraint forces without the model",
     "schedule": "how many positions a quota policy commits per step: uniform (LLaDA) or linspace (Dream)",
     "order_temperature": "> 0: draw the positions a quota policy commits, p = softmax(score / T) (Dream's alg_temp)",
+    "template": "answer text with holes to fill: <hole>, <hole:N>, <hole:..N> last (docs/decisions.md)",
+    "hole_length": "tokens of a <hole> that does not give its length",
 }
 ENGINE_FLAGS: dict[str, str] = {
     "kv_cache": "KV reuse across steps",

@@ -14,6 +14,17 @@ class PromptTooLongError(InvalidRequestError):
     """The prompt plus the canvas does not fit in the model's context window."""
 
 
+class PinnedTokenError(InvalidRequestError):
+    """A template's pinned token cannot be part of any valid output (under the request's constraint, or the canvas
+    conventions: specials the model may not write, text after a pinned EOS). `position` is the first such canvas
+    position, `token` the id pinned there."""
+
+    def __init__(self, message: str, *, position: int, token: int) -> None:
+        super().__init__(message)
+        self.position = position
+        self.token = token
+
+
 class CheckpointError(DllmConstrainError):
     """A checkpoint folder cannot be loaded: missing files, unknown config fields, wrong tensor names or shapes."""
 

@@ -122,6 +122,20 @@ def _stop_token_ids(x: Any) -> tuple[int, ...] | None:
     return tuple(int(t) for t in x)
 
 
+def _id_tuple(name: str) -> Callable[[Any], tuple[int, ...] | None]:
+    """A sequence of integers (token ids or canvas positions) as a tuple; SamplingParams.validate checks ranges."""
+    def check(x: Any) -> tuple[int, ...] | None:
+        if x is None:
+            return None
+        if isinstance(x, (str, bytes)) or not hasattr(x, "__iter__"):
+            raise InvalidRequestError(f"{name} must be a list of integers, got {_given(x)}")
+        items = tuple(x)
+        if not all(_is_int(i) for i in items):
+            raise InvalidRequestError(f"{name} must be a list of integers, got {_given(x)}")
+        return tuple(int(i) for i in items)
+    return check
+
+
 def _progress(x: Any) -> Any:
     if x is not None and not callable(x):
         raise InvalidRequestError(f"progress must be a callable taking a StepEvent (or None), got {_given(x)}")
@@ -157,6 +171,9 @@ REQUEST_FIELDS: dict[str, Callable[[Any], Any]] = {
     "order_temperature": _real_field("order_temperature", 0.0, optional=False),
     "stop_token_ids": _stop_token_ids,
     "preset": _choice_field("preset", ("fast", "reference")),
+    "seed_canvas": _id_tuple("seed_canvas"),
+    "pinned": _id_tuple("pinned"),
+    "hole_length": _int_field("hole_length", 1, optional=False),
 }
 
 # seconds per constraint call of a request (the SamplingParams field default; see "Time bounds" in

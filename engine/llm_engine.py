@@ -101,7 +101,7 @@ from typing import Any
 
 import torch
 
-from dllm_constrain.constraints.protocol import fill_token_bitmask
+from dllm_constrain.constraints.protocol import fill_token_bitmask, first_unfit_pin
 from dllm_constrain.engine.block_diffusion import generate_blocks, is_block_diffusion
 from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.core_split import CoreSplit, pin_current_thread, plan_core_split
@@ -129,6 +129,7 @@ from dllm_constrain.errors import (
     DllmConstrainError,
     GenerationTimeoutError,
     InvalidRequestError,
+    PinnedTokenError,
     PromptTooLongError,
 )
 from dllm_constrain.kernels.bitmask import (
@@ -277,6 +278,9 @@ class LLMEngine:
         compiling is left pending (`RequestState.pending`, resolved by the request loop after the first forward)."""
         params = request.params
         params.validate()
+        if params.template is not None and params.seed_canvas is None:
+            raise InvalidRequestError("SamplingParams.template is made into seed_canvas / pinned by the front end "
+                                      "(LLM.generate); give the engine seed_canvas and pinned")
         if not request.prompt_ids:
             raise InvalidRequestError("the prompt is empty (no token ids)")
         total = len(request.prompt_ids) + params.max_new_tokens
@@ -300,14 +304,49 @@ class LLMEngine:
             committed=torch.zeros(n, dtype=torch.bool),
             generator=generator,
         )
-        if defer and not request.constraint_ready:
+        pins = params.pinned_tokens()
+        if defer and not request.constraint_ready and not pins:
             state.pending = request
         else:
+            # a template's pins are checked against the constraint before any forward, so its compilation is waited
+            # for here (it cannot run beside the first forward)
             state.constraint = request.constraint_state()  # made for this canvas (max_new_tokens)
+        if pins:
+            self._pin(state, pins)
         hook = getattr(self.model, "init_request_state", None)
         if callable(hook):
             hook(state)
         return state
+
+    def _pin(self, s: RequestState, pins: dict[int, int]) -> None:
+        """Commit a template's pinned tokens (before the first step), after checking that some valid output holds
+        them: tokens the model may write at all, EOS only followed by EOS (the canvas conventions), and under a
+        constraint a completable pinned canvas (`first_unfit_pin`). Raises PinnedTokenError naming the first
+        position that cannot be part of any valid output."""
+        special = next((p for p, t in pins.items() if not self._base_allows(t)), None)
+        if s.constraint is not None:
+            # validity under a constraint includes the EOS tail; the pins left of a special are searched
+            bad = first_unfit_pin(s.constraint, s.canvas_len, {p: t for p, t in pins.items()
+                                                                 if special is None or p < special},
+                                  self.special.mask_id)
+            if bad is not None:
+                text = self.decode([pins[bad]]) if self.tokenizer is not None else ""
+                raise PinnedTokenError(
+                    f"pinned token {pins[bad]} ({text!r}) at canvas position {bad} cannot be part of any output the "
+                    f"constraint accepts (given the pins left of it)", position=bad, token=pins[bad])
+        else:
+            eos = self.special.eos_id
+            eos_at = next((p for p, t in pins.items() if t == eos), None)
+            after = next((p for p, t in pins.items() if eos_at is not None and p > eos_at and t != eos), None)
+            if after is not None and (special is None or after < special):
+                raise PinnedTokenError(f"pinned token {pins[after]} at canvas position {after} follows the pinned "
+                                       f"EOS at position {eos_at}: after EOS only EOS is valid",
+                                       position=after, token=pins[after])
+        if special is not None:
+            raise PinnedTokenError(f"pinned token {pins[special]} at canvas position {special} is not one the model "
+                                   f"may write (a special such as MASK/BOS/PAD, or past the vocabulary)",
+                                   position=special, token=pins[special])
+        s.commit(list(pins), list(pins.values()))
 
     def _add(self, loop: _Loop, request: Request, request_id: int | None = None) -> int:
         """Validate a request and queue it in `loop` (typed errors: InvalidRequestError, PromptTooLongError)."""
@@ -795,6 +834,8 @@ class LLMEngine:
         if s.constraint is not None and not s.constraint.is_completable(s.canvas_view(self.special.mask_id)):
             self._undo(s, accepted)
             return
+        if s.params.read_slots:
+            self._read_slots(s, positions, hidden, offset, accepted)
         renoise = [positions[r] for r in selection.renoise]
         s.renoised += len(renoise)
         rejected = {p for p, _, _ in proposals} - {p for p, _ in accepted}
@@ -804,6 +845,24 @@ class LLMEngine:
             # decoder never conditions on tokens the constraint rules out (see block_diffusion.noised_block)
             s.model_state["masked_samples"] = {positions[r]: int(stats.token[r]) for r in range(len(positions))
                                                if int(stats.token[r]) >= 0 and not bool(s.committed[positions[r]])}
+
+    def _read_slots(self, s: RequestState, positions: list[int], hidden: torch.Tensor, offset: int,
+                    accepted: list[tuple[int, int]]) -> None:
+        """Keep the reading of every slot (SamplingParams.read_slots) this step's commits touched first: the
+        log-probabilities of the slot's ids at its positions that were open at this forward (the others, committed
+        before without the model, stay NaN). One LM-head projection of the slot's rows, only for such slots."""
+        committed = {p for p, _ in accepted}
+        open_rows = {p: r for r, p in enumerate(positions)}
+        for k, (start, end, ids) in enumerate(s.params.read_slots or ()):
+            if k in s.slot_reads or not any(start <= p < end for p in committed):
+                continue
+            rows = [p for p in range(start, end) if p in open_rows]
+            read = torch.full((end - start, len(ids)), float("nan"))
+            if rows:
+                logits = self.model.logits(hidden[[offset + p for p in rows]]).float()
+                logp = torch.log_softmax(logits, dim=-1)[:, list(ids)].cpu()
+                read[[p - start for p in rows]] = logp
+            s.slot_reads[k] = read
 
     def _undo(self, s: RequestState, commits: list[tuple[int, int]]) -> None:
         """Reopen this step's commits and ban them at their positions (approximate masks let them in)."""
@@ -950,4 +1009,6 @@ class LLMEngine:
             backtracks=s.backtracks,
             refreshes=runner.refreshes.get(s.index, s.nfe) if runner.cached else s.nfe,
             error=s.error,
+            slot_logprobs=[s.slot_reads.get(k) for k in range(len(s.params.read_slots))]
+            if s.params.read_slots else None,
         )

@@ -29,6 +29,8 @@ class GenerationResult:
     backtracks: int = 0  # steps undone because the canvas became uncompletable
     refreshes: int = 0  # forwards that were full (KV cache Refresh or no cache); nfe - refreshes reused the cache
     error: DllmConstrainError | None = None  # why the request failed (finish_reason "error"), else None
+    # SamplingParams.read_slots' readings, one per slot (None: no forward committed in it; see RequestState)
+    slot_logprobs: list | None = None
 
 
 @dataclass

@@ -121,6 +121,21 @@ class SamplingParams:
     # > 0: the quota policies draw which positions to commit instead of taking the best ones, with probabilities
     # softmax(score / order_temperature) (without replacement; Dream's alg_temp); 0: the highest scores
     order_temperature: float = 0.0
+    # a template (vLLM's `diffusion_seed_canvas` / `diffusion_pinned`): the canvas's initial ids (exactly
+    # max_new_tokens of them) and the positions held through every step. Pinned positions are committed before the
+    # first step (under a constraint they are checked at admission: errors.PinnedTokenError names the first one no
+    # valid output can have); the others start open, whatever the seed holds there
+    seed_canvas: tuple[int, ...] | None = None
+    pinned: tuple[int, ...] | None = None
+    # the same as text with holes (`<hole>`, `<hole:N>`, `<hole:..N>`; dllm_constrain.templates), made into
+    # seed_canvas / pinned by the front end (LLM.generate), which also sets max_new_tokens to the template's length;
+    # hole_length: the tokens of a `<hole>` that does not say
+    template: str | None = None
+    hole_length: int = 8
+    # slots to read (dllm_constrain.decisions): (start, end, token ids) canvas spans; at the forward whose commits
+    # first touch a span, the log-probabilities (full softmax, temperature 1) of those ids at the span's positions
+    # still open are kept (GenerationResult.slot_logprobs): what the model predicted for the slot when it decided it
+    read_slots: tuple[tuple[int, int, tuple[int, ...]], ...] | None = None
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the first bad field."""
@@ -162,6 +177,41 @@ class SamplingParams:
         if not isinstance(self.stop_token_ids, tuple) or not all(
                 isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
             raise InvalidRequestError(f"stop_token_ids must be a tuple of token ids >= 0, got {self.stop_token_ids!r}")
+        self._validate_template()
+
+    def _validate_template(self) -> None:
+        if not isinstance(self.hole_length, int) or isinstance(self.hole_length, bool) or self.hole_length < 1:
+            raise InvalidRequestError(f"hole_length must be an integer >= 1, got {self.hole_length!r}")
+        if self.template is not None and not isinstance(self.template, str):
+            raise InvalidRequestError(f"template must be text with holes, got {type(self.template).__name__}")
+        for slot in self.read_slots or ():
+            ok = isinstance(slot, tuple) and len(slot) == 3 and all(isinstance(x, int) for x in slot[:2]) \
+                and 0 <= slot[0] < slot[1] <= self.max_new_tokens and isinstance(slot[2], tuple) \
+                and all(isinstance(t, int) and t >= 0 for t in slot[2])
+            if not ok:
+                raise InvalidRequestError(f"read_slots holds (start, end, token ids) spans inside the canvas of "
+                                          f"{self.max_new_tokens} positions, got {slot!r}")
+        if self.seed_canvas is None:
+            if self.pinned:
+                raise InvalidRequestError("pinned needs a seed_canvas to hold")
+            return
+        seed = self.seed_canvas
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in seed):
+            raise InvalidRequestError("seed_canvas must be a sequence of token ids (integers >= 0)")
+        if len(seed) != self.max_new_tokens:
+            raise InvalidRequestError(f"seed_canvas must hold exactly max_new_tokens = {self.max_new_tokens} ids, "
+                                      f"got {len(seed)}")
+        pins = self.pinned or ()
+        if not all(isinstance(p, int) and not isinstance(p, bool) and 0 <= p < len(seed) for p in pins):
+            raise InvalidRequestError(f"pinned positions must be integers in [0, {len(seed)})")
+        if len(set(pins)) != len(pins):
+            raise InvalidRequestError("pinned positions must be distinct")
+
+    def pinned_tokens(self) -> dict[int, int]:
+        """Pinned position -> its token id, in position order (empty without a template)."""
+        if self.seed_canvas is None or not self.pinned:
+            return {}
+        return {p: self.seed_canvas[p] for p in sorted(self.pinned)}
 
     @property
     def num_blocks(self) -> int:
@@ -303,6 +353,9 @@ class RequestState:
     parked: torch.Tensor | None = None
     masks_after_forward: bool = False  # this step's masks are computed after its forward (the first step, serially)
     model_state: dict[str, Any] = field(default_factory=dict)  # family-specific (e.g. self-conditioning)
+    # per read slot (SamplingParams.read_slots, by index): float32 [end - start, ids] log-probabilities, NaN rows at
+    # the positions committed before that forward
+    slot_reads: dict[int, torch.Tensor] = field(default_factory=dict)
     done: bool = False
     finish_reason: str | None = None  # "eos" | "length" | "error" | "aborted"
     error: Exception | None = None  # the typed error a failed request ended with

@@ -70,3 +70,34 @@ def fill_token_bitmask(constraint: object, canvas: Sequence[int], positions: Seq
     k = min(dst.shape[1], packed.shape[1])
     dst[:, :k] = packed[:, :k]
     dst[:, k:] = 0
+
+
+def first_unfit_pin(constraint: CanvasConstraint, canvas_len: int, pins: dict[int, int], mask_id: int) -> int | None:
+    """The first pinned position (in position order) that no valid output can hold together with the pins left of
+    it, or None when the pinned canvas is completable: the admission check of a template (pinned tokens are the
+    canvas's committed tokens at step 0).
+
+    One completability call when the pins fit (the common case); otherwise a binary search over position-ordered
+    prefixes of the pins (completability is monotone: a canvas with more committed tokens has no more completions),
+    so O(log pins) calls name the position. None also when no output fits the bare canvas (a length problem, which
+the constraint reports itself)."""
+    order = sorted(pins)
+
+    def fits(k: int) -> bool:
+        view = [mask_id] * canvas_len
+        for p in order[:k]:
+            view[p] = pins[p]
+        return constraint.is_completable(view)
+
+    if fits(len(order)):
+        return None
+    lo, hi = 0, len(order)  # fits(lo) holds, fits(hi) does not
+    if not fits(0):  # nothing fits the canvas at all: the constraint's own length error says so, not a pin
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return order[hi - 1]

@@ -27,6 +27,7 @@ from dllm_constrain.serve.admission import Drain, RequestGuard
 from dllm_constrain.serve.backend import Backend, Delta, Done, Event, RequestHandle, Started
 from dllm_constrain.serve.chat import ChatFormatter
 from dllm_constrain.serve.constraint_warnings import constraint_warnings, warnings_header
+from dllm_constrain.serve.decisions import register_decisions_route
 from dllm_constrain.serve.errors import ModelNotFound, ServeError, error_info
 from dllm_constrain.serve.grammar_access import GrammarAccess
 from dllm_constrain.serve.limits import ServeLimits
@@ -181,6 +182,7 @@ def build_app(backend: Backend, *, chat: ChatFormatter | None = None, request_ti
     async def completions(request: Request) -> Any:
         return await serve(request, "text")
 
+    register_decisions_route(app, backend)
     return app
 
 

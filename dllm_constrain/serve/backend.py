@@ -77,6 +77,8 @@ class GenerationRequest:
     stream: bool = False  # publish Delta events while denoising
     timeout: float | None = None  # seconds from submission after which the request is dropped (504)
     queue_time: float | None = None  # seconds it may wait for the engine before it is dropped (503, Retry-After)
+    # template options from vllm_xargs (seed_canvas, pinned, max_new_tokens, steps, template, hole_length)
+    canvas: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -361,6 +363,7 @@ class EngineBackend:
                                    "seed": request.seed}
         if request.constraint is not None:
             options.update(request.constraint.generate_kwargs())
+        options.update(request.canvas)
         on_stream = (lambda index, update: self._stream(job, update)) if request.stream else None
         return self.llm.submit(request.prompt, on_stream=on_stream,
                                progress=lambda event: self._progress(job, event), **options)

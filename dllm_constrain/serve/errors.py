@@ -23,6 +23,7 @@ from dllm_constrain.errors import (
     InvalidRegexError,
     InvalidRequestError,
     InvalidSchemaError,
+    PinnedTokenError,
     PromptTooLongError,
     UnsatisfiableSchemaError,
     UnsupportedSchemaError,
@@ -145,6 +146,7 @@ class ErrorInfo:
 # "prompt" for messages / prompt.
 _LIBRARY_ERRORS: list[tuple[type[BaseException], int, str, str, str | None]] = [
     (PromptTooLongError, 400, "invalid_request_error", "context_length_exceeded", "prompt"),
+    (PinnedTokenError, 400, "invalid_request_error", "pinned_token_unfit", "vllm_xargs"),
     (InvalidRequestError, 400, "invalid_request_error", "invalid_request", None),
     (ConstraintTooLongError, 400, "invalid_request_error", "constraint_too_long", "max_tokens"),
     (InvalidSchemaError, 400, "invalid_request_error", "invalid_schema", "constraint"),

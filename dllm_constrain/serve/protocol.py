@@ -91,6 +91,7 @@ class _GenerationBody(_Open):
     guided_regex: str | None = None
     guided_grammar: str | None = None
     guided_choice: list[str] | None = None
+    vllm_xargs: dict[str, Any] | None = None  # vLLM's per-request extra_args: the diffusion canvas fields (CANVAS_XARGS)
 
 
 class ChatCompletionBody(_GenerationBody):
@@ -238,6 +239,43 @@ def _stop_of(body: _GenerationBody) -> tuple[str, ...]:
     return tuple(stop)
 
 
+# vLLM's diffusion `extra_args` (`vllm_xargs` over REST) -> our option names (the template fields of
+# SamplingParams); `template` / `hole_length` are ours (text with holes, dllm_constrain.templates)
+CANVAS_XARGS = {"diffusion_seed_canvas": "seed_canvas", "diffusion_pinned": "pinned",
+                "diffusion_canvas_length": "max_new_tokens", "diffusion_max_steps": "steps",
+                "template": "template", "hole_length": "hole_length"}
+REFUSED_XARGS = {
+    "diffusion_read_only": "a read-only canvas is not served; POST /v1/decisions reads label probabilities",
+    "diffusion_constrained": "give a constraint instead (response_format, structured_outputs): it masks every "
+                             "open position exactly",
+}
+
+
+def canvas_options(xargs: dict[str, Any] | None, max_tokens: int | None) -> tuple[tuple[str, Any], ...]:
+    """The generation options of `vllm_xargs` (a seed canvas without a length takes its own length; a length that
+    disagrees with max_tokens is refused). Unknown or unsupported keys are a 400 naming them."""
+    if not xargs:
+        return ()
+    out: dict[str, Any] = {}
+    for key, value in xargs.items():
+        if key in REFUSED_XARGS:
+            raise BadRequest(f"vllm_xargs.{key} is not supported: {REFUSED_XARGS[key]}", param=f"vllm_xargs.{key}")
+        if key not in CANVAS_XARGS:
+            raise BadRequest(f"vllm_xargs.{key} is not supported (known: {', '.join(sorted(CANVAS_XARGS))})",
+                             param=f"vllm_xargs.{key}")
+        out[CANVAS_XARGS[key]] = value
+    length = out.get("max_new_tokens")
+    if length is not None and max_tokens is not None and length != max_tokens:
+        raise BadRequest("vllm_xargs.diffusion_canvas_length and max_tokens differ; give one", param="max_tokens")
+    seed = out.get("seed_canvas")
+    if length is None and max_tokens is None and isinstance(seed, list):
+        out["max_new_tokens"] = len(seed)
+    if "template" in out and ("seed_canvas" in out or length is not None):
+        raise BadRequest("vllm_xargs.template sets the canvas; give it without diffusion_seed_canvas / "
+                         "diffusion_canvas_length", param="vllm_xargs.template")
+    return tuple(out.items())
+
+
 def to_generation_request(body: _GenerationBody, prompt: str, *, timeout: float | None,
                           queue_time: float | None = None, grammars: GrammarAccess | None = None
                           ) -> tuple[GenerationRequest, str | None]:
@@ -260,7 +298,8 @@ def to_generation_request(body: _GenerationBody, prompt: str, *, timeout: float 
     request = GenerationRequest(
         prompt=prompt, constraint=constraint, max_new_tokens=max_tokens,
         temperature=0.0 if body.temperature is None else float(body.temperature), seed=body.seed,
-        stop=_stop_of(body), stream=body.stream, timeout=timeout, queue_time=queue_time)
+        stop=_stop_of(body), stream=body.stream, timeout=timeout, queue_time=queue_time,
+        canvas=canvas_options(body.vllm_xargs, max_tokens))
     return request, param
 
 
