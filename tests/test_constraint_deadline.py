@@ -136,12 +136,15 @@ def test_after_timeouts_the_shared_constraint_gives_the_masks_of_a_fresh_one(see
         assert int(dfa.dist[sa]) == int(fresh.dfa.dist[sb])
 
 
-def test_min_tokens_and_the_fit_check_are_bounded() -> None:
+def test_min_tokens_is_decided_by_work_and_its_time_limit_only_ends_the_call() -> None:
     cc = ConstraintCompiler(info(), cache=False).compile_regex(r"((a|b)*a(a|b){12}){3}")
     t0 = time.perf_counter()
-    lb = cc.min_tokens(timeout_s=1e-4)
+    try:
+        answer = cc.min_tokens(timeout_s=1e-4)
+    except ConstraintTimeoutError:
+        answer = None  # the last resort: no answer, never one that follows the clock
     assert time.perf_counter() - t0 < 0.5 + SLACK_S
-    assert 1 <= lb <= 39  # a lower bound at worst
+    assert answer in (None, 39)
     assert cc.min_tokens(timeout_s=None) == 39
 
 

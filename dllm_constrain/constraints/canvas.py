@@ -86,6 +86,9 @@ ROW_WORK = 4096
 # requests explored (the automaton-wide memory bound, set_algebra.EXPLORE_MAX_BYTES, only decides when the compile
 # cache compiles the constraint afresh: CompiledConstraint.worn_out).
 EXPLORE_MAX_STATES = 8192
+# States of the frontier's forward set up to which the prefix hint (prefix_forced_token) computes their transitions
+# (a few trie walks; past it only the request's explored states answer)
+HINT_STATES = 8
 
 def common_prefix(a: tuple, b: tuple, limit: int) -> int:
     """The length (at most `limit`) of the common prefix of a and b, by bisection over slice comparisons (each a
@@ -571,19 +574,19 @@ class CanvasState:
 
     def _single_prefix_token(self, F: int, known: int | None) -> int | None:
         """The only token the states of forward set F allow next by their transitions (EOS when one of them
-        accepts), or None when they allow several, none, or one of them is outside the request's explored set
-        `known` (None: exact mode, every state counts, computed if need be)."""
+        accepts), or None when they allow several or none, or when F holds more than HINT_STATES states and one of
+        them is outside the request's explored set `known` (None: exact mode). A function of F and `known`: the
+        transitions other requests had the automaton compute do not enter it."""
         if not F:
             return None
         alg = self.alg
+        few = F.bit_count() <= HINT_STATES
         token: int | None = self.eos if alg.any_accepting(F) else None  # EOS ends an accepted text
         for q in alg.members(F):
             if q == ENDED:
                 continue  # after an EOS only EOS follows
-            if known is None:
-                tt = self.ta.trans(q)
-            elif (known >> q) & 1:
-                tt = self.ta.known_trans(q)
+            if known is None or few or (known >> q) & 1:
+                tt = self.ta.trans(q)  # computed if need be (exact mode, or a small set: a few trie walks at most)
             else:
                 tt = None
             if tt is None or tt.n_allowed > 1:

@@ -127,7 +127,7 @@ class CompiledConstraint:
                 self._min_tokens = r
         return self._min_tokens
 
-    def _compute_min_tokens(self, budget: int = MIN_TOKENS_STATES) -> tuple[int, bool]:
+    def _compute_min_tokens(self, budget: int | None = None) -> tuple[int, bool]:
         """Breadth-first search over token successors: (the answer, exact), exact when it finishes within `budget`
         expanded states, else a lower bound (a function of the constraint: the count does not depend on which
         transitions were cached)."""
@@ -138,7 +138,7 @@ class CompiledConstraint:
             return 0, True
         bound = int(dfa.dist[START]) if ta.single_byte_complete else INF
         L = max(1, ta.max_token_len)
-        return self._min_tokens_bfs(budget, bound, L)
+        return self._min_tokens_bfs(MIN_TOKENS_STATES if budget is None else budget, bound, L)
 
     def _min_tokens_bfs(self, budget: int, bound: int, L: int) -> tuple[int, bool]:
         """Breadth first over token successors, within `budget` expanded states, a whole level at a time (so which
