@@ -168,3 +168,22 @@ def test_generations_are_the_same_from_threads_under_load_cold_and_warm_and_in_a
         results = llm.generate([j["prompt"] for j in JOBS], max_new_tokens=MAX_NEW,
                                **{k: v for k, v in job.items() if k != "prompt"})
         assert results[JOBS.index(job)].token_ids == ref  # the same request beside three batch-mates
+
+
+def _engine_run(llm: dc.LLM, job: dict, **config_changes) -> list[int]:
+    from dataclasses import replace
+
+    from dllm_constrain.api import generate_options
+
+    job = dict(job)
+    build, config, _ = llm._prepare(job.pop("prompt"), generate_options({"max_new_tokens": MAX_NEW, **job}))
+    [result] = llm.engine.generate(build(), config=replace(config, **config_changes))
+    return result.token_ids
+
+
+def test_masks_on_a_worker_thread_give_the_serial_tokens_when_no_token_is_forced(llm) -> None:
+    # with forced_tokens=True a worker step commits forced tokens after the forward instead of before it (another,
+    # valid path: engine.llm_engine, "Forced tokens"); without them both paths commit through the same masks
+    for job in JOBS:
+        job = dict(job, forced_tokens=False)
+        assert _engine_run(llm, job, mask_workers=1) == _engine_run(llm, job, mask_workers=0)

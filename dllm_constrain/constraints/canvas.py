@@ -26,13 +26,13 @@ memoised per compiled constraint, so a canvas that changes by a few commits per 
 Expansion budget (work, never time). The successors of a state over "any token" need its token transitions (one
 trie walk). Large schemas reach tens of thousands of DFA states within a 32-token open block, so each request keeps
 its own explored set K (a bitset of states, set_algebra.Budget) and each call may add at most `expand_budget` states
-to it (default 128; a set's new members all or none, left to right: the positions next to the committed frontier
+to it (default: EXPAND_WORK token-steps, 128 states at 4K tokens, 4 at 128K; a set's new members all or none, left to right: the positions next to the committed frontier
 first); the sets follow the token transitions of K's states only. Sets cut short are the states reachable through
 K, a subset of the exact ones, so every allowed token is still part of a valid completion (sound), and
 select_commits verifies in the same system. One state of minimal distance to acceptance is always followed (a
 "spine"). Right of the last committed position "can finish in the positions left" is decided per state without a
 search (set_algebra.finish_cheap). Rows other than the left frontier's are computed while their backward sets hold at
-most ROW_WORK states in all (the rest stay empty this call: sound, `rows_deferred`). The left frontier (the first open
+most ROW_WORK token-steps' worth of states in all (the rest stay empty this call: sound, `rows_deferred`). The left frontier (the first open
 position) is exact whenever the budget cut any set of the call: every state after its token is decided by a
 depth-first search for one completion (_frontier_sets), so the engine always has a position to commit and a token of
 a valid completion is never missing there; select_commits / is_completable redo an inconclusive call exactly.
@@ -74,12 +74,30 @@ from .set_algebra import (  # noqa: F401  (re-exported: canvas.py was their home
 # Per-call time limit (seconds) of every canvas call of a request (allowed_tokens, select_commits,
 # is_completable, forced_tokens) and of min_tokens / the fit check of new_canvas_state: the last resort. The answers
 # are bounded by work (the allowances below), never by this limit: a call that reaches it raises
-# ConstraintTimeoutError and its request ends (the work it finished stays cached in the shared automaton).
-DEFAULT_CALL_TIMEOUT_S = 0.5
+# ConstraintTimeoutError and its request ends (the work it finished stays cached in the shared automaton). 2 s: the
+# exact decisions a call may need (the left frontier's witness search, select_commits' exact fallback) walk the
+# token trie of every new state they meet, about 1 ms each at 128K tokens, and a loaded machine takes several times
+# longer; 0.5 s (when the limit cut answers instead of ending requests) ended about one JSONSchemaBench walk in
+# three on the shared 2-core machine (docs/measurements.md).
+DEFAULT_CALL_TIMEOUT_S = 2.0
+# The work allowances are counted in token-steps (a state times the vocabulary size: a new state's transitions are one
+# walk of the token trie, a row one pass over the vocabulary's bitmask), so that one allowance costs about the same
+# time at 4K and at 128K tokens; each gives the states it allows at the constraint's vocabulary size.
+# New states a mask call may add to its request's explored set: 128 at 4K tokens, 4 at 128K (EXPAND_S = 5 ms used to
+# bound the same by the clock: about 5-10 new transitions at 128K; so which states a call explored followed the load).
+EXPAND_WORK = 128 * 4096
 # States of backward sets (summed over the rows) up to which a mask call computes rows other than the left
-# frontier's: past it, the open positions left keep an empty row this call (sound: no token is offered there this
-# step). A count, not a time: ROWS_S = 5 ms did the same by the clock, so which rows a step offered followed the load.
-ROW_WORK = 4096
+# frontier's: 4096 at 4K tokens, 128 at 128K. Past it, the open positions left keep an empty row this call (sound: no
+# token is offered there this step). ROWS_S = 5 ms did the same by the clock, so which rows a step offered followed
+# the load.
+ROW_WORK = 4096 * 4096
+# expand_budget's default: EXPAND_WORK at the constraint's vocabulary size
+AUTO = -1
+
+
+def work_states(work: int, vocab_size: int, least: int) -> int:
+    """The states a token-step allowance `work` gives at `vocab_size` tokens (at least `least`)."""
+    return max(least, work // max(1, vocab_size))
 # States a request's explored set may hold (set_algebra.Budget.known): past it, calls add no state ahead of what their
 # own answer needs (the left frontier's exact search, the spine, verified commits), and masks come from the explored
 # states (sound subsets; the left frontier stays exact). Per request, so that it does not depend on what other
@@ -126,10 +144,12 @@ class CanvasState:
     """CanvasConstraint for one request (one canvas length) of a regular compiled constraint."""
 
     def __init__(self, algebra: SetAlgebra, canvas_len: int, mask_id: int | None, vocab_size: int,
-                 expand_budget: int | None = 128, timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S,
+                 expand_budget: int | None = AUTO, timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S,
                  kind: str = "regex"):
-        # per call: at most expand_budget new states in the request's explored set (None: unlimited, always exact)
-        self.expand_budget = expand_budget
+        # per call: at most expand_budget new states in the request's explored set (None: unlimited, always exact;
+        # AUTO: EXPAND_WORK at this vocabulary size)
+        self.expand_budget = work_states(EXPAND_WORK, vocab_size, 4) if expand_budget == AUTO else expand_budget
+        self.row_states = work_states(ROW_WORK, vocab_size, 64)  # ROW_WORK at this vocabulary size
         # per call: the last-resort time limit (None = unbounded), see "Time bounds" in docs/constraints.md
         self.timeout_s = timeout_s
         self.kind = kind
@@ -377,7 +397,7 @@ class CanvasState:
         states in all: those left after it stay empty this call (sound; `rows_deferred` counts them) and are filled
         by later calls, whose explored set is larger (in exact mode, without a budget, every row is computed)."""
         self._new_budget()
-        work_left = None if self._budget is None else ROW_WORK
+        work_left = None if self._budget is None else self.row_states
         an = self._analyze(c, max(positions) + 1)
         B = an.B
         if B[0]:

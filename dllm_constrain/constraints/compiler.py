@@ -34,7 +34,7 @@ from ..errors import (
     UnsatisfiableSchemaError,
 )
 from . import regex_ast as A
-from .canvas import DEFAULT_CALL_TIMEOUT_S, CanvasState, SetAlgebra
+from .canvas import AUTO, DEFAULT_CALL_TIMEOUT_S, CanvasState, SetAlgebra
 from .deadline import CallDeadline, Deadline, activate, pause_point
 from .deriv import DEAD, START, DerivDFA
 from .bounds import INF
@@ -193,12 +193,12 @@ class CompiledConstraint:
         return r
 
     # ------------------------------------------------------------------ requests
-    def new_canvas_state(self, canvas_len: int, expand_budget: int | None = 128,
+    def new_canvas_state(self, canvas_len: int, expand_budget: int | None = AUTO,
                          timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S) -> CanvasState:
         """Per-request CanvasConstraint for a canvas of `canvas_len` positions.
         Raises ConstraintTooLongError when even the shortest accepted text does not fit.
-        expand_budget: new states per call in the request's explored set (None: unlimited, always exact; see
-        canvas.py). timeout_s: the last-resort limit of every call of the state (and of the fit check here; None:
+        expand_budget: new states per call in the request's explored set (None: unlimited, always exact; AUTO:
+        canvas.EXPAND_WORK token-steps at this vocabulary size; see canvas.py). timeout_s: the last-resort limit of every call of the state (and of the fit check here; None:
         unbounded), see "Time bounds" in docs/constraints.md."""
         canvas_len = int(canvas_len)
         if canvas_len <= 0:
