@@ -33,9 +33,11 @@ select_commits verifies in the same system. One state of minimal distance to acc
 "spine"). Right of the last committed position "can finish in the positions left" is decided per state without a
 search (set_algebra.finish_cheap). Rows other than the left frontier's are computed while their backward sets hold at
 most ROW_WORK token-steps' worth of states in all (the rest stay empty this call: sound, `rows_deferred`). The left frontier (the first open
-position) is exact whenever the budget cut any set of the call: every state after its token is decided by a
-depth-first search for one completion (_frontier_sets), so the engine always has a position to commit and a token of
-a valid completion is never missing there; select_commits / is_completable redo an inconclusive call exactly.
+position) is decided by a depth-first search for one completion per state whenever the budget cut any set of the
+call (_frontier_sets; right of the last committed position its can-finish questions expand at most FINISH_WORK
+token-steps of states each, breadth first: a state left undecided is left out, and a row left empty so is decided
+exactly), so the engine always has a position to commit; select_commits / is_completable redo an inconclusive call
+by the same search.
 
 Reproducibility: every allowance above counts states, and the sets and rows of a call are functions of the
 constraint, the canvas and K, where K grows by the same states on any machine: the automaton's transition cache
@@ -91,6 +93,10 @@ EXPAND_WORK = 128 * 4096
 # token is offered there this step). ROWS_S = 5 ms did the same by the clock, so which rows a step offered followed
 # the load.
 ROW_WORK = 4096 * 4096
+# States one can-finish question of the left frontier's search may expand (SetAlgebra.finish_bounded): 256 at 4K
+# tokens, 8 at 128K. FRONTIER_S = 8 ms did the same by the clock; without any bound, refuting the states of a nearly
+# closed canvas walked the transitions of 14,000 states (9 s at 128K tokens) in one call.
+FINISH_WORK = 256 * 4096
 # expand_budget's default: EXPAND_WORK at the constraint's vocabulary size
 AUTO = -1
 
@@ -150,11 +156,13 @@ class CanvasState:
         # AUTO: EXPAND_WORK at this vocabulary size)
         self.expand_budget = work_states(EXPAND_WORK, vocab_size, 4) if expand_budget == AUTO else expand_budget
         self.row_states = work_states(ROW_WORK, vocab_size, 64)  # ROW_WORK at this vocabulary size
+        self.finish_states = work_states(FINISH_WORK, vocab_size, 8)  # FINISH_WORK at this vocabulary size
         # per call: the last-resort time limit (None = unbounded), see "Time bounds" in docs/constraints.md
         self.timeout_s = timeout_s
         self.kind = kind
         self.deadline_hits = 0  # calls whose deadline fired (each raised ConstraintTimeoutError)
         self.rows_deferred = 0  # open non-frontier rows left empty by a mask call past ROW_WORK
+        self.frontier_undecided = 0  # frontier rows without states FINISH_WORK left undecided (sound, smaller)
         self._known = 0  # the request's explored set (set_algebra.Budget.known), carried from call to call
         # sound rows of the last mask call: (canvas, {position: mask row}); a token in one is verified. The rows
         # are bool (allowed_tokens) or packed bitmask bytes (fill_token_bitmask); kernels.bitmask.row_allows reads both
@@ -301,7 +309,8 @@ class CanvasState:
         if f is None:
             ok = alg.any_accepting(F)
         else:
-            search = FrontierSearch(alg, self.n, c, self._no_certified, -1, self._frontier_memo.for_canvas(c))
+            search = FrontierSearch(alg, self.n, c, self._no_certified, -1, self._frontier_memo.for_canvas(c),
+                                    self._finish_states())
             ok = any(search.good(q, f) for q in alg.members(F))
         if ok:
             self._prove(c)
@@ -447,10 +456,25 @@ class CanvasState:
             done.setdefault(j, True)
 
     def _frontier_sets(self, c: tuple, f: int, an: Analysis) -> tuple[int, int]:
-        """(B[f], B[f+1]) at the left frontier f (canvas_frontier.py): exact, whatever the budget cut."""
+        """(B[f], B[f+1]) at the left frontier f (canvas_frontier.py): exact but for the can-finish questions right
+        of the last committed position that FINISH_WORK leaves undecided (left out: sound), and exact when that
+        leaves no token."""
         known = [0 if x is None else x for x in an.B]  # sets not computed certify nothing (the search decides)
-        search = FrontierSearch(self.alg, self.n, c, known, an.H, self._frontier_memo.for_canvas(c))
-        return search.sets(an.F[f], f)
+        search = FrontierSearch(self.alg, self.n, c, known, an.H, self._frontier_memo.for_canvas(c),
+                                self._finish_states())
+        bi, bn = search.sets(an.F[f], f)
+        if search.undecided:
+            self.frontier_undecided += 1
+            if not (bi and bn):
+                # the bound left the frontier without a token: decided exactly (a token of a valid completion is
+                # never missing where the engine must commit), at whatever cost, the call's deadline the last resort
+                exact = FrontierSearch(self.alg, self.n, c, known, an.H, self._frontier_memo.for_canvas(c))
+                bi, bn = exact.sets(an.F[f], f)
+        return bi, bn
+
+    def _finish_states(self) -> int | None:
+        """The frontier search's states per can-finish question (None in exact mode: exact)."""
+        return None if self.expand_budget is None else self.finish_states
 
     def is_completable(self, canvas: Sequence[int]) -> bool:
         """Under the call's deadline; a canvas already proven completable (by select_commits or a mask) answers at

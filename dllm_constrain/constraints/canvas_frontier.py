@@ -13,10 +13,12 @@ depth-first search over (state, position) with exact token transitions that stop
 
 A state without a completion is refuted only by exhausting what it reaches before the committed tokens stop it:
 at worst the exact forward sets, at best (the frequent case) one path per state. Right of the last committed
-position the refutation is an exact can-finish search, which near the end of a wide canvas (few positions left,
-every state a nested structure still to close) walks the token transitions of hundreds of states. It is never cut by
-a budget or the clock (the row is exact, and so the same on any machine): only the call's last-resort deadline stops
-it, and that ends the request with ConstraintTimeoutError.
+position the refutation is a can-finish search, which near the end of a wide canvas (few positions left, every state
+a nested structure still to close) walked the token transitions of thousands of states (seconds at 128K tokens).
+Under a budget it is `SetAlgebra.finish_bounded`: breadth first, at most `finish_states` states per question, whole
+levels at a time, so its answer is a function of the question and never of the clock, of the order of the states or
+of what other searches learnt; a state it leaves undecided is left out of the row (sound: every token offered is
+part of a valid completion; `undecided` counts them). Without a budget (exact mode) it is exact (`finish3`).
 """
 from __future__ import annotations
 
@@ -82,7 +84,7 @@ class FrontierSearch:
     B, H: the call's (budgeted) backward sets and their horizon; memo: `FrontierMemo.for_canvas(c)`."""
 
     def __init__(self, alg: SetAlgebra, n: int, c: tuple, B: list[int], H: int,
-                 memo: dict[int, dict[int, bool]]) -> None:
+                 memo: dict[int, dict[int, bool]], finish_states: int | None = None) -> None:
         self.alg = alg
         self.ta = alg.ta
         self.dfa = alg.dfa  # its arrays are reallocated as it grows: read dfa.accepting / dfa.dist at each use
@@ -95,6 +97,10 @@ class FrontierSearch:
         self.eos_tail = eos_tail
         self.memo = memo
         self.visits = 0
+        # right of the last committed position: can-finish by SetAlgebra.finish_bounded within this many states
+        # (None: exactly, finish3); a state it leaves undecided counts as not completing (sound), `undecided` says so
+        self.finish_states = finish_states
+        self.undecided = 0
 
     def quick(self, v: int, i: int) -> bool | None:
         """Whether state v before position i completes the canvas, when known without searching (else None)."""
@@ -111,7 +117,13 @@ class FrontierSearch:
             if r is not None:
                 return r
         if i > self.J:
-            r = self.alg.finish3(v, self.n - i)
+            if self.finish_states is None:
+                r = self.alg.finish3(v, self.n - i)
+            else:
+                r = self.alg.finish_bounded(v, self.n - i, self.finish_states)
+                if r is None:
+                    self.undecided += 1
+                    r = False
             self.memo.setdefault(i, {})[v] = r
             return r
         ci = self.c[i]

@@ -107,6 +107,8 @@ class SetAlgebra:
         self._back_part: dict[tuple[int, int], tuple[int, list[int]]] = {}
         # budgeted can-finish sets (finish_cheap): (F, m) -> (the members proven, whether some were left undecided)
         self._fin_cheap: dict[tuple[int, int], tuple[int, bool]] = {}
+        # finish_bounded: (state, m, states) -> True / False / None
+        self._fin_bounded: dict[tuple[int, int, int], bool | None] = {}
         self._back_tok: dict[tuple[int, int, int], int] = {}
         # can-finish memo per state, as int32 arrays indexed by state (Python reads them like lists, the native
         # `finish_split` as buffers): the largest m known not to suffice (-1: none) and the smallest m known to suffice
@@ -369,6 +371,49 @@ class SetAlgebra:
         if -(-d // max(1, self.ta.max_token_len)) > m:
             return False
         return True if self.greedy_tokens_to_accept(q) <= m else None
+
+    def finish_bounded(self, q: int, m: int, states: int) -> bool | None:
+        """Can-finish within m positions by a breadth-first search over token successors that expands at most
+        `states` states, a whole level at a time: True / False when it decides (proofs), None when it would need
+        more. A function of (q, m, states): no fact learnt by other searches enters it (only `finish_cheap`, a
+        function of the state), and whole levels make it independent of the order of the states, hence of the
+        automaton's numbering, which follows the order in which requests discovered them. Memoised per argument."""
+        key = (q, m, states)
+        r = self._fin_bounded.get(key, 0)
+        if r == 0:
+            r = self._finish_levels(q, m, states)
+            if len(self._fin_bounded) > 200_000:
+                self._fin_bounded.clear()
+            self._fin_bounded[key] = r
+        return r
+
+    def _finish_levels(self, q: int, m: int, states: int) -> bool | None:
+        first = self.finish_cheap(q, m)
+        if first is not None:
+            return first
+        frontier = [q]
+        seen = {q}
+        spent = 0
+        k = 0
+        while frontier and k < m:
+            spent += len(frontier)
+            if spent > states:
+                return None
+            k += 1
+            nxt = []
+            for s in frontier:
+                check_active(s, "deciding whether it can finish")
+                for u in self.ta.succ(s):
+                    if u in seen:
+                        continue  # met before at a level no later: with at least as many positions left
+                    seen.add(u)
+                    f = self.finish_cheap(u, m - k)
+                    if f is True:
+                        return True
+                    if f is None:
+                        nxt.append(u)
+            frontier = nxt
+        return False
 
     def finish3(self, q: int, m: int) -> bool:
         """Exact can-finish: d(q) <= m  with  d(q) = 0 for accepting q, else 1 + min over token successors u of d(u);
