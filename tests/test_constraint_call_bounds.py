@@ -57,14 +57,49 @@ def exact_successors(alg, F: int) -> int:
     return r
 
 
-# ---------------------------------------------------------------- sets cut by the budget are resumed
+# ---------------------------------------------------------------- sets cut by the budget
+def test_a_set_whose_new_members_exceed_the_allowance_is_followed_through_explored_members_only() -> None:
+    cc = compile_fresh()
+    alg = cc.algebra
+    F = alg.step_open(alg.step_open(START_BIT))
+    members = [q for q in alg.members(F) if q != 0]
+    assert len(members) >= 2
+    short = Budget(len(members) - 1)  # all new members or none: none here
+    inside = alg.step_open(F, short)
+    assert short.cuts == 1 and short.known == 0 and inside & ~exact_successors(alg, F) == 0
+    enough = Budget(len(members))
+    assert alg.step_open(F, enough) == exact_successors(alg, F)
+    assert enough.cuts == 0 and enough.known == F & ~ENDED_BIT
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000))
+def test_the_bounded_can_finish_search_never_contradicts_the_exact_one(seed: int) -> None:
+    rng = random.Random(seed)
+    cc = compile_fresh()
+    alg = cc.algebra
+    F = START_BIT
+    for _ in range(rng.randrange(0, 4)):
+        F = alg.step_open(F)
+    for q in alg.members(F):
+        if q == 0:
+            continue
+        m = rng.randrange(0, 6)
+        bounded = alg.finish_bounded(q, m, rng.choice([1, 2, 8, 64]))
+        assert bounded is None or bounded == alg.finish3(q, m)
 
 
-# ---------------------------------------------------------------- rows past ROWS_S
-
-
+# ---------------------------------------------------------------- rows past ROW_WORK
+def test_rows_past_the_row_work_stay_empty_and_the_frontier_row_is_the_exact_one() -> None:
+    cc = compile_fresh()
+    n = 8
+    canvas = [MASK] * n
+    capped = cc.new_canvas_state(n, timeout_s=None)
+    capped.row_states = 0  # every row after the frontier's is past the allowance
+    rows = capped.allowed_tokens(canvas, list(range(n)))
+    exact = cc.new_canvas_state(n, expand_budget=None, timeout_s=None).allowed_tokens(canvas, list(range(n)))
+    assert rows[0].tolist() == exact[0].tolist() and rows[0].any()
+    assert not rows[2:].any() and capped.rows_deferred >= n - 2
 
 
 # ---------------------------------------------------------------- exact completability by a witness search

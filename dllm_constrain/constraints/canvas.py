@@ -133,7 +133,7 @@ class Analysis:
     """The sets of one call on canvas c: F[0..] forward (extended on demand), B[0..H] backward. B[i] for i <= J + 1
     (J the last committed position) is computed at once (the backward chain needs it); right of it every position
     is open and B[i] is `finishers(F[i], n - i)`, a property of F[i] alone, computed when a row asks for it
-    (`CanvasState._b`): a mask call that defers the far rows (ROWS_S) no longer decides, for every state of their
+    (`CanvasState._b`): a mask call that defers the far rows (ROW_WORK) no longer decides, for every state of their
     forward sets, whether it can finish."""
 
     __slots__ = ("canvas", "F", "B", "H", "J")

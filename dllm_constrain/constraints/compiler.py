@@ -42,8 +42,9 @@ from .regex_parser import parse_regex
 from .token_automaton import TokenAutomaton
 from .tokenizer_info import TokenizerInfo
 
-# A compilation's bounds: COMPILE_WORK deadline checks (deadline.Deadline: about 15,600 a second on the shared
-# 2-core machine this was measured on, so about 13 s there; the largest of 168 jsonschemabench schemas took 12,318),
+# A compilation's bounds: COMPILE_WORK deadline checks (deadline.Deadline: 8,000-15,600 a second on the shared 2-core
+# machine this was measured on, so 13-25 s there; the largest of 168 jsonschemabench schemas took 12,318:
+# benchmarks/bench_compile_work.py, docs/measurements.md),
 # which decides whether a constraint compiles the same way on any machine; and DEFAULT_TIMEOUT_S seconds, the last
 # resort (a machine loaded enough to need it ends the compilation with CompilationTimeoutError).
 COMPILE_WORK = 200_000
