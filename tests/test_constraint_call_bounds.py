@@ -319,8 +319,9 @@ def test_the_footprint_estimate_grows_with_the_transitions_a_call_computes() -> 
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 10_000))
 def test_past_the_exploration_allowance_commits_are_still_decided_exactly(seed: int) -> None:
-    def past_the_allowance(cc, n: int):
-        cc.algebra.explore_max_bytes = 0
-        return cc.new_canvas_state(n, timeout_s=None)
-
-    assert_exact_decisions(random.Random(seed), past_the_allowance)
+    saved = canvas_mod.EXPLORE_MAX_STATES
+    canvas_mod.EXPLORE_MAX_STATES = 0  # no call adds a state to its request's explored set
+    try:
+        assert_exact_decisions(random.Random(seed), lambda cc, n: cc.new_canvas_state(n, timeout_s=None))
+    finally:
+        canvas_mod.EXPLORE_MAX_STATES = saved

@@ -101,6 +101,9 @@ class FrontierSearch:
         # (None: exactly, finish3); a state it leaves undecided counts as not completing (sound), `undecided` says so
         self.finish_states = finish_states
         self.undecided = 0
+        # (position, state) pairs found without a completion while some state was left undecided: no proof, so not
+        # memoised across calls (the memo holds proofs only), but not explored twice in this search
+        self.failed: set[tuple[int, int]] = set()
 
     def quick(self, v: int, i: int) -> bool | None:
         """Whether state v before position i completes the canvas, when known without searching (else None)."""
@@ -116,6 +119,8 @@ class FrontierSearch:
             r = m.get(v)
             if r is not None:
                 return r
+        if (i, v) in self.failed:
+            return False
         if i > self.J:
             if self.finish_states is None:
                 r = self.alg.finish3(v, self.n - i)
@@ -123,7 +128,7 @@ class FrontierSearch:
                 r = self.alg.finish_bounded(v, self.n - i, self.finish_states)
                 if r is None:
                     self.undecided += 1
-                    r = False
+                    return False  # left out (sound); not memoised: not a proof
             self.memo.setdefault(i, {})[v] = r
             return r
         ci = self.c[i]
@@ -190,7 +195,10 @@ class FrontierSearch:
                 for u, k, _ in stack:
                     memo.setdefault(k, {})[u] = True
                 return True
-            memo.setdefault(i, {})[v] = False
+            if self.undecided:
+                self.failed.add((i, v))  # a refutation that met an undecided state is not one
+            else:
+                memo.setdefault(i, {})[v] = False
             stack.pop()
         return False
 

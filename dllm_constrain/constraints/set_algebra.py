@@ -81,12 +81,11 @@ def checked_chunks(members: list[int], size: int = 256):
 
 # Bytes of packed mask rows one compiled constraint keeps (SetAlgebra.rows)
 ROW_CACHE_BYTES = 16 << 20
-# Memory (bytes, TokenAutomaton.footprint_bytes) up to which canvas calls explore a compiled constraint's automaton
-# ahead of what they need (each call's expansion budget, canvas.py). The automaton is shared by every request of the
-# constraint and never shrinks; a wide schema's reachable part can hold tens of thousands of states (a 10,000-state
-# schema of the sample holds about 80 MB with a 4K vocabulary, more at 128K), and exploration past its DFA's state
-# bound made every later request of the constraint fail. Past the allowance masks come from the known transitions
-# (sound subsets: the left frontier stays exact) and new states are added only where a request's answer needs them.
+# Memory (bytes, TokenAutomaton.footprint_bytes) of a compiled constraint's automaton, which every request of the
+# constraint shares and which never shrinks (a 10,000-state schema holds about 80 MB with a 4K vocabulary, more at
+# 128K): past twice this the compile cache compiles the constraint afresh for the next request
+# (CompiledConstraint.worn_out). It decides no mask: that would make a request's masks depend on what other requests
+# explored; each request's exploration is bounded by its own explored set (canvas.EXPLORE_MAX_STATES).
 EXPLORE_MAX_BYTES = 128 << 20
 
 
@@ -158,8 +157,9 @@ class SetAlgebra:
         return self.ta.trans(q).succ_bits
 
     def exploration_full(self) -> bool:
-        """Whether the automaton holds its exploration allowance (EXPLORE_MAX_BYTES): calls then stop exploring
-        ahead and add states only where their answer needs them."""
+        """Whether the automaton holds its memory allowance (EXPLORE_MAX_BYTES). It decides no mask (each request's
+        exploration is bounded by its own explored set, canvas.EXPLORE_MAX_STATES); CompiledConstraint.worn_out
+        has the compile cache compile the constraint afresh past twice the allowance."""
         return self.ta.footprint_bytes() >= self.explore_max_bytes
 
     # ------------------------------------------------------------------ forward
