@@ -172,7 +172,7 @@ def identity_check(llm: Any, schemas: list[tuple[str, Any]], options: dict[str, 
         clear_cache()
         requests, _, _ = build_requests(llm, schemas, options)
         exact = [Request(r.prompt_ids, r.params, r.constraint.new_canvas_state(
-            r.params.max_new_tokens, expand_budget=None, expand_time_s=None, timeout_s=None)) for r in requests]
+            r.params.max_new_tokens, expand_budget=None, timeout_s=None)) for r in requests]
         return [r.canvas_ids for r in run(llm, exact, workers, forced)["results"]]
 
     for forced in (False, True):

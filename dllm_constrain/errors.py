@@ -100,6 +100,12 @@ class CompilationTimeoutError(ConstraintError):
     """Compiling a constraint exceeded its time limit."""
 
 
+class CompilationWorkLimitError(CompilationTimeoutError):
+    """Compiling a constraint exceeded its work limit (a count of compiler steps, the same on any machine: unlike the
+    time limit, it refuses the same constraints on an idle and on a loaded machine). A CompilationTimeoutError, so
+    callers that catch that (the server's `compilation_timeout`) refuse it alike."""
+
+
 class ConstraintTimeoutError(ConstraintError):
     """A constraint call (allowed_tokens, select_commits, is_completable, min_tokens, ...) ran past its per-call
     deadline (`constraint_timeout`) and could not answer soundly with what it had computed. `.kind` is the

@@ -40,9 +40,10 @@ forward first and then hands the masks out. On the CPU, workers run the forward 
 on torch's inter-op pool (`gil_free_forward`; with a dense cache and two usable cores), which does not hold the GIL;
 an eager CPU forward (the sparse cache, one core, `gil_free_forward=False`) is done before the masks start, since its
 many small ops each take the GIL and beside the masks' Python they measured slower than serial. With the twin and a
-second core a request costs 1-6% less (docs/constraints.md), but it stays opt-in: with it on by default, a seeded
-comparison of two server calls once differed (masks cut by their time allowances follow the clock;
-docs/constraints.md). More than one worker helps only when the batch holds requests of different compiled constraints
+second core a request costs 1-6% less (docs/constraints.md), but it stays opt-in: the masks are the same on both
+paths (bounded by work, not by the clock), but a worker step commits forced tokens after the forward instead of before
+it, so with forced_tokens (the default) its tokens may differ from the serial path's (docs/constraints.md,
+"Reproducibility"). More than one worker helps only when the batch holds requests of different compiled constraints
 (requests of one compiled constraint share a worker). With the GIL-free forward the mask workers and the compile
 thread run on a core of their own, and the forward's threads on the others (`core_split`, engine.core_split): woken
 on the forward's core, a helper took it from the forward for up to a scheduler tick while the other core was idle.

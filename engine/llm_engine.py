@@ -47,10 +47,9 @@ forward); otherwise the block's masks go beside the forward and their forced tok
 committed after it, before the policy's commits (a forced token changes no other position's mask). Valid either
 way, but that forward did not see those forced tokens as context, so outputs may differ from the serial path's.
 With forced_tokens=False no position is forced: every commit goes through the policy, the masks are the same on
-both paths, and results are identical for mask_workers=0 and >= 1 (same seeds), as long as no mask is cut by the
-clock: a canvas state with a per-call time allowance or limit answers (soundly) from what it computed in its time,
-so its masks follow the wall clock on any path (exact states, made with no budget and no limit, do not; on one
-core a mask job shares the core with the forward, so its calls run longer in wall time).
+both paths, and results are identical for mask_workers=0 and >= 1 (same seeds): a canvas state's masks are bounded
+by work, never by the clock (docs/constraints.md, "Reproducibility"), so a mask job that shares a core with the
+forward takes longer but answers the same (tests/test_determinism.py).
 
 The first forward never waits for the constraint: a request's first forward reads its all-open canvas, and its
 masks are computed beside it (mask workers) or after it, their forced tokens committed after it (the one exception:
@@ -62,8 +61,8 @@ the forward runs, and a compilation that outlasts the forward parks the request 
 rows of the block are kept, the request takes no forward) until it ends; its error then ends that request only. Once
 it has compiled, the parked request's masks for those rows are computed by the mask workers beside the next forward
 when other requests take one (it takes its own next forward a step later), on the loop thread otherwise. The
-answer is the one the request gets with the constraint compiled before (same seed, as far as the masks do not follow
-the clock: see "Forced tokens" above).
+answer is the one the request gets with the constraint compiled before (same seed; the masks do not follow the
+clock, see "Forced tokens" above).
 
 Threading: the engine is driven from one thread; a server drives `step()` from one thread and hands it
 `add_request` / `abort` calls through a queue (the loop state lives in `_Loop`, no global state). The only other
@@ -225,8 +224,9 @@ class LLMEngine:
         workers = config.mask_workers
         if workers is None:
             # beside the forward on CUDA, where the host is idle during the forward; serial on the CPU, where beside
-            # the GIL-free forward a request costs 1-6% less with a second core but a seeded comparison of two server
-            # calls once differed with it on by default (docs/constraints.md)
+            # the GIL-free forward a request costs 1-6% less with a second core, but a worker step commits forced
+            # tokens after the forward instead of before it, so its tokens differ from the serial path's
+            # (docs/constraints.md, "Reproducibility")
             workers = 0 if on_cpu else 1
         forward_running = ForwardWindow()
 

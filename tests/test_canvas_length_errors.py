@@ -36,17 +36,26 @@ def test_a_grammar_state_for_no_positions_is_a_typed_error(compiler) -> None:
 
 
 def test_a_length_the_fit_check_left_undecided_is_refused_as_too_long_by_the_first_mask(compiler, monkeypatch):
-    # the fit check of new_canvas_state has a time allowance; with none left it lets the canvas in (undecided is
-    # not refused), and the first mask call, whose frontier row is exact, proves that nothing fits
-    from dllm_constrain.constraints import compiler as compiler_module
+    # the fit check of new_canvas_state decides by work (what the start state tells, then min_tokens within
+    # MIN_TOKENS_STATES states) and lets an undecided length in; the first mask call, whose frontier row is exact,
+    # proves that nothing fits
     from dllm_constrain.errors import ConstraintTooLongError
 
-    monkeypatch.setattr(compiler_module, "FIT_S", 0.0)
     compiled = compiler.compile(regex="(ab){12}")  # 24 bytes; the byte-level tokenizer spells ab in no fewer than 12
-    compiled.ta.single_byte_complete = False  # no shortcut from the byte distance: the allowance-bound search
+    compiled.ta.single_byte_complete = False  # no shortcut from the byte distance
+    monkeypatch.setattr(compiled, "fits", lambda n, timeout_s=None: True)  # left undecided: let in
     state = compiled.new_canvas_state(6)
     with pytest.raises(ConstraintTooLongError, match="at least 7 tokens.*max_new_tokens is 6"):
         state.allowed_tokens([compiled.mask_id] * 6, [0, 3])
+
+
+def test_a_length_the_fewest_token_search_refutes_is_refused_when_the_state_is_made(compiler) -> None:
+    from dllm_constrain.errors import ConstraintTooLongError
+
+    compiled = compiler.compile(regex="(ab){12}")
+    compiled.ta.single_byte_complete = False
+    with pytest.raises(ConstraintTooLongError, match="max_new_tokens is 6"):
+        compiled.new_canvas_state(6)
 
 
 def test_a_request_whose_shortest_text_fits_by_its_bytes_is_admitted_without_the_fewest_token_search(

@@ -1,10 +1,9 @@
-"""What one call of a regular canvas does when its allowances run out, and that its answers stay sound.
+"""What one call of a regular canvas does when its work allowances run out, and that its answers stay sound.
 
-A call computes new token transitions for at most EXPAND_S, rows for positions other than the left frontier until
-ROWS_S, the frontier's can-finish decisions until FRONTIER_S into the call (then it keeps the completions it found),
-and a bounded number of can-finish search steps; sets cut short are resumed by later calls from the members still
-unknown. The tests force each allowance to run out (the
-module constants set to 0, tiny budgets) on small automata with brute-force oracles (tests/constraint_support.py).
+A call adds at most `expand_budget` states to its request's explored set, computes rows other than the left
+frontier's up to ROW_WORK states, and decides the frontier exactly; no allowance reads the clock
+(tests/test_determinism.py checks that the answers do not follow it). The tests force the allowances to run out
+(tiny budgets) on small automata with brute-force oracles (tests/constraint_support.py).
 """
 from __future__ import annotations
 
@@ -58,66 +57,49 @@ def exact_successors(alg, F: int) -> int:
     return r
 
 
-# ---------------------------------------------------------------- sets cut by the budget are resumed
-def test_a_forward_set_cut_by_the_budget_keeps_its_unknown_members_and_comes_back_exact() -> None:
+# ---------------------------------------------------------------- sets cut by the budget
+def test_a_set_whose_new_members_exceed_the_allowance_is_followed_through_explored_members_only() -> None:
     cc = compile_fresh()
     alg = cc.algebra
-    F1 = alg.step_open(START_BIT)  # exact: only the start's transitions were needed
-    assert len(alg.members(F1)) >= 3
-    cut = alg.step_open(F1, Budget(1))
-    remaining = alg._open_part[F1][2]
-    assert remaining and all(q not in alg.ta.succ_bits for q in remaining)
-    full = alg.step_open(F1)  # resumed from the members left unknown
-    assert full == exact_successors(alg, F1)
-    assert cut & ~full == 0  # the cut set was a subset (sound)
-    assert F1 not in alg._open_part
+    F = alg.step_open(alg.step_open(START_BIT))
+    members = [q for q in alg.members(F) if q != 0]
+    assert len(members) >= 2
+    short = Budget(len(members) - 1)  # all new members or none: none here
+    inside = alg.step_open(F, short)
+    assert short.cuts == 1 and short.known == 0 and inside & ~exact_successors(alg, F) == 0
+    enough = Budget(len(members))
+    assert alg.step_open(F, enough) == exact_successors(alg, F)
+    assert enough.cuts == 0 and enough.known == F & ~ENDED_BIT
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(st.integers(0, 10_000))
-def test_masks_under_a_one_transition_budget_are_sound_and_grow_back_to_exact(seed: int) -> None:
+def test_the_bounded_can_finish_search_never_contradicts_the_exact_one(seed: int) -> None:
     rng = random.Random(seed)
-    n = rng.randint(2, 4)
-    canvas = random_canvas(rng, n, rng.randint(1, min(3, n)))
-    oracle = brute_force_allowed(canvas, TOKENS, EOS, MASK, regex_accepts(PATTERN))
-    opens = sorted(oracle)
     cc = compile_fresh()
-    st_ = cc.new_canvas_state(n, expand_budget=1, timeout_s=None)
-    frontier = opens[0]
-    for _ in range(40):  # each call computes one new transition at most; the cut sets are resumed
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(canvas_mod, "ROWS_S", 60.0)  # no row deferred: only the transition budget cuts
-            masks = st_.allowed_tokens(canvas, opens)
-        rows = {p: set(masks[j].nonzero().flatten().tolist()) for j, p in enumerate(opens)}
-        for p in opens:
-            assert rows[p] <= oracle[p], (canvas, p)
-        assert rows[frontier] == oracle[frontier]  # the left frontier is exact under any budget
-        if rows == oracle:
-            break
-    assert rows == oracle
+    alg = cc.algebra
+    F = START_BIT
+    for _ in range(rng.randrange(0, 4)):
+        F = alg.step_open(F)
+    for q in alg.members(F):
+        if q == 0:
+            continue
+        m = rng.randrange(0, 6)
+        bounded = alg.finish_bounded(q, m, rng.choice([1, 2, 8, 64]))
+        assert bounded is None or bounded == alg.finish3(q, m)
 
 
-# ---------------------------------------------------------------- rows past ROWS_S
-def test_rows_past_the_soft_time_stay_empty_and_the_frontier_row_is_exact(monkeypatch) -> None:
-    monkeypatch.setattr(canvas_mod, "ROWS_S", -1.0)  # every row after the frontier's is past it
-    canvas = [MASK] * 4
-    oracle = brute_force_allowed(canvas, TOKENS, EOS, MASK, regex_accepts(PATTERN))
-    st_ = compile_fresh().new_canvas_state(4)
-    masks = st_.allowed_tokens(canvas, [0, 1, 2, 3])
-    assert set(masks[0].nonzero().flatten().tolist()) == oracle[0]
-    assert not masks[1:].any()
-    assert st_.rows_deferred == 3
-    assert st_.select_commits(canvas, [(0, TOKENS.index(b"ab"), 1.0)]) == [(0, 2)]  # the exact row certifies
-
-
-def test_exact_mode_computes_every_row_whatever_the_soft_time(monkeypatch) -> None:
-    monkeypatch.setattr(canvas_mod, "ROWS_S", -1.0)
-    canvas = [MASK] * 4
-    oracle = brute_force_allowed(canvas, TOKENS, EOS, MASK, regex_accepts(PATTERN))
-    st_ = compile_fresh().new_canvas_state(4, expand_budget=None, timeout_s=None)
-    masks = st_.allowed_tokens(canvas, [0, 1, 2, 3])
-    assert [set(m.nonzero().flatten().tolist()) for m in masks] == [oracle[p] for p in range(4)]
-    assert st_.rows_deferred == 0
+# ---------------------------------------------------------------- rows past ROW_WORK
+def test_rows_past_the_row_work_stay_empty_and_the_frontier_row_is_the_exact_one() -> None:
+    cc = compile_fresh()
+    n = 8
+    canvas = [MASK] * n
+    capped = cc.new_canvas_state(n, timeout_s=None)
+    capped.row_states = 0  # every row after the frontier's is past the allowance
+    rows = capped.allowed_tokens(canvas, list(range(n)))
+    exact = cc.new_canvas_state(n, expand_budget=None, timeout_s=None).allowed_tokens(canvas, list(range(n)))
+    assert rows[0].tolist() == exact[0].tolist() and rows[0].any()
+    assert not rows[2:].any() and capped.rows_deferred >= n - 2
 
 
 # ---------------------------------------------------------------- exact completability by a witness search
@@ -149,142 +131,22 @@ FAR = r"a{6}|b"
 FAR_MASK = len(FAR_TOKENS) + 1
 
 
-def test_a_can_finish_search_out_of_steps_is_undecided_never_refuted() -> None:
-    cc = compile_fresh(FAR, FAR_TOKENS)
-    alg = cc.algebra
-    w = cc.ta.delta(START, 0)  # after "a": five more needed
-    spent = Budget(128)
-    spent.visits = 0
-    assert alg.finish3(w, 2, spent) is None
-    assert w >= len(alg._fin_false) or alg._fin_false[w] == -1  # nothing remembered from an undecided search
-    assert alg.finish3(w, 2) is False and alg.can_finish(w, 5) is True
 
 
-def test_a_can_finish_question_budgets_left_undecided_is_searched_again_at_exponentially_spaced_visits() -> None:
-    """A search cut by the same budget every call would cost every mask call the same work for nothing: later calls
-    search it again at their 2nd, 4th, 8th, ... visit only, answer undecided (sound) in between, and an exact call
-    (no budget) or a budget that suffices on a searching visit still decides it."""
-    cc = compile_fresh(FAR, FAR_TOKENS)
-    alg = cc.algebra
-    w = cc.ta.delta(START, 0)  # after "a": five more needed, so "within 2" needs a search (greedy bound 5)
-    searched: list[int] = []
-    for visit in range(1, 10):
-        spent = Budget(128)
-        spent.visits = 0  # any search is cut at once
-        assert alg.finish3(w, 2, spent) is None
-        if spent.visits != 0:  # a search took (and ran out of) a step
-            searched.append(visit)
-    assert searched == [1, 2, 4, 8]
-    assert alg.finish3(w, 2) is False  # exact: decided whatever the back-off
-    fresh = compile_fresh(FAR, FAR_TOKENS)
-    spent = Budget(128)
-    spent.visits = 0
-    assert fresh.algebra.finish3(w, 2, spent) is None
-    assert fresh.algebra.finish3(w, 2, Budget(128)) is False  # its second visit searches, with steps enough
 
 
-def test_the_frontier_leaves_out_undecided_states_and_does_not_remember_them_as_refuted() -> None:
-    cc = compile_fresh(FAR, FAR_TOKENS)
-    alg, n = cc.algebra, 3
-    c = (None,) * n
-    spent = Budget(128)
-    spent.visits = 0
-    memo: dict = {}
-    bounded = FrontierSearch(alg, n, c, [0] * (n + 2), -1, memo, spent)
-    bi, bn = bounded.sets(START_BIT, 0)
-    assert bounded.undecided
-    w_a, w_b = cc.ta.delta(START, 0), cc.ta.delta(START, 1)
-    assert (bn >> w_b) & 1 and not (bn >> w_a) & 1
-    assert memo.get(1, {}).get(w_a) is None
-    exact = FrontierSearch(alg, n, c, [0] * (n + 2), -1, {}, None)
-    assert exact.sets(START_BIT, 0) == (bi, bn) and not exact.undecided
 
 
-def test_a_frontier_search_with_a_spent_budget_explores_each_state_and_position_once() -> None:
-    """With the can-finish budget spent, refutations that met an undecided state are not memoised across calls;
-    within the call each (position, state) is still explored once (re-walking them per path reaching them made
-    one unbounded call run for over 20 minutes on a fixture schema)."""
-    tokens = [b"a", b"b", b"ab", b"ba", b"abab", b"c"]
-    cc = ConstraintCompiler(tiny_info(tokens), cache=False).compile_regex(r"(a|b|ab|ba)*c(a|b){3}")
-    n = 10
-    c = tuple(4 if i == 7 else None for i in range(n))  # "abab" at 7: no completion, and states right of it undecided
-    spent = Budget(128)
-    spent.visits = 0
-    search = FrontierSearch(cc.algebra, n, c, [0] * (n + 2), -1, {}, spent)
-    expanded: dict[tuple[int, int], int] = {}
-    children = search.children
-
-    def counted(v: int, i: int) -> list[int]:
-        expanded[(v, i)] = expanded.get((v, i), 0) + 1
-        return children(v, i)
-
-    search.children = counted  # type: ignore[method-assign]
-    search.sets(START_BIT, 0)
-    assert search.undecided
-    assert max(expanded.values()) == 1
 
 
-def test_a_frontier_left_empty_by_undecided_states_answers_from_the_prefix_check_at_once(monkeypatch) -> None:
-    cc = compile_fresh(r"a{6}", FAR_TOKENS)
-    st_ = cc.new_canvas_state(7, timeout_s=5.0)
-    real = type(cc.algebra).finish3
-
-    def spent_search(self, q, m, budget=None):  # every bounded can-finish decision comes out undecided
-        if budget is not None and not (q == 0 or self.dfa.accepting[q]):
-            return None
-        return real(self, q, m, budget)
-
-    monkeypatch.setattr(type(cc.algebra), "finish3", spent_search)
-    canvas = [FAR_MASK] * 7
-    t0 = time.perf_counter()
-    masks = st_.allowed_tokens(canvas, [0])
-    assert time.perf_counter() - t0 < 5.0  # not held to the call's limit
-    assert st_.deadline_hits == 1 and st_.prefix_fallbacks == 1 and st_.frontier_cuts == 1
-    assert set(masks[0].nonzero().flatten().tolist()) == {0}  # the tokens that keep a prefix of the language
-    assert st_.select_commits(canvas, [(0, 1, 1.0)]) == []  # never an unverified commit
-    assert st_.select_commits(canvas, [(0, 0, 1.0)]) == [(0, 0)]  # verified exactly
 
 
-def test_the_frontier_past_its_time_keeps_the_completions_it_found_and_leaves_the_rest_out() -> None:
-    cc = compile_fresh()
-    alg, n = cc.algebra, 4
-    c = (None,) * n
-    exact = FrontierSearch(alg, n, c, [0] * (n + 2), -1, {}, None)
-    ebi, ebn = exact.sets(START_BIT, 0)
-    assert len(alg.members(ebn)) >= 2
-    late = Budget(128, -1.0)  # the search's time is over before it starts
-    bounded = FrontierSearch(alg, n, c, [0] * (n + 2), -1, {}, late)
-    bi, bn = bounded.sets(START_BIT, 0)
-    assert bn and bn & ~ebn == 0 and bi & ~ebi == 0  # a witness, and nothing the exact search refutes
-    assert bn != ebn and bounded.undecided  # the other successors were left out, and that is reported
 
 
-def test_a_mask_call_past_the_frontier_time_still_offers_a_valid_token_there(monkeypatch) -> None:
-    monkeypatch.setattr(canvas_mod, "FRONTIER_S", -1.0)
-    monkeypatch.setattr(canvas_mod, "FRONTIER_MIN_S", 0.0)
-    monkeypatch.setattr(canvas_mod, "EXPAND_S", 0.0)  # the budget cuts: the frontier takes the exact search
-    canvas = [MASK] * 4
-    oracle = brute_force_allowed(canvas, TOKENS, EOS, MASK, regex_accepts(PATTERN))
-    st_ = compile_fresh().new_canvas_state(4, timeout_s=5.0)
-    row = set(st_.allowed_tokens(canvas, [0])[0].nonzero().flatten().tolist())
-    assert row and row <= oracle[0]
 
 
-def test_finishers_past_their_stop_time_leave_members_undecided_and_resume_them() -> None:
-    alg = compile_fresh(r"a{6}", [b"a", b"aaa"]).algebra  # the start needs 6 bytes, 2 tokens: not decided by length
-    assert alg.finishers(START_BIT, 2, Budget(128), stop_at=0.0) == 0  # past at once: left out, not refuted
-    assert (START_BIT, 2) in alg._fin_part and (START >= len(alg._fin_false) or alg._fin_false[START] == -1)
-    assert alg.finishers(START_BIT, 2, Budget(128)) == START_BIT  # resumed: decided now
-    assert alg.finishers(START_BIT, 1, None) == 0
 
 
-def test_a_cold_shortest_continuation_past_the_budget_time_gives_no_bound_and_is_not_remembered() -> None:
-    cc = compile_fresh(FAR, FAR_TOKENS)
-    alg = cc.algebra
-    w = cc.ta.delta(START, 0)  # after "a": five more
-    assert alg.greedy_tokens_to_accept(w, Budget(128, -1.0)) >= 1 << 30
-    assert w not in alg._greedy
-    assert alg.greedy_tokens_to_accept(w) == 5
 
 
 # ---------------------------------------------------------------- min_tokens and the fit check
@@ -313,13 +175,6 @@ def test_min_tokens_is_the_shortest_token_path(pattern: str) -> None:
     assert cc.min_tokens(timeout_s=None) == shortest_in_tokens(cc, tokens)
 
 
-def test_min_tokens_out_of_search_time_is_a_lower_bound_and_not_remembered(monkeypatch) -> None:
-    monkeypatch.setattr(compiler_mod, "MIN_TOKENS_S", 0.0)
-    cc = compile_fresh(r"(ab){4}(ba){2}")
-    lb = cc.min_tokens(timeout_s=0.5)
-    exact = shortest_in_tokens(cc, TOKENS)
-    assert 1 <= lb <= exact
-    assert cc.min_tokens(timeout_s=None) == exact  # the unbounded call is not cut by the search time
 
 
 def test_the_tokenizer_token_set_is_built_at_compile_time() -> None:
@@ -347,12 +202,6 @@ def test_fire_active_raises_the_active_call_deadline_error() -> None:
     assert err.kind == "json_schema" and err.operation == "select_commits" and "deciding the frontier" in str(err)
 
 
-def test_the_fit_check_out_of_time_lets_the_request_in_and_decides_when_unbounded(monkeypatch) -> None:
-    monkeypatch.setattr(compiler_mod, "FIT_S", 0.0)  # the check stops at once
-    cc = compile_fresh(r"(ab){4}(ba){2}")  # 12 bytes: at least 3 tokens ("abab" twice, then "ba" twice: 4)
-    assert cc.fits(2, timeout_s=0.5) is True  # undecided: never refuses what might fit
-    assert cc.fits(2, timeout_s=None) is False
-    assert cc.fits(4, timeout_s=None) is True
 
 
 def longest_match_tokens_on_shortest_path(alg, q: int) -> int:
@@ -465,27 +314,14 @@ def test_the_footprint_estimate_grows_with_the_transitions_a_call_computes() -> 
     assert cc.algebra.exploration_full() is False  # a tiny automaton is far below the default allowance
 
 
-def test_past_the_exploration_allowance_a_call_explores_nothing_ahead_of_the_frontier() -> None:
-    """A compiled constraint's automaton is shared and never shrinks: once it holds its allowance, a mask call
-    computes new transitions only for its left frontier, where budgets alone would explore every open row."""
-    canvas = [MASK] * 4
-    ahead = compile_fresh()
-    ahead.new_canvas_state(4, timeout_s=None).allowed_tokens(canvas, [0, 1, 2, 3])
-    capped = compile_fresh()
-    capped.algebra.explore_max_bytes = 0
-    masks = capped.new_canvas_state(4, timeout_s=None).allowed_tokens(canvas, [0, 1, 2, 3])
-    assert capped.ta.known_count < ahead.ta.known_count
-    oracle = brute_force_allowed(canvas, TOKENS, EOS, MASK, regex_accepts(PATTERN))
-    rows = [set(m.nonzero().flatten().tolist()) for m in masks]
-    assert rows[0] == oracle[0]  # the left frontier stays exact
-    assert all(rows[p] <= oracle[p] for p in range(4))  # the other rows stay sound
 
 
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 10_000))
 def test_past_the_exploration_allowance_commits_are_still_decided_exactly(seed: int) -> None:
-    def past_the_allowance(cc, n: int):
-        cc.algebra.explore_max_bytes = 0
-        return cc.new_canvas_state(n, timeout_s=None)
-
-    assert_exact_decisions(random.Random(seed), past_the_allowance)
+    saved = canvas_mod.EXPLORE_MAX_STATES
+    canvas_mod.EXPLORE_MAX_STATES = 0  # no call adds a state to its request's explored set
+    try:
+        assert_exact_decisions(random.Random(seed), lambda cc, n: cc.new_canvas_state(n, timeout_s=None))
+    finally:
+        canvas_mod.EXPLORE_MAX_STATES = saved

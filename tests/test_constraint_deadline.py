@@ -12,7 +12,7 @@ import pytest
 
 import dllm_constrain as dc
 from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo
-from dllm_constrain.constraints.canvas import SALVAGE_S
+
 from dllm_constrain.constraints.deriv import DEAD, START
 from dllm_constrain.engine.llm_engine import LLMEngine
 from dllm_constrain.engine.state import Request, SamplingParams
@@ -59,7 +59,7 @@ def test_the_deadline_fires_inside_an_exploding_expansion_and_every_answer_is_so
         masks = None
         assert "allowed_tokens" in str(err) and err.kind == "regex"
     elapsed = time.perf_counter() - t0
-    assert elapsed < limit + SALVAGE_S + SLACK_S, elapsed
+    assert elapsed < limit + SLACK_S, elapsed
     assert st.deadline_hits == 1
     if masks is not None:
         certified = st._certified[1]
@@ -136,12 +136,15 @@ def test_after_timeouts_the_shared_constraint_gives_the_masks_of_a_fresh_one(see
         assert int(dfa.dist[sa]) == int(fresh.dfa.dist[sb])
 
 
-def test_min_tokens_and_the_fit_check_are_bounded() -> None:
+def test_min_tokens_is_decided_by_work_and_its_time_limit_only_ends_the_call() -> None:
     cc = ConstraintCompiler(info(), cache=False).compile_regex(r"((a|b)*a(a|b){12}){3}")
     t0 = time.perf_counter()
-    lb = cc.min_tokens(timeout_s=1e-4)
+    try:
+        answer = cc.min_tokens(timeout_s=1e-4)
+    except ConstraintTimeoutError:
+        answer = None  # the last resort: no answer, never one that follows the clock
     assert time.perf_counter() - t0 < 0.5 + SLACK_S
-    assert 1 <= lb <= 39  # a lower bound at worst
+    assert answer in (None, 39)
     assert cc.min_tokens(timeout_s=None) == 39
 
 

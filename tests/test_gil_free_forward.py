@@ -161,7 +161,7 @@ def _requests(forced: bool) -> list[Request]:
     def params(n: int, block: int, seed: int) -> SamplingParams:
         return SamplingParams(max_new_tokens=n, block_length=block, temperature=0.9, seed=seed, policy="threshold",
                               threshold=0.3, forced_tokens=forced)
-    return [Request([70, 71], params(12, 6, 1), SCHEMA.new_canvas_state(12, expand_budget=None, expand_time_s=None,
+    return [Request([70, 71], params(12, 6, 1), SCHEMA.new_canvas_state(12, expand_budget=None,
                                                                         timeout_s=None)),
             Request([100, 101], params(8, 4, 2)), Request([60, 61, 62], params(6, 3, 3))]
 

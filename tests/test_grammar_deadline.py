@@ -82,53 +82,10 @@ def test_a_grammar_call_without_a_sound_answer_raises_the_typed_timeout_naming_i
     assert st.stats["deadline_hits"] == 1
 
 
-def test_timed_out_masks_offer_the_witness_token_at_the_frontier(monkeypatch) -> None:
-    st = _timed_out_state(monkeypatch)
-    canvas = [MASK] * N
-    rows = st.allowed_tokens(canvas, list(range(N)))
-    assert st.stats["deadline_hits"] == 1 and st.stats["witness_salvage"] == 1
-    assert rows[0].nonzero().flatten().tolist() == [st.witness[0]]  # the witness parses through it
-    assert not rows[1:].any()  # nothing unproven elsewhere
-    monkeypatch.setattr(deadline_module, "time", __import__("time"))
-    canvas[0] = st.witness[0]
-    assert st.is_completable(canvas)
 
 
-def test_timed_out_select_commits_forced_tokens_and_is_completable_answer_soundly(monkeypatch) -> None:
-    st = _timed_out_state(monkeypatch)
-    canvas = _disagreeing(_half_committed())
-    assert st.select_commits(canvas, [(10, ord("2"), 1.0), (11, ord("]"), 0.5)]) == []  # nothing unverified
-    assert st.forced_tokens(canvas) == {}
-    assert st.is_completable(canvas) is False  # no witness in time: conservative, never True without one
-    assert st.stats["deadline_hits"] == 3
-    # the stall this leaves narrows the next frontier mask to the witness's token (progress without proof work)
-    monkeypatch.setattr(deadline_module, "time", __import__("time"))
-    st.timeout_s = None
-    rows = st.allowed_tokens([MASK] * N, [0])  # a canvas the witness agrees with
-    assert rows[0].nonzero().flatten().tolist() == [st.witness[0]] and st.stats["witness_forced"] == 1
 
 
-def test_a_tiny_real_timeout_on_a_hard_canvas_raises_and_leaves_the_grammar_whole() -> None:
-    cg = compile_json()
-    canvas = _half_committed()
-    canvas[N - 3] = ord("}")  # text committed far right: the sets and the witness search span the canvas
-    st = cg.new_canvas_state(N)
-    st.timeout_s = 1e-6  # after its fit check, which a microsecond may not cover
-    hits = 0
-    for _ in range(3):
-        try:
-            st.allowed_tokens(canvas, list(range(N)))
-        except ConstraintTimeoutError as err:
-            assert err.operation == "allowed_tokens" and err.kind == "grammar"
-            hits += 1
-    assert st.stats["deadline_hits"] >= 1 and hits == st.stats["deadline_hits"] - st.stats["witness_salvage"]
-    # the interrupted calls left the shared grammar whole: a state with the default timeout gives the masks of
-    # a fresh compile
-    fresh = compile_json().new_canvas_state(N)
-    again = cg.new_canvas_state(N)
-    assert again.timeout_s == DEFAULT_CALL_TIMEOUT_S
-    assert bool((again.allowed_tokens(canvas, list(range(N))) == fresh.allowed_tokens(canvas, list(range(N)))).all())
-    assert again.is_completable(canvas) == fresh.is_completable(canvas)
 
 
 def test_the_request_timeout_reaches_the_grammar_state() -> None:

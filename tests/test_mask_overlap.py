@@ -48,7 +48,7 @@ POLICIES = ("quota", "threshold", "entropy", "margin")
 def _exact(compiled, n: int):
     """A canvas state whose masks no clock cuts: no per-call exploration budget nor time limit. (A bounded call
     answers from what it computed in its time, soundly: its masks then depend on the wall clock, on any path.)"""
-    return compiled.new_canvas_state(n, expand_budget=None, expand_time_s=None, timeout_s=None)
+    return compiled.new_canvas_state(n, expand_budget=None, timeout_s=None)
 
 
 def _requests(seed: int, forced: bool, policy: str = "quota", exact: bool = True) -> list[Request]:

@@ -23,27 +23,33 @@ State sets are Python ints used as bitsets: bit q = DFA state q, and bit 0 (DEAD
 stands for ENDED. Unions/intersections are then single big-int operations; every set-level step is
 memoised per compiled constraint, so a canvas that changes by a few commits per step recomputes little.
 
-Expansion budget. The successors of a state over "any token" need its token transitions (one trie walk).
-Large schemas reach tens of thousands of DFA states within a 32-token open block, so each call may
-compute at most `expand_budget` new token transitions and spend at most `expand_time_s` on them
-(defaults: 128 computations; under a call deadline also at most EXPAND_S seconds, since at 128K tokens one
-transition costs milliseconds; left to right: the positions next to the committed frontier first). Sets cut
-short keep the members still unknown, and later calls resume from those (set_algebra.py); rows other than the
-left frontier's are computed until ROWS_S into the call, and the backward sets right of the last committed
-position only for the rows computed. States whose transitions are not known yet are not followed: the sets are
-then the states reachable through known states only, a subset of the exact ones, so every allowed token
-is still part of a valid completion (sound), and select_commits verifies in the same system. One state of
-minimal distance to acceptance is always followed (a "spine"). The left frontier (the first open position) is
-exact whenever the budget cut any set of the call: every state after its token is decided by a depth-first
-search for one completion (_frontier_sets), so the engine always has a position to commit and a token of a
-valid completion is never missing there (the spine alone once allowed only the first letter of the shortest
-enum value); select_commits / is_completable redo an inconclusive call exactly. The transition cache is shared by all requests of the compiled constraint and never
-shrinks, so masks become exact once the reachable part is known; with a budget that covers it (always for
-small constraints) they are exact from the first call.
+Expansion budget (work, never time). The successors of a state over "any token" need its token transitions (one
+trie walk). Large schemas reach tens of thousands of DFA states within a 32-token open block, so each request keeps
+its own explored set K (a bitset of states, set_algebra.Budget) and each call may add at most `expand_budget` states
+to it (default: EXPAND_WORK token-steps, 128 states at 4K tokens, 4 at 128K; a set's new members all or none, left to right: the positions next to the committed frontier
+first); the sets follow the token transitions of K's states only. Sets cut short are the states reachable through
+K, a subset of the exact ones, so every allowed token is still part of a valid completion (sound), and
+select_commits verifies in the same system. One state of minimal distance to acceptance is always followed (a
+"spine"). Right of the last committed position "can finish in the positions left" is decided per state without a
+search (set_algebra.finish_cheap). Rows other than the left frontier's are computed while their backward sets hold at
+most ROW_WORK token-steps' worth of states in all (the rest stay empty this call: sound, `rows_deferred`). The left frontier (the first open
+position) is decided by a depth-first search for one completion per state whenever the budget cut any set of the
+call (_frontier_sets; right of the last committed position its can-finish questions expand at most FINISH_WORK
+token-steps of states each, breadth first: a state left undecided is left out, and a row left empty so is decided
+exactly), so the engine always has a position to commit; select_commits / is_completable redo an inconclusive call
+by the same search.
+
+Reproducibility: every allowance above counts states, and the sets and rows of a call are functions of the
+constraint, the canvas and K, where K grows by the same states on any machine: the automaton's transition cache
+(shared by all requests of the compiled constraint, never shrinking) only makes the same work cheaper, and a set's
+members are taken by what they are, not by the automaton's state numbering (which follows the order in which requests
+discovered them). So a request gets the same masks on an idle or a loaded machine, from any thread, with a cold or a
+warm cache, whatever its batch-mates. The call deadline (`timeout_s`) is the last resort: when it fires the call
+raises ConstraintTimeoutError and the request ends; no answer is ever cut by the clock. Without a budget
+(expand_budget=None) every row is exact.
 """
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -54,7 +60,7 @@ from dllm_constrain.kernels.bitmask import bitmask_bytes, row_allows, row_tokens
 
 from ..errors import ConstraintTimeoutError, ConstraintTooLongError, InvalidRequestError
 from .canvas_frontier import FrontierMemo, FrontierSearch, first_open, last_committed
-from .deadline import CallDeadline, activate, fire_active
+from .deadline import CallDeadline, activate
 from .json_pointer import json_pointer_of_prefix
 from .set_algebra import (  # noqa: F401  (re-exported: canvas.py was their home)
     ENDED,
@@ -68,33 +74,45 @@ from .set_algebra import (  # noqa: F401  (re-exported: canvas.py was their home
 )
 
 # Per-call time limit (seconds) of every canvas call of a request (allowed_tokens, select_commits,
-# is_completable, forced_tokens) and of min_tokens / the fit check of new_canvas_state: 0.5 s. The salvage
-# allowance below comes out of it (the main work stops at limit - salvage), so one call holds the engine loop (and
-# every other request) for at most the limit plus one check interval. Work done before a timeout (DFA rows, token
-# transitions) stays cached in the shared automaton, so the next call on the same canvas gets further.
-DEFAULT_CALL_TIMEOUT_S = 0.5
-# time kept, within the call's limit, for the cheap left-to-right answer at the frontier once the main work ran out
-SALVAGE_S = 0.25
-# New token transitions one call may compute, in seconds: beyond it the sets go on through known transitions only
-# (sound subsets). At 128K tokens one transition (a trie walk, plus the DFA rows it reaches) costs 1-10 ms, and a
-# cold spec-semantics canvas reaches thousands of states: spending half the limit on them made every call of such a
-# fill last the whole limit. A small per-call allowance spreads the exploration over the calls (it is cached), and
-# the left frontier stays exact (canvas_frontier.py), so the engine always has a position to commit. 5 ms since the
-# walk's grouping and the rows between sets run in C (a new transition costs ~0.5 ms at 128K tokens): on 200 held-out
-# schemas the step masks' p99 fell from 31 to 8 ms and the per-forward cost of constraints in the engine fell too
-# (fewer long calls, the same number of forwards); docs/constraints.md, "Constraint cost".
-EXPAND_S = 0.005
-# Soft time of a mask call: past it, open positions other than the left frontier keep an empty row (sound: no token
-# is offered there this step) instead of computing theirs; the frontier's row is always computed (first).
-ROWS_S = 0.005
-# When the can-finish decisions of the frontier row (canvas_frontier.py) end, in seconds into the mask call: near the
-# end of a wide canvas, refuting a state walked the token transitions of hundreds of states; past it, undecided
-# states are left out (sound). Counted from the call's start, not the search's, so that the phases of one call do
-# not add up (expansion, sets, then the frontier's own allowance used to make a cold call last 50-60 ms); the search
-# gets at least FRONTIER_MIN_S however long the sets took.
-FRONTIER_S = 0.008
-FRONTIER_MIN_S = 0.003
+# is_completable, forced_tokens) and of min_tokens / the fit check of new_canvas_state: the last resort. The answers
+# are bounded by work (the allowances below), never by this limit: a call that reaches it raises
+# ConstraintTimeoutError and its request ends (the work it finished stays cached in the shared automaton). 2 s: the
+# exact decisions a call may need (the left frontier's witness search, select_commits' exact fallback) walk the
+# token trie of every new state they meet, about 1 ms each at 128K tokens, and a loaded machine takes several times
+# longer; 0.5 s (when the limit cut answers instead of ending requests) ended about one JSONSchemaBench walk in
+# three on the shared 2-core machine (docs/measurements.md).
+DEFAULT_CALL_TIMEOUT_S = 2.0
+# The work allowances are counted in token-steps (a state times the vocabulary size: a new state's transitions are one
+# walk of the token trie, a row one pass over the vocabulary's bitmask), so that one allowance costs about the same
+# time at 4K and at 128K tokens; each gives the states it allows at the constraint's vocabulary size.
+# New states a mask call may add to its request's explored set: 128 at 4K tokens, 4 at 128K (EXPAND_S = 5 ms used to
+# bound the same by the clock: about 5-10 new transitions at 128K; so which states a call explored followed the load).
+EXPAND_WORK = 128 * 4096
+# States of backward sets (summed over the rows) up to which a mask call computes rows other than the left
+# frontier's: 4096 at 4K tokens, 128 at 128K. Past it, the open positions left keep an empty row this call (sound: no
+# token is offered there this step). ROWS_S = 5 ms did the same by the clock, so which rows a step offered followed
+# the load.
+ROW_WORK = 4096 * 4096
+# States one can-finish question of the left frontier's search may expand (SetAlgebra.finish_bounded): 256 at 4K
+# tokens, 8 at 128K. FRONTIER_S = 8 ms did the same by the clock; without any bound, refuting the states of a nearly
+# closed canvas walked the transitions of 14,000 states (9 s at 128K tokens) in one call.
+FINISH_WORK = 256 * 4096
+# expand_budget's default: EXPAND_WORK at the constraint's vocabulary size
+AUTO = -1
 
+
+def work_states(work: int, vocab_size: int, least: int) -> int:
+    """The states a token-step allowance `work` gives at `vocab_size` tokens (at least `least`)."""
+    return max(least, work // max(1, vocab_size))
+# States a request's explored set may hold (set_algebra.Budget.known): past it, calls add no state ahead of what their
+# own answer needs (the left frontier's exact search, the spine, verified commits), and masks come from the explored
+# states (sound subsets; the left frontier stays exact). Per request, so that it does not depend on what other
+# requests explored (the automaton-wide memory bound, set_algebra.EXPLORE_MAX_BYTES, only decides when the compile
+# cache compiles the constraint afresh: CompiledConstraint.worn_out).
+EXPLORE_MAX_STATES = 8192
+# States of the frontier's forward set up to which the prefix hint (prefix_forced_token) computes their transitions
+# (a few trie walks; past it only the request's explored states answer)
+HINT_STATES = 8
 
 def common_prefix(a: tuple, b: tuple, limit: int) -> int:
     """The length (at most `limit`) of the common prefix of a and b, by bisection over slice comparisons (each a
@@ -115,7 +133,7 @@ class Analysis:
     """The sets of one call on canvas c: F[0..] forward (extended on demand), B[0..H] backward. B[i] for i <= J + 1
     (J the last committed position) is computed at once (the backward chain needs it); right of it every position
     is open and B[i] is `finishers(F[i], n - i)`, a property of F[i] alone, computed when a row asks for it
-    (`CanvasState._b`): a mask call that defers the far rows (ROWS_S) no longer decides, for every state of their
+    (`CanvasState._b`): a mask call that defers the far rows (ROW_WORK) no longer decides, for every state of their
     forward sets, whether it can finish."""
 
     __slots__ = ("canvas", "F", "B", "H", "J")
@@ -132,19 +150,20 @@ class CanvasState:
     """CanvasConstraint for one request (one canvas length) of a regular compiled constraint."""
 
     def __init__(self, algebra: SetAlgebra, canvas_len: int, mask_id: int | None, vocab_size: int,
-                 expand_budget: int | None = 128, expand_time_s: float | None = None,
-                 timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S, kind: str = "regex"):
-        # per call: at most expand_budget new token-transition computations and expand_time_s seconds
-        # spent on them (None, None = unlimited: always exact)
-        self.expand_budget = expand_budget
-        self.expand_time_s = expand_time_s
-        # per call: a hard time limit (None = unbounded), see "Time bounds" in docs/constraints.md
+                 expand_budget: int | None = AUTO, timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S,
+                 kind: str = "regex"):
+        # per call: at most expand_budget new states in the request's explored set (None: unlimited, always exact;
+        # AUTO: EXPAND_WORK at this vocabulary size)
+        self.expand_budget = work_states(EXPAND_WORK, vocab_size, 4) if expand_budget == AUTO else expand_budget
+        self.row_states = work_states(ROW_WORK, vocab_size, 64)  # ROW_WORK at this vocabulary size
+        self.finish_states = work_states(FINISH_WORK, vocab_size, 8)  # FINISH_WORK at this vocabulary size
+        # per call: the last-resort time limit (None = unbounded), see "Time bounds" in docs/constraints.md
         self.timeout_s = timeout_s
         self.kind = kind
-        self.deadline_hits = 0  # calls whose deadline fired (answered from what they had, or raised)
-        self.prefix_fallbacks = 0  # frontier masks answered by the left-to-right prefix check after a timeout
-        self.rows_deferred = 0  # open non-frontier rows left empty by a mask call past ROWS_S
-        self.frontier_cuts = 0  # frontier rows whose can-finish decisions ran past FRONTIER_S (sound, maybe smaller)
+        self.deadline_hits = 0  # calls whose deadline fired (each raised ConstraintTimeoutError)
+        self.rows_deferred = 0  # open non-frontier rows left empty by a mask call past ROW_WORK
+        self.frontier_undecided = 0  # frontier rows without states FINISH_WORK left undecided (sound, smaller)
+        self._known = 0  # the request's explored set (set_algebra.Budget.known), carried from call to call
         # sound rows of the last mask call: (canvas, {position: mask row}); a token in one is verified. The rows
         # are bool (allowed_tokens) or packed bitmask bytes (fill_token_bitmask); kernels.bitmask.row_allows reads both
         self._certified: tuple[tuple, dict[int, np.ndarray]] | None = None
@@ -162,7 +181,7 @@ class CanvasState:
         self._fwd: list[int] = [START_BIT]
         self._fwd_ok: list[bool] = [True]
         # the last exact frontier hint: (transitions known then, the committed prefix, its answer)
-        self._hint_memo: tuple[int, tuple, int | None] | None = None
+        self._hint_memo: tuple[int | None, tuple, int | None] | None = None
         # the last analysis' backward chain: (its canvas, its B list, the lowest open position its walk met)
         self._back_memo: tuple[tuple, list, int] | None = None
         self._no_certified = [0] * (self.n + 2)  # backward sets of no state (a witness search without certificates)
@@ -247,14 +266,13 @@ class CanvasState:
         self._back_memo = (c, B, lowest_open)
         return Analysis(c, F, B, H, J)
 
-    def _b(self, an: Analysis, i: int, stop_at: float | None = None) -> int:
-        """B[i] of the analysis, computed now if it is right of J + 1 and not yet known. stop_at (a perf_counter
-        time; rows other than the frontier's): past it, the members not decided yet are left out (sound)."""
+    def _b(self, an: Analysis, i: int) -> int:
+        """B[i] of the analysis, computed now if it is right of J + 1 and not yet known."""
         v = an.B[i]
         if v is None:
             F = self._forward(an.canvas, i, extend=True)
             an.F = F
-            v = an.B[i] = self.alg.finishers(F[i], self.n - i, self._budget, stop_at)
+            v = an.B[i] = self.alg.finishers(F[i], self.n - i, self._budget)
         return v
 
     def _all_b(self, an: Analysis) -> list[int]:
@@ -291,7 +309,8 @@ class CanvasState:
         if f is None:
             ok = alg.any_accepting(F)
         else:
-            search = FrontierSearch(alg, self.n, c, self._no_certified, -1, self._frontier_memo.for_canvas(c))
+            search = FrontierSearch(alg, self.n, c, self._no_certified, -1, self._frontier_memo.for_canvas(c),
+                                    self._finish_states())
             ok = any(search.good(q, f) for q in alg.members(F))
         if ok:
             self._prove(c)
@@ -305,30 +324,26 @@ class CanvasState:
             self._proven.popitem(last=False)
 
     def _new_budget(self) -> None:
-        if self.expand_budget is None and self.expand_time_s is None:
+        """The call's budget: `expand_budget` new states for the request's explored set, none once it holds
+        EXPLORE_MAX_STATES (no budget without expand_budget: exact)."""
+        if self._budget is not None:
+            self._known = self._budget.known  # what the previous call explored
+        if self.expand_budget is None:
             self._budget = None
         else:
-            secs = self.expand_time_s
-            if self.timeout_s is not None and self.expand_budget is not None:
-                # stop computing new transitions after EXPAND_S (and before half the call's time): the rest
-                # finishes the sets with known transitions; the next calls take the exploration further
-                cap = min(EXPAND_S, 0.5 * self.timeout_s)
-                secs = cap if secs is None else min(secs, cap)
-            # past the automaton's exploration allowance, a call computes new transitions only where its own
-            # answer needs them (the left frontier's search, the spine, verified commits): no exploration ahead
-            n = self.expand_budget if not self.alg.exploration_full() else 0
-            self._budget = Budget(n, secs)
+            n = self.expand_budget if self._known.bit_count() < EXPLORE_MAX_STATES else 0
+            self._budget = Budget(n, self._known)
+
+    def _explored(self) -> int | None:
+        """The request's explored set as the rows read it (None without a budget: every state is followed)."""
+        if self.expand_budget is None:
+            return None
+        return self._budget.known if self._budget is not None else self._known
 
     # ------------------------------------------------------------------ time bounds
-    def _call(self, operation: str, c: tuple | None = None, limit: float | None = -1.0,
-              stop_s: float | None = None) -> CallDeadline:
+    def _call(self, operation: str, c: tuple | None = None) -> CallDeadline:
         where = (lambda: self._where(c)) if c is not None else None
-        return CallDeadline(self.timeout_s if limit == -1.0 else limit, self.kind, operation, where, stop_s)
-
-    def _main_stop(self) -> float | None:
-        """When a mask call's main work stops: the call's limit less the salvage allowance, so that a salvaged call
-        still ends within its limit."""
-        return None if self.timeout_s is None else self.timeout_s - self._salvage_limit()
+        return CallDeadline(self.timeout_s, self.kind, operation, where)
 
     def _where(self, c: tuple) -> str:
         """The request-level location for a timeout message: the canvas frontier and, for JSON, the instance
@@ -342,25 +357,6 @@ class CanvasState:
             data = b"".join(tb[t] or b"" for t in c[:frontier] if t != self.eos and 0 <= t < len(tb))
             s += f", instance location {json_pointer_of_prefix(data.decode('utf-8', 'replace'))!r}"
         return s
-
-    def _salvage_limit(self) -> float | None:
-        return None if self.timeout_s is None else min(SALVAGE_S, 0.4 * self.timeout_s)
-
-    def _prefix_row(self, c: tuple, frontier: int) -> np.ndarray:
-        """The left-to-right prefix check at the frontier: every token that keeps the committed prefix a prefix
-        of an accepted text (plus EOS where the prefix is accepted). A sound over-approximation of the canvas
-        mask (committed tokens to the right and the length are not checked): select_commits and is_completable
-        verify any commit taken from it."""
-        alg = self.alg
-        F = START_BIT
-        for i in range(frontier):
-            F = alg.step_tok(F, c[i])
-        row = np.zeros(self.vocab_size, dtype=bool)
-        if not F:
-            return row
-        full = [q for q in alg.members(F) if q != ENDED]
-        self.ta.mask_row(full, [], alg.any_accepting(F), row)
-        return row
 
     # ------------------------------------------------------------------ protocol
     def fill_token_bitmask(self, canvas: Sequence[int], positions: Sequence[int], out: torch.Tensor) -> None:
@@ -382,10 +378,8 @@ class CanvasState:
 
     def _masks_into(self, c: tuple, positions: list[int], o: np.ndarray) -> None:
         """Masks under the call's deadline into the zeroed mask rows `o` (bool [n, V] or bitmask bytes [n, 4 W]).
-        When the deadline fires, positions whose (sound) row was finished keep it, the others stay empty, and the
-        left frontier, if asked and still empty, gets the left-to-right prefix check (an over-approximation that
-        select_commits / is_completable verify), computed within SALVAGE_S; if even that cannot finish,
-        ConstraintTimeoutError."""
+        When the deadline fires the call raises ConstraintTimeoutError (the request ends): a mask is never answered
+        from what the clock left time for."""
         if not positions:
             return
         for p in positions:
@@ -394,22 +388,13 @@ class CanvasState:
         frontier = first_open(c)
         done: dict[int, bool] = {}  # row index -> its row is final and sound
         written: dict[int, np.ndarray] = {}  # row index -> the (cached, never modified) row written there
-        with activate(self._call("allowed_tokens", c, stop_s=self._main_stop())):
+        self._certified = None
+        with activate(self._call("allowed_tokens", c)):
             try:
                 self._allowed_into(c, positions, frontier, o, done, written)
-            except ConstraintTimeoutError as err:
+            except ConstraintTimeoutError:
                 self.deadline_hits += 1
-                if frontier is not None and frontier in positions:
-                    j = positions.index(frontier)
-                    if not (done.get(j) and o[j].any()):
-                        with activate(self._call("allowed_tokens (left-to-right prefix check)", c,
-                                                 self._salvage_limit())):
-                            try:
-                                write_row(o[j], self._prefix_row(c, frontier))
-                            except ConstraintTimeoutError:
-                                raise err from None
-                        done[j] = False
-                        self.prefix_fallbacks += 1
+                raise
         # the sound rows of the open positions, by reference: the caller owns `o` and goes on narrowing or reusing it
         self._certified = (c, {positions[j]: written[j] for j, ok in done.items() if ok and j in written})
 
@@ -417,22 +402,18 @@ class CanvasState:
                       done: dict[int, bool], written: dict[int, np.ndarray]) -> None:
         """The rows, the left frontier's first (exact: every token of every valid completion is allowed there, so the
         engine always has a position to commit and a wanted token is never lost to the budget), then the other open
-        positions' (sound, possibly missing tokens under the budget) until ROWS_S into the call: those left after it
-        stay empty this call (sound; `rows_deferred` counts them) and are filled by later calls, which find more of
-        the automaton known (in exact mode, without a budget, every row is computed)."""
-        t_call = time.perf_counter()
+        positions' (sound, possibly missing tokens under the budget) while their backward sets hold at most ROW_WORK
+        states in all: those left after it stay empty this call (sound; `rows_deferred` counts them) and are filled
+        by later calls, whose explored set is larger (in exact mode, without a budget, every row is computed)."""
         self._new_budget()
-        # exact mode (no budget: expand_budget=None, expand_time_s=None) computes every row; without a call deadline
-        # (timeout_s=None) the time allowances are off too (only the work budget bounds the call: reproducible)
-        soft_end = None if self._budget is None or self.timeout_s is None else t_call + ROWS_S
+        work_left = None if self._budget is None else self.row_states
         an = self._analyze(c, max(positions) + 1)
         B = an.B
         if B[0]:
             self._prove(c)
         b = self._b
         V = self.vocab_size
-        row_of = self.alg.row
-        clock = time.perf_counter
+        row_within = self.alg.row_within
         packed = o.dtype == np.uint8 and o.shape[1] == (V + 7) // 8  # rows copied as they are cached
         order = sorted(range(len(positions)), key=lambda j: positions[j] != frontier)  # the frontier first (stable)
         for j in order:
@@ -443,14 +424,15 @@ class CanvasState:
                     set_token(o[j], c[p])
                 done[j] = True
                 continue
-            if p != frontier and soft_end is not None and clock() > soft_end:
+            if p != frontier and work_left is not None and work_left <= 0:
                 self.rows_deferred += 1
                 continue
-            stop_at = None if p == frontier else soft_end
-            bi = B[p] if p < len(B) and B[p] is not None else b(an, p, stop_at)
-            bn = (B[p + 1] if p + 1 < len(B) and B[p + 1] is not None else b(an, p + 1, stop_at)) if bi else 0
+            bi = B[p] if p < len(B) and B[p] is not None else b(an, p)
+            bn = (B[p + 1] if p + 1 < len(B) and B[p + 1] is not None else b(an, p + 1)) if bi else 0
+            if p != frontier and work_left is not None:
+                work_left -= bi.bit_count()
             if bi and bn:
-                row = written[j] = row_of(bi, bn, V)
+                row = written[j] = row_within(bi, bn, V, self._explored())
                 if packed and row.shape[0] == o.shape[1]:
                     o[j] = row
                 else:
@@ -459,7 +441,7 @@ class CanvasState:
             if p == frontier and self._budget is not None and (self._budget.cuts or not o[j].any()):
                 # the budget cut part of the sets: the frontier row may miss tokens; decided exactly
                 self.exact_fallbacks += 1
-                bi, bn = self._frontier_sets(c, frontier, an, t_call)
+                bi, bn = self._frontier_sets(c, frontier, an)
                 row = self.alg.row(bi, bn, V) if (bi and bn) else None
                 write_row(o[j], row)
                 written.pop(j, None)
@@ -468,27 +450,31 @@ class CanvasState:
                     self._prove(c)
                 done[j] = True
             if p == frontier == 0 and not o[j].any() and c.count(None) == self.n:
-                # the frontier row is exact here (a search that ran out of time fired the deadline instead), so an
-                # empty one on an all-open canvas proves that no output fits: the fit check of new_canvas_state is
-                # time-bounded and lets an undecided canvas length in
+                # the frontier row is exact here, so an empty one on an all-open canvas proves that no output fits:
+                # the fit check of new_canvas_state decides without a search and lets an undecided canvas length in
                 raise ConstraintTooLongError(self.n + 1, self.n)
             done.setdefault(j, True)
 
-    def _frontier_sets(self, c: tuple, f: int, an: Analysis, t_call: float) -> tuple[int, int]:
-        """(B[f], B[f+1]) at the left frontier f (canvas_frontier.py): exact, unless its can-finish decisions ran
-        past FRONTIER_S into the call (t_call its start; then sound, without the states left undecided). When that
-        leaves the frontier without a token, the call's deadline fires now (the left-to-right prefix check answers)
-        instead of at its limit."""
+    def _frontier_sets(self, c: tuple, f: int, an: Analysis) -> tuple[int, int]:
+        """(B[f], B[f+1]) at the left frontier f (canvas_frontier.py): exact but for the can-finish questions right
+        of the last committed position that FINISH_WORK leaves undecided (left out: sound), and exact when that
+        leaves no token."""
         known = [0 if x is None else x for x in an.B]  # sets not computed certify nothing (the search decides)
-        secs = None if self.timeout_s is None else max(FRONTIER_MIN_S, t_call + FRONTIER_S - time.perf_counter())
-        budget = None if self._budget is None else Budget(256, secs)
-        search = FrontierSearch(self.alg, self.n, c, known, an.H, self._frontier_memo.for_canvas(c), budget)
+        search = FrontierSearch(self.alg, self.n, c, known, an.H, self._frontier_memo.for_canvas(c),
+                                self._finish_states())
         bi, bn = search.sets(an.F[f], f)
         if search.undecided:
-            self.frontier_cuts += 1
+            self.frontier_undecided += 1
             if not (bi and bn):
-                fire_active("deciding the left frontier's mask (its can-finish searches ran out of time)")
+                # the bound left the frontier without a token: decided exactly (a token of a valid completion is
+                # never missing where the engine must commit), at whatever cost, the call's deadline the last resort
+                exact = FrontierSearch(self.alg, self.n, c, known, an.H, self._frontier_memo.for_canvas(c))
+                bi, bn = exact.sets(an.F[f], f)
         return bi, bn
+
+    def _finish_states(self) -> int | None:
+        """The frontier search's states per can-finish question (None in exact mode: exact)."""
+        return None if self.expand_budget is None else self.finish_states
 
     def is_completable(self, canvas: Sequence[int]) -> bool:
         """Under the call's deadline; a canvas already proven completable (by select_commits or a mask) answers at
@@ -511,9 +497,8 @@ class CanvasState:
                 raise
 
     def select_commits(self, canvas: Sequence[int], proposals: Sequence[tuple[int, int, float]]) -> list[tuple[int, int]]:
-        """Under the call's deadline. When it fires, the commits verified so far are returned (fewer than without
-        a deadline); with none verified yet, the best proposal whose token was in a sound row of the last
-        allowed_tokens call on this same canvas; with none, ConstraintTimeoutError. Never an unverified commit."""
+        """Under the call's deadline; when it fires, ConstraintTimeoutError (never fewer commits than the work
+        decides, which would make the answer follow the clock). Never an unverified commit."""
         ct = self._norm(canvas)
         c = list(ct)
         order = sorted(range(len(proposals)), key=lambda k: -float(proposals[k][2]))
@@ -528,29 +513,8 @@ class CanvasState:
                     self._greedy_commits(c, proposals, order, True, kept, exact=True)
             except ConstraintTimeoutError:
                 self.deadline_hits += 1
-                if not kept:
-                    kept = self._certified_commit(ct, proposals, order)
-                    if not kept:
-                        raise
+                raise
         return kept
-
-    def _certified_commit(self, ct: tuple, proposals: Sequence[tuple[int, int, float]],
-                          order: list[int]) -> list[tuple[int, int]]:
-        """The best proposal whose token a sound mask row of this canvas allowed (so committing it alone keeps
-        the canvas completable), or []."""
-        cert = self._certified
-        if cert is None or cert[0] != ct:
-            return []
-        rows = cert[1]
-        for k in order:
-            p, t = int(proposals[k][0]), int(proposals[k][1])
-            row = rows.get(p)
-            if row is not None and ct[p] is None and row_allows(row, t):
-                c = list(ct)
-                c[p] = t
-                self._prove(tuple(c))
-                return [(p, t)]
-        return []
 
     def _greedy_commits(self, c: list, proposals: Sequence[tuple[int, int, float]], order: list[int],
                         first_only: bool, kept: list[tuple[int, int]], exact: bool = False) -> list[tuple[int, int]]:
@@ -588,14 +552,14 @@ class CanvasState:
         return kept
 
     def forced_tokens(self, canvas: Sequence[int]) -> dict[int, int]:
-        """Under the call's deadline: when it fires, nothing is reported forced (sound)."""
+        """Under the call's deadline; when it fires, ConstraintTimeoutError."""
         c = self._norm(canvas)
         with activate(self._call("forced_tokens", c)):
             try:
                 return self._forced(c)
             except ConstraintTimeoutError:
                 self.deadline_hits += 1
-                return {}
+                raise
 
     def _forced(self, c: tuple) -> dict[int, int]:
         self._new_budget()
@@ -607,7 +571,7 @@ class CanvasState:
         for i in range(self.n):
             if c[i] is not None:
                 continue
-            cnt, tok, eos_ok = self.alg.count(B[i], B[i + 1])
+            cnt, tok, eos_ok = self.alg.count(B[i], B[i + 1], self._explored())
             if eos_ok:
                 if cnt == 0:
                     out[i] = self.eos
@@ -636,32 +600,39 @@ class CanvasState:
         prefix = tuple(map(int, view[:position]))
         if m in prefix:  # an open position left of it: not the frontier
             return None
-        # the answer depends on the prefix and on the transitions known (it never computes one), so an unchanged
-        # prefix with no transition learnt since answers as before: a request whose frontier stays put over steps
-        # asks once
-        known = self.ta.known_count
+        # the answer depends on the prefix and on the request's explored set (it never computes a transition; the
+        # automaton's other known states do not count, so the hint is the same whatever other requests explored), so
+        # an unchanged prefix with nothing explored since answers as before: a request whose frontier stays put over
+        # steps asks once
+        known = self._explored()
         memo = self._hint_memo
         if memo is not None and memo[0] == known and memo[1] == prefix:
             return memo[2]
         # the positions right of the frontier do not enter its forward set: left open, the canvas costs no pass
         c = prefix + (None,) * (self.n - position)
         F = self._forward(c, position)[position]  # every position before it is committed: exact token steps
-        token = self._single_prefix_token(F)
-        if self._fwd_ok[position] and self.ta.known_count == known:  # exact, and learnt nothing meanwhile
+        token = self._single_prefix_token(F, known)
+        if self._fwd_ok[position]:
             self._hint_memo = (known, prefix, token)
         return token
 
-    def _single_prefix_token(self, F: int) -> int | None:
-        """The only token the states of forward set F allow next by their known transitions (EOS when one of them
-        accepts), or None when they allow several, none, or one of them has no known transitions."""
+    def _single_prefix_token(self, F: int, known: int | None) -> int | None:
+        """The only token the states of forward set F allow next by their transitions (EOS when one of them
+        accepts), or None when they allow several or none, or when F holds more than HINT_STATES states and one of
+        them is outside the request's explored set `known` (None: exact mode). A function of F and `known`: the
+        transitions other requests had the automaton compute do not enter it."""
         if not F:
             return None
         alg = self.alg
+        few = F.bit_count() <= HINT_STATES
         token: int | None = self.eos if alg.any_accepting(F) else None  # EOS ends an accepted text
         for q in alg.members(F):
             if q == ENDED:
                 continue  # after an EOS only EOS follows
-            tt = self.ta.known_trans(q)
+            if known is None or few or (known >> q) & 1:
+                tt = self.ta.trans(q)  # computed if need be (exact mode, or a small set: a few trie walks at most)
+            else:
+                tt = None
             if tt is None or tt.n_allowed > 1:
                 return None
             if tt.n_allowed == 1:
@@ -687,5 +658,6 @@ class CanvasState:
             elif not B[i] or not B[i + 1]:
                 res.append(set())
             else:
-                res.append(set(row_tokens(self.alg.row(B[i], B[i + 1], self.vocab_size)).tolist()))
+                res.append(set(row_tokens(self.alg.row_within(B[i], B[i + 1], self.vocab_size,
+                                                              self._explored())).tolist()))
         return res

@@ -13,9 +13,12 @@ depth-first search over (state, position) with exact token transitions that stop
 
 A state without a completion is refuted only by exhausting what it reaches before the committed tokens stop it:
 at worst the exact forward sets, at best (the frequent case) one path per state. Right of the last committed
-position the refutation is a can-finish search, which near the end of a wide canvas (few positions left, every
-state a nested structure still to close) had to walk the token transitions of hundreds of states; a mask call
-bounds it (`budget`): a state it leaves undecided is left out of the row (sound), and the caller learns it.
+position the refutation is a can-finish search, which near the end of a wide canvas (few positions left, every state
+a nested structure still to close) walked the token transitions of thousands of states (seconds at 128K tokens).
+Under a budget it is `SetAlgebra.finish_bounded`: breadth first, at most `finish_states` states per question, whole
+levels at a time, so its answer is a function of the question and never of the clock, of the order of the states or
+of what other searches learnt; a state it leaves undecided is left out of the row (sound: every token offered is
+part of a valid completion; `undecided` counts them). Without a budget (exact mode) it is exact (`finish3`).
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from collections.abc import Iterator
 
 from .deadline import check_active
 from .deriv import DEAD
-from .set_algebra import ENDED, ENDED_BIT, Budget, SetAlgebra
+from .set_algebra import ENDED, ENDED_BIT, SetAlgebra
 
 
 def last_committed(c: tuple) -> int:
@@ -81,7 +84,7 @@ class FrontierSearch:
     B, H: the call's (budgeted) backward sets and their horizon; memo: `FrontierMemo.for_canvas(c)`."""
 
     def __init__(self, alg: SetAlgebra, n: int, c: tuple, B: list[int], H: int,
-                 memo: dict[int, dict[int, bool]], budget: Budget | None = None) -> None:
+                 memo: dict[int, dict[int, bool]], finish_states: int | None = None) -> None:
         self.alg = alg
         self.ta = alg.ta
         self.dfa = alg.dfa  # its arrays are reallocated as it grows: read dfa.accepting / dfa.dist at each use
@@ -94,14 +97,12 @@ class FrontierSearch:
         self.eos_tail = eos_tail
         self.memo = memo
         self.visits = 0
-        # bounds the can-finish decisions right of the last committed position (None: exact). A state left undecided
-        # counts as not completing (a sound, smaller answer) and is not remembered; `undecided` tells the caller
-        self.budget = budget
-        self.undecided = False
-        # (position, state) pairs this search explored without finding a witness while some state was left
-        # undecided: not memoised across calls (a later call may decide them), but never explored twice in this
-        # one, whose budget can only be more spent (without this, an exhausted budget made the search re-walk the
-        # same subtrees once per path reaching them)
+        # right of the last committed position: can-finish by SetAlgebra.finish_bounded within this many states
+        # (None: exactly, finish3); a state it leaves undecided counts as not completing (sound), `undecided` says so
+        self.finish_states = finish_states
+        self.undecided = 0
+        # (position, state) pairs found without a completion while some state was left undecided: no proof, so not
+        # memoised across calls (the memo holds proofs only), but not explored twice in this search
         self.failed: set[tuple[int, int]] = set()
 
     def quick(self, v: int, i: int) -> bool | None:
@@ -121,10 +122,13 @@ class FrontierSearch:
         if (i, v) in self.failed:
             return False
         if i > self.J:
-            r = self.alg.finish3(v, self.n - i, self.budget)
-            if r is None:  # only a budget leaves it undecided
-                self.undecided = True
-                return False
+            if self.finish_states is None:
+                r = self.alg.finish3(v, self.n - i)
+            else:
+                r = self.alg.finish_bounded(v, self.n - i, self.finish_states)
+                if r is None:
+                    self.undecided += 1
+                    return False  # left out (sound); not memoised: not a proof
             self.memo.setdefault(i, {})[v] = r
             return r
         ci = self.c[i]
@@ -191,10 +195,10 @@ class FrontierSearch:
                 for u, k, _ in stack:
                     memo.setdefault(k, {})[u] = True
                 return True
-            if not self.undecided:  # a refutation that met an undecided state is not one
-                memo.setdefault(i, {})[v] = False
+            if self.undecided:
+                self.failed.add((i, v))  # a refutation that met an undecided state is not one
             else:
-                self.failed.add((i, v))
+                memo.setdefault(i, {})[v] = False
             stack.pop()
         return False
 
@@ -218,11 +222,6 @@ class FrontierSearch:
                 bn |= cert
                 ok = True
             for w in alg.members(sb & ~cert):
-                if bn and not (bn >> w) & 1 and self.budget is not None and self.budget.past_time():
-                    # the row has a token of a valid completion already and the search's time is over: the states
-                    # not decided yet are left out (sound, a smaller row; later calls find more of them memoised)
-                    self.undecided = True
-                    break
                 if not (bn >> w) & 1 and self.good(w, f + 1):
                     bn |= 1 << w
                     ok = True

@@ -17,7 +17,6 @@ from __future__ import annotations
 import gc
 import json
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -28,7 +27,6 @@ import numpy as np
 from ..errors import (
     CompilationTimeoutError,
     ConstraintError,
-    ConstraintTimeoutError,
     ConstraintTooLongError,
     InvalidGrammarError,
     InvalidRegexError,
@@ -36,7 +34,7 @@ from ..errors import (
     UnsatisfiableSchemaError,
 )
 from . import regex_ast as A
-from .canvas import DEFAULT_CALL_TIMEOUT_S, CanvasState, SetAlgebra
+from .canvas import AUTO, DEFAULT_CALL_TIMEOUT_S, CanvasState, SetAlgebra
 from .deadline import CallDeadline, Deadline, activate, pause_point
 from .deriv import DEAD, START, DerivDFA
 from .bounds import INF
@@ -44,13 +42,17 @@ from .regex_parser import parse_regex
 from .token_automaton import TokenAutomaton
 from .tokenizer_info import TokenizerInfo
 
-DEFAULT_TIMEOUT_S = 10.0
-# Time (seconds) min_tokens' search may spend on new token transitions before answering a lower bound (not
-# memoised: the next call goes on from the transitions cached), and new_canvas_state's fit check before answering
-# "fits". Every request asks both; at 128K tokens a transition costs milliseconds, and the previous bounds (256
-# transitions; half the call's limit) made them the slowest calls of a wide schema's first request.
-MIN_TOKENS_S = 0.015
-FIT_S = 0.015
+# A compilation's bounds: COMPILE_WORK deadline checks (deadline.Deadline: 8,000-15,600 a second on the shared 2-core
+# machine this was measured on, so 13-25 s there; the largest of 168 jsonschemabench schemas took 12,318:
+# benchmarks/bench_compile_work.py, docs/measurements.md),
+# which decides whether a constraint compiles the same way on any machine; and DEFAULT_TIMEOUT_S seconds, the last
+# resort (a machine loaded enough to need it ends the compilation with CompilationTimeoutError).
+COMPILE_WORK = 200_000
+DEFAULT_TIMEOUT_S = 60.0
+# States min_tokens' breadth-first search may expand (counted whether or not their transitions were cached, a whole
+# level at a time) before answering a lower bound: the same bound on any machine, cold or warm. Every request asks it;
+# at 128K tokens a cold transition costs milliseconds.
+MIN_TOKENS_STATES = 256
 _COMPILER_DEFAULT: Any = object()  # compile_*(timeout_s=...) not given: the compiler's timeout_s
 
 
@@ -114,26 +116,22 @@ class CompiledConstraint:
 
     def min_tokens(self, timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S) -> int:
         """Fewest tokens spelling an accepted text (EOS not counted: a canvas of exactly this many
-        positions fits it; longer canvases pad with EOS). Within timeout_s (None: unbounded); when the search
-        runs out of time the answer is a lower bound (not memoised), so a request that fits is never refused."""
+        positions fits it; longer canvases pad with EOS), or a lower bound when the search needs more than
+        MIN_TOKENS_STATES states (so a request that fits is never refused): the same answer on any machine, memoised.
+        timeout_s: the last-resort limit (None: unbounded): past it, ConstraintTimeoutError."""
         if self._min_tokens is not None:
             return self._min_tokens
         with self._lock:
             if self._min_tokens is None:
-                search_s = None if timeout_s is None else min(MIN_TOKENS_S, timeout_s)
-                # the search stops at twice its time (its loops check the deadline): a lower bound then
-                stop = None if search_s is None else 2 * search_s
-                with activate(CallDeadline(timeout_s, self.kind, "min_tokens", stop_s=stop)):
-                    r, exact = self._compute_min_tokens(search_s=search_s)
-                if not exact:
-                    return r
+                with activate(CallDeadline(timeout_s, self.kind, "min_tokens")):
+                    r, _exact = self._compute_min_tokens()
                 self._min_tokens = r
         return self._min_tokens
 
-    def _compute_min_tokens(self, budget: int = 256, search_s: float | None = None) -> tuple[int, bool]:
-        """Breadth-first search over token successors. Exact when it finishes within `budget` token-
-        transition computations (memoised); otherwise a lower bound (so that a request that fits is never
-        refused). A call deadline firing gives the lower bound reached so far (not memoised: (bound, False))."""
+    def _compute_min_tokens(self, budget: int | None = None) -> tuple[int, bool]:
+        """Breadth-first search over token successors: (the answer, exact), exact when it finishes within `budget`
+        expanded states, else a lower bound (a function of the constraint: the count does not depend on which
+        transitions were cached)."""
         dfa, ta = self.dfa, self.ta
         if self.empty_language:
             return INF, True
@@ -141,42 +139,27 @@ class CompiledConstraint:
             return 0, True
         bound = int(dfa.dist[START]) if ta.single_byte_complete else INF
         L = max(1, ta.max_token_len)
-        seen_k = [0, {START}]
-        try:
-            r = self._min_tokens_bfs(budget, bound, L, seen_k, search_s)
-            return r[0], r[1]
-        except ConstraintTimeoutError:
-            k, frontier = seen_k
-            lb = max(k, -(-int(min(dfa.dist[x] for x in frontier)) // L) + k - 1) if frontier else k
-            return max(1, min(lb, bound)), False
+        return self._min_tokens_bfs(MIN_TOKENS_STATES if budget is None else budget, bound, L)
 
-    def _min_tokens_bfs(self, budget: int, bound: int, L: int, seen_k: list,
-                        search_s: float | None = None) -> tuple[int, bool]:
-        """Breadth first over token successors, within `budget` new token-transition computations and `search_s`
-        seconds (None: no time bound; each new transition costs milliseconds at 128K tokens): (the answer, exact)
-        where a search cut short answers a lower bound. A successor that cannot beat `bound` even with the longest
-        tokens is not followed."""
+    def _min_tokens_bfs(self, budget: int, bound: int, L: int) -> tuple[int, bool]:
+        """Breadth first over token successors, within `budget` expanded states, a whole level at a time (so which
+        states a cut search expanded does not depend on the automaton's state numbering): (the answer, exact) where
+        a search cut short answers a lower bound. A successor that cannot beat `bound` even with the longest tokens
+        is not followed."""
         dfa, ta = self.dfa, self.ta
         frontier = {START}
         seen = {START}
         k = 0
         spent = 0
-        t_end = None if search_s is None else time.perf_counter() + search_s
         while frontier and k + 1 < bound:
-            seen_k[0], seen_k[1] = k, frontier
             k += 1
             nxt = set()
+            spent += len(frontier)
+            if spent > budget:
+                # lower bound: k - 1 tokens so far, and no token is longer than L bytes
+                lb = max(k, -(-int(min(dfa.dist[x] for x in frontier)) // L) + k - 1)
+                return min(lb, bound), False
             for s in frontier:
-                if s not in ta.succ_bits:
-                    spent += 1
-                    if spent > budget:
-                        # lower bound: k tokens so far, and no token is longer than L bytes (exact in the sense of
-                        # the budget: the same search gives the same bound, so it is memoised as before)
-                        lb = max(k, -(-int(min(dfa.dist[x] for x in frontier)) // L) + k - 1)
-                        return min(lb, bound), True
-                    if t_end is not None and time.perf_counter() > t_end:
-                        lb = max(k, -(-int(min(dfa.dist[x] for x in frontier)) // L) + k - 1)
-                        return min(lb, bound), False  # out of time: a lower bound, not memoised
                 for u in ta.succ(s):
                     if u not in seen:
                         if dfa.accepting[u]:
@@ -195,41 +178,35 @@ class CompiledConstraint:
                 and int(self.dfa.dist[START]) <= int(canvas_len))
 
     def fits(self, canvas_len: int, timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S) -> bool:
-        """False only when provably no accepted text fits in canvas_len tokens (undecided within timeout_s:
-        True, the request is not refused)."""
+        """False only when provably no accepted text fits in canvas_len tokens: by what the start state tells
+        (set_algebra.finish_cheap), else by `min_tokens` (exact or a lower bound within MIN_TOKENS_STATES states: an
+        undecided length is let in, and the first mask call's exact frontier refuses it when nothing fits). Work-
+        bounded; timeout_s: the last-resort limit (past it, ConstraintTimeoutError)."""
         n = int(canvas_len)
         if self.empty_language:
             return False
         if self.fits_by_bytes(n):
             return True
-        from .canvas import Budget
-
-        limit = 2.0 if timeout_s is None else min(FIT_S, 0.5 * timeout_s)
-        try:
-            # stopped at twice its budget's time: the shortest-continuation tokenization it starts with expands DFA
-            # states outside the budget (undecided: "fits")
-            with activate(CallDeadline(timeout_s, self.kind, f"checking that an output fits {n} tokens",
-                                       stop_s=None if timeout_s is None else 2 * limit)):
-                r = self.algebra.finish3(START, n, Budget(4000, limit))
-        except ConstraintTimeoutError:
-            return True
-        return r is None or bool(r)
+        with activate(CallDeadline(timeout_s, self.kind, f"checking that an output fits {n} tokens")):
+            r = self.algebra.finish_cheap(START, n)
+        if r is None:
+            return self.min_tokens(timeout_s) <= n
+        return r
 
     # ------------------------------------------------------------------ requests
-    def new_canvas_state(self, canvas_len: int, expand_budget: int | None = 128,
-                         expand_time_s: float | None = None,
+    def new_canvas_state(self, canvas_len: int, expand_budget: int | None = AUTO,
                          timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S) -> CanvasState:
         """Per-request CanvasConstraint for a canvas of `canvas_len` positions.
         Raises ConstraintTooLongError when even the shortest accepted text does not fit.
-        expand_budget / expand_time_s: new token-transition computations / seconds spent on them per
-        call (both None: unlimited, always exact; see canvas.py). timeout_s: the hard limit of every call of
-        the state (and of the fit check here; None: unbounded), see "Time bounds" in docs/constraints.md."""
+        expand_budget: new states per call in the request's explored set (None: unlimited, always exact; AUTO:
+        canvas.EXPAND_WORK token-steps at this vocabulary size; see canvas.py). timeout_s: the last-resort limit of every call of the state (and of the fit check here; None:
+        unbounded), see "Time bounds" in docs/constraints.md."""
         canvas_len = int(canvas_len)
         if canvas_len <= 0:
             raise InvalidRequestError(f"the canvas length must be a positive integer, got {canvas_len}")
         if not self.fits(canvas_len, timeout_s):
             raise ConstraintTooLongError(max(self.min_tokens(timeout_s), canvas_len + 1), canvas_len)
-        return CanvasState(self.algebra, canvas_len, self.mask_id, self.vocab_size, expand_budget, expand_time_s,
+        return CanvasState(self.algebra, canvas_len, self.mask_id, self.vocab_size, expand_budget,
                            timeout_s=timeout_s, kind=self.kind)
 
     def matcher(self) -> "LeftToRightMatcher":
@@ -514,7 +491,7 @@ class ConstraintCompiler:
 
     # ------------------------------------------------------------------ per-kind builders (uncached)
     def _build_regex(self, pattern: str, *, timeout_s: Any = _COMPILER_DEFAULT) -> CompiledConstraint:
-        deadline = Deadline(self._timeout(timeout_s))
+        deadline = Deadline(self._timeout(timeout_s), work=COMPILE_WORK)
         node = parse_regex(pattern).node
         cc = CompiledConstraint("regex", pattern, node, self.tokenizer_info, deadline)
         if cc.empty_language:
@@ -526,7 +503,7 @@ class ConstraintCompiler:
         from .json_schema import SchemaOptions, schema_to_regex_ast
 
         opts = SchemaOptions.from_options(**options)
-        deadline = Deadline(self._timeout(timeout_s))
+        deadline = Deadline(self._timeout(timeout_s), work=COMPILE_WORK)
         ignored: list = []
         node = schema_to_regex_ast(sch, opts, deadline, ignored=ignored)
         cc = CompiledConstraint("json_schema", sch, node, self.tokenizer_info, deadline)
@@ -540,11 +517,11 @@ class ConstraintCompiler:
         from .cfg import CompiledGrammar, load_spec
 
         label = name or grammar.strip()[:40] or "grammar"
-        deadline = Deadline(self._timeout(timeout_s), "compiling the grammar")
+        deadline = Deadline(self._timeout(timeout_s), "compiling the grammar", work=COMPILE_WORK)
         spec = load_spec(grammar, start)  # Lark's own LALR construction: checked once it returns
         deadline.check()
         return CompiledGrammar(spec, self.tokenizer_info, label, deadline)
 
     def compile_ast(self, node: A.Node, name: str = "ast") -> CompiledConstraint:
         """Compile a regex AST directly (no caching)."""
-        return CompiledConstraint("ast", name, node, self.tokenizer_info, Deadline(self.timeout_s))
+        return CompiledConstraint("ast", name, node, self.tokenizer_info, Deadline(self.timeout_s, work=COMPILE_WORK))

@@ -1,6 +1,7 @@
 """Deadlines checked cooperatively inside every potentially long loop (so no constraint work hangs).
 
-`Deadline` bounds compilation (raises CompilationTimeoutError). `CallDeadline` bounds one constraint call at
+`Deadline` bounds compilation: by work (CompilationWorkLimitError, the same on any machine) and, as the last resort,
+by time (CompilationTimeoutError). `CallDeadline` bounds one constraint call at
 request time (allowed_tokens, select_commits, is_completable, min_tokens, ...): the call activates it for its
 thread (`activate`), and the shared automata (deriv.py expansions, token-trie walks, the canvas set algebra)
 check the active one with `check_active()`. It raises ConstraintTimeoutError *between* atomic updates of the
@@ -14,22 +15,30 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from ..errors import CompilationTimeoutError, ConstraintTimeoutError
+from ..errors import CompilationTimeoutError, CompilationWorkLimitError, ConstraintTimeoutError
 
 
 class Deadline:
-    """The time limit of a compilation. Its checks are also where a compilation running beside a request loop
-    pauses while the loop runs its step (`pausing`; engine.gil_share says why); the time paused does not count
-    against the limit, which bounds the compilation's own work."""
+    """The bounds of a compilation: `work`, the checks it may pass (each check sits at a fixed point of the compiler's
+    loops: a term interned, a DFA row expanded, a product state, so the count is a measure of the work that is the
+    same on any machine), and `limit_s`, its time limit, the last resort (a loaded machine reaches it sooner). Past
+    `work`, CompilationWorkLimitError: whether a constraint compiles is decided by the work, not by the load. Its checks
+    are also where a compilation running beside a request loop pauses while the loop runs its step (`pausing`;
+    engine.gil_share says why); the time paused does not count against the limit."""
 
-    __slots__ = ("limit_s", "t_end", "what")
+    __slots__ = ("limit_s", "t_end", "what", "work", "spent")
 
-    def __init__(self, limit_s: float | None, what: str = "compiling the constraint"):
+    def __init__(self, limit_s: float | None, what: str = "compiling the constraint", work: int | None = None):
         self.limit_s = limit_s
         self.t_end = None if limit_s is None else time.perf_counter() + limit_s
         self.what = what
+        self.work = work
+        self.spent = 0
 
     def check(self) -> None:
+        self.spent += 1
+        if self.work is not None and self.spent > self.work:
+            raise CompilationWorkLimitError(f"{self.what} exceeded its work limit of {self.work} steps")
         paused = pause_point()
         if paused and self.t_end is not None:
             self.t_end += paused

@@ -7,15 +7,16 @@ compiled constraint so that a canvas changing by a few commits per step recomput
 
   step_open / step_tok      forward over an open position / a committed token;
   back_open / back_tok      the backward restriction (members whose step meets the next backward set);
-  finishers / finish3       which states can reach acceptance within m more positions (token-level, budgeted);
+  finishers / finish3       which states can reach acceptance within m more positions (exact, or by
+                            finish_cheap under a budget);
   row / count               the mask row between two sets (packed token bitmask bytes) / its size capped at 2.
 
-`Budget` bounds the new token transitions one call may compute (and the time spent on them); a set computed
-through part of its members counts as a cut of the call (see canvas.py's docstring, "Expansion budget").
+`Budget` bounds, in states, what one call may add to its request's explored set (never in seconds, and
+independently of what the shared transition cache already holds); a set computed through part of its members
+counts as a cut of the call (see canvas.py's docstring, "Expansion budget").
 """
 from __future__ import annotations
 
-import time
 from array import array
 from collections import OrderedDict
 from itertools import repeat
@@ -35,44 +36,31 @@ _NO_TRUE = (1 << 31) - 1  # can-finish threshold: no m known to suffice
 
 
 class Budget:
-    """How many new token-transition computations one call may still do, and until when; and how many steps of the
-    can-finish search through known transitions (`visits`, and the same time: without a bound a call near the end of
-    a wide canvas re-walked thousands of (state, length) pairs each time; what a search leaves undecided is searched
-    again by later calls at exponentially spaced visits only, see SetAlgebra._undecided)."""
+    """The work one budgeted call may do, counted in states, never in seconds: the call's answer is then a function of
+    the constraint, the canvas and its request's own history, the same on an idle or a loaded machine, from any
+    thread, and whatever other requests cached before.
 
-    __slots__ = ("left", "t_end", "undecided", "finish_left", "cuts", "visits")
+    `known` is the request's explored set (a bitset): the states whose token transitions the request's sets follow.
+    A set with members outside it takes them all in when `left` (the new states the call may still add) covers them,
+    else none (all or nothing, so that the choice depends on the set and not on the automaton's state numbering,
+    which follows the order in which requests discovered the states); the automaton's shared transition cache only
+    makes following a state cheaper. `cuts` counts the set-level results of the call computed through part of their
+    members (while 0, every set of the call is exact)."""
 
-    def __init__(self, n: int | None = None, seconds: float | None = None, finish: int | None = None):
+    __slots__ = ("left", "known", "cuts")
+
+    def __init__(self, n: int | None = None, known: int = 0):
         self.left = UNLIMITED if n is None else n
-        self.t_end = None if seconds is None else time.perf_counter() + seconds
-        self.undecided: set[tuple[int, int]] = set()  # (state, m) found undecided in this call
-        # the can-finish search has its own allowance (it decides which tokens are allowed at all)
-        self.finish_left = UNLIMITED if n is None else (8 * n if finish is None else finish)
-        self.visits = UNLIMITED if n is None else 16 * max(n, 128)
-        # set-level results this call computed through part of their members only (budget cuts): while 0, every
-        # set of the call is exact. Per call, not on the shared SetAlgebra, which other requests (and threads) use.
+        self.known = known
         self.cuts = 0
 
-    def past_time(self) -> bool:
-        """Whether the budget's time is over (the search through known transitions checks it now and then)."""
-        return self.t_end is not None and time.perf_counter() > self.t_end
-
-    def _out_of_time(self) -> bool:
-        if self.t_end is not None and time.perf_counter() > self.t_end:
-            self.left = self.finish_left = 0  # spent for good: later asks answer without reading the clock
-            return True
-        return False
-
-    def take(self) -> bool:
-        if self.left <= 0 or self._out_of_time():
+    def admit(self, out: int) -> bool:
+        """Take every state of bitset `out` (none of them in `known`) into the explored set if `left` covers them all."""
+        k = out.bit_count()
+        if k > self.left:
             return False
-        self.left -= 1
-        return True
-
-    def take_finish(self) -> bool:
-        if self.finish_left <= 0 or self._out_of_time():
-            return False
-        self.finish_left -= 1
+        self.left -= k
+        self.known |= out
         return True
 
 
@@ -93,12 +81,11 @@ def checked_chunks(members: list[int], size: int = 256):
 
 # Bytes of packed mask rows one compiled constraint keeps (SetAlgebra.rows)
 ROW_CACHE_BYTES = 16 << 20
-# Memory (bytes, TokenAutomaton.footprint_bytes) up to which canvas calls explore a compiled constraint's automaton
-# ahead of what they need (each call's expansion budget, canvas.py). The automaton is shared by every request of the
-# constraint and never shrinks; a wide schema's reachable part can hold tens of thousands of states (a 10,000-state
-# schema of the sample holds about 80 MB with a 4K vocabulary, more at 128K), and exploration past its DFA's state
-# bound made every later request of the constraint fail. Past the allowance masks come from the known transitions
-# (sound subsets: the left frontier stays exact) and new states are added only where a request's answer needs them.
+# Memory (bytes, TokenAutomaton.footprint_bytes) of a compiled constraint's automaton, which every request of the
+# constraint shares and which never shrinks (a 10,000-state schema holds about 80 MB with a 4K vocabulary, more at
+# 128K): past twice this the compile cache compiles the constraint afresh for the next request
+# (CompiledConstraint.worn_out). It decides no mask: that would make a request's masks depend on what other requests
+# explored; each request's exploration is bounded by its own explored set (canvas.EXPLORE_MAX_STATES).
 EXPLORE_MAX_BYTES = 128 << 20
 
 
@@ -117,15 +104,16 @@ class SetAlgebra:
         # members still to look at, so that a later call only looks at those (the transition cache only grows)
         self._open_part: dict[int, tuple[int, bool, list[int]]] = {}
         self._back_part: dict[tuple[int, int], tuple[int, list[int]]] = {}
-        self._fin_part: dict[tuple[int, int], tuple[int, list[int]]] = {}
+        # budgeted can-finish sets (finish_cheap): (F, m) -> (the members proven, whether some were left undecided)
+        self._fin_cheap: dict[tuple[int, int], tuple[int, bool]] = {}
+        # finish_bounded: (state, m, states) -> True / False / None
+        self._fin_bounded: dict[tuple[int, int, int], bool | None] = {}
         self._back_tok: dict[tuple[int, int, int], int] = {}
         # can-finish memo per state, as int32 arrays indexed by state (Python reads them like lists, the native
         # `finish_split` as buffers): the largest m known not to suffice (-1: none) and the smallest m known to suffice
         # (_NO_TRUE: none); states past an array's end have neither
         self._fin_false = array("i")
         self._fin_true = array("i")
-        # (state, m) -> [visits, the visit that searches it again] of can-finish questions budgets left undecided
-        self._fin_backoff: dict[tuple[int, int], list[int]] = {}
         native = _cwalk.load() if ta.row_store is not None else None
         self._finish_split = native.finish_split if native is not None else None
         # a committed token's backward step walked in C over the byte DFA's expanded rows (tables DFAs only)
@@ -169,24 +157,46 @@ class SetAlgebra:
         return self.ta.trans(q).succ_bits
 
     def exploration_full(self) -> bool:
-        """Whether the automaton holds its exploration allowance (EXPLORE_MAX_BYTES): calls then stop exploring
-        ahead and add states only where their answer needs them."""
+        """Whether the automaton holds its memory allowance (EXPLORE_MAX_BYTES). It decides no mask (each request's
+        exploration is bounded by its own explored set, canvas.EXPLORE_MAX_STATES); CompiledConstraint.worn_out
+        has the compile cache compile the constraint afresh past twice the allowance."""
         return self.ta.footprint_bytes() >= self.explore_max_bytes
 
     # ------------------------------------------------------------------ forward
     def known(self, q: int) -> bool:
         return q in self.ta.succ_bits
 
-    def _expand(self, q: int, budget: Budget | None) -> int | None:
-        """succ bits of q, computing them if the budget allows (None = unknown)."""
-        sb = self.ta.succ_bits.get(q)
-        if sb is not None:
-            return sb
-        if budget is None or budget.take():
-            return self.ta.trans(q).succ_bits
-        return None
-
     def step_open(self, F: int, budget: Budget | None = None) -> int:
+        """The forward step over an open position: exact without a budget; with one, through the members of F in the
+        request's explored set (`Budget.known`, which takes in F's other members when the call's allowance covers
+        them all), plus a spine when that leaves nothing (see `_step_budgeted`)."""
+        if budget is None:
+            return self._step_open_all(F)
+        return self._step_budgeted(F, budget)
+
+    def _step_budgeted(self, F: int, budget: Budget) -> int:
+        out = F & ~budget.known & ~ENDED_BIT
+        if not out or budget.admit(out):
+            return self._step_open_all(F)
+        budget.cuts += 1
+        inside = F & ~out
+        r = self._step_open_all(inside) if inside else 0
+        acc = self.dfa.accepting
+        outside = self.members(out)
+        if any(acc[q] for q in outside):
+            r |= ENDED_BIT  # an accepting member ends with EOS (no token transitions needed)
+        if not r:
+            # keep a spine: follow the members closest to acceptance even past the allowance (all of them, so that
+            # the choice does not depend on the state numbering)
+            dist = self.dfa.dist
+            d = min(int(dist[q]) for q in outside)
+            for q in outside:
+                if int(dist[q]) == d:
+                    r |= self.ta.trans(q).succ_bits
+        return r
+
+    def _step_open_all(self, F: int) -> int:
+        """The exact forward step over an open position through every member of F (memoised)."""
         r = self._open.get(F)
         if r is not None:
             return r
@@ -202,37 +212,24 @@ class SetAlgebra:
             ended = bool(F & ENDED_BIT) or any(acc[q] for q in self.members(F) if q != ENDED)
             r, todo = 0, [q for q in self.members(F) if q != ENDED]
         else:
-            # a set met before through part of its members: only those still unknown then are looked at again
             r, ended, todo = part
-        unknown: list[int] = []
+        trans = self.ta.trans
         sget = self.ta.succ_bits.get
         for chunk in checked_chunks(todo):
             for q in chunk:
                 sb = sget(q)
                 if sb is None:
-                    if budget is not None and budget.left <= 0:
-                        unknown.append(q)  # the budget is spent: no new transitions this call
-                        continue
-                    sb = self._expand(q, budget)
-                    if sb is None:
-                        unknown.append(q)
-                        continue
+                    try:
+                        sb = trans(q).succ_bits
+                    except BaseException:
+                        # a call deadline fired mid-set: keep what is done, the rest is looked at next time
+                        self._remember_part(self._open_part, F, (r, ended, todo[todo.index(q):]))
+                        raise
                 r |= sb
-        if unknown:  # only a budget leaves members unknown
-            budget.cuts += 1
-            self._remember_part(self._open_part, F, (r, ended, unknown))
-            if not r and not ended:
-                # keep a spine: follow the member closest to acceptance even past the budget (not remembered with
-                # the set: the next call re-reads it from the transition cache)
-                dist = self.dfa.dist
-                q = min(unknown, key=lambda x: int(dist[x]))
-                r = self.ta.trans(q).succ_bits
-        else:
-            self._open_part.pop(F, None)
+        self._open_part.pop(F, None)
         if ended:
             r |= ENDED_BIT
-        if not unknown:
-            self._open[F] = r
+        self._open[F] = r
         return r
 
     @staticmethod
@@ -267,6 +264,16 @@ class SetAlgebra:
     def back_open(self, F: int, X: int, budget: Budget | None = None) -> int:
         """{q in F : an open position takes q into X} (through known transitions; a member whose transitions are
         unknown counts as a cut of `budget`'s call, and is the only one looked at again when (F, X) comes back)."""
+        if budget is not None:
+            inside = F & (budget.known | ENDED_BIT)
+            if inside != F:
+                # members outside the request's explored set are not followed (sound), except into ENDED by EOS
+                budget.cuts += 1
+                r = self.back_open(inside, X) if inside else 0
+                if X & ENDED_BIT:
+                    acc = self.dfa.accepting
+                    r |= sum(1 << q for q in self.members(F & ~inside) if acc[q])
+                return r
         key = (F, X)
         r = self._back_open.get(key)
         if r is not None:
@@ -307,8 +314,6 @@ class SetAlgebra:
             self._back_open[key] = r
         else:
             self._remember_part(self._back_part, key, (r, unknown))
-            if budget is not None:
-                budget.cuts += 1
         return r
 
     def back_tok(self, F: int, t: int, X: int) -> int:
@@ -344,16 +349,76 @@ class SetAlgebra:
 
     # ------------------------------------------------------------------ lengths
     def can_finish(self, q: int, m: int, budget: Budget | None = None) -> bool:
-        """q can reach a valid end within m further (open) positions (False when undecided within the
-        budget: sound)."""
-        return self.finish3(q, m, budget) is True
+        """q can reach a valid end within m further (open) positions: exactly without a budget; with one, by
+        `finish_cheap` (False when it does not prove it: sound)."""
+        if budget is not None:
+            return self.finish_cheap(q, m) is True
+        return self.finish3(q, m)
 
-    def finish3(self, q: int, m: int, budget: Budget | None = None) -> bool | None:
-        """Tri-state can-finish: True / False (proven) / None (undecided within the budget).
+    def finish_cheap(self, q: int, m: int) -> bool | None:
+        """Can-finish from what the state alone tells, without searching token transitions: True when q accepts,
+        when every byte is a token and q is at most m bytes from acceptance, or when the tokenization of its
+        shortest continuation fits m; False when even the longest tokens cannot reach acceptance in m; None
+        otherwise. A function of (q, m) only (no memo learnt from searches enters it), so a budgeted call's sets do
+        not depend on what other calls decided before."""
+        if q == ENDED or self.dfa.accepting[q]:
+            return True
+        if m <= 0:
+            return False
+        d = int(self.dfa.dist[q])
+        if self.ta.single_byte_complete and d <= m:
+            return True
+        if -(-d // max(1, self.ta.max_token_len)) > m:
+            return False
+        return True if self.greedy_tokens_to_accept(q) <= m else None
 
-        d(q) <= m  with  d(q) = 0 for accepting q, else 1 + min over token successors u of d(u); decided
-        depth-first (successors closest to acceptance first) with per-state thresholds memoised: the
-        smallest m known to suffice and the largest m known not to."""
+    def finish_bounded(self, q: int, m: int, states: int) -> bool | None:
+        """Can-finish within m positions by a breadth-first search over token successors that expands at most
+        `states` states, a whole level at a time: True / False when it decides (proofs), None when it would need
+        more. A function of (q, m, states): no fact learnt by other searches enters it (only `finish_cheap`, a
+        function of the state), and whole levels make it independent of the order of the states, hence of the
+        automaton's numbering, which follows the order in which requests discovered them. Memoised per argument."""
+        key = (q, m, states)
+        r = self._fin_bounded.get(key, 0)
+        if r == 0:
+            r = self._finish_levels(q, m, states)
+            if len(self._fin_bounded) > 200_000:
+                self._fin_bounded.clear()
+            self._fin_bounded[key] = r
+        return r
+
+    def _finish_levels(self, q: int, m: int, states: int) -> bool | None:
+        first = self.finish_cheap(q, m)
+        if first is not None:
+            return first
+        frontier = [q]
+        seen = {q}
+        spent = 0
+        k = 0
+        while frontier and k < m:
+            spent += len(frontier)
+            if spent > states:
+                return None
+            k += 1
+            nxt = []
+            for s in frontier:
+                check_active(s, "deciding whether it can finish")
+                for u in self.ta.succ(s):
+                    if u in seen:
+                        continue  # met before at a level no later: with at least as many positions left
+                    seen.add(u)
+                    f = self.finish_cheap(u, m - k)
+                    if f is True:
+                        return True
+                    if f is None:
+                        nxt.append(u)
+            frontier = nxt
+        return False
+
+    def finish3(self, q: int, m: int) -> bool:
+        """Exact can-finish: d(q) <= m  with  d(q) = 0 for accepting q, else 1 + min over token successors u of d(u);
+        decided depth-first (successors closest to acceptance first) with per-state thresholds memoised: the
+        smallest m known to suffice and the largest m known not to (facts, the same whoever learnt them)."""
         if q == ENDED or self.dfa.accepting[q]:
             return True
         if m <= 0:
@@ -365,63 +430,21 @@ class SetAlgebra:
             return True
         if q < len(ff) and ff[q] >= m:
             return False
-        g = self.greedy_tokens_to_accept(q, budget)
+        g = self.greedy_tokens_to_accept(q)
         if g <= m:
             self._note_true(q, g)  # an upper bound on the tokens q needs: every m >= g suffices
             return True
-        if budget is not None:
-            if (q, m) in budget.undecided:
-                return None
-            backoff = self._fin_backoff.get((q, m))
-            if backoff is not None:
-                backoff[0] += 1
-                if backoff[0] < backoff[1]:
-                    # left undecided by earlier calls' budgets: searched again at exponentially spaced visits only
-                    # (the same search, cut by the same budget, cost every mask call the same work for nothing)
-                    budget.undecided.add((q, m))
-                    return None
-            budget.visits -= 1
-            if budget.visits < 0 or budget.past_time():
-                # this call's search steps (or its time) are spent: undecided (sound: q is left out)
-                budget.visits = -1
-                self._undecided(q, m, budget)
-                return None
         check_active(q, "deciding whether it can finish")
         L = max(1, self.ta.max_token_len)
         if -(-int(self.dfa.dist[q]) // L) > m:  # not even with the longest tokens
             self._note_false(q, m)
             return False
-        succ = self._succ_by_dist(q, budget)
-        if succ is None:
-            self._undecided(q, m, budget)
-            return None
-        undecided = False
-        for u in succ:
-            r = self.finish3(u, m - 1, budget)
-            if r is True:
+        for u in self._succ_by_dist(q):
+            if self.finish3(u, m - 1):
                 self._note_true(q, m)
                 return True
-            if r is None:
-                undecided = True
-                if budget is not None and budget.visits < 0:
-                    break  # out of search steps: the other successors would answer undecided one by one
-        if undecided:
-            self._undecided(q, m, budget)
-            return None
         self._note_false(q, m)
         return False
-
-    def _undecided(self, q: int, m: int, budget: Budget) -> None:
-        """(q, m) is undecided within this call's budget: so for the rest of the call, and searched again by later
-        calls at their visits 2, 4, 8, ... of it (a decision found meanwhile through the thresholds comes first)."""
-        budget.undecided.add((q, m))
-        backoff = self._fin_backoff.get((q, m))
-        if backoff is None:
-            if len(self._fin_backoff) > 200_000:
-                self._fin_backoff.clear()
-            self._fin_backoff[(q, m)] = [1, 2]
-        else:
-            backoff[1] = 2 * backoff[0]
 
     def _note_true(self, q: int, m: int) -> None:
         """q can finish within m positions (so within any more)."""
@@ -437,16 +460,14 @@ class SetAlgebra:
         if m > ff[q]:
             ff[q] = min(m, _NO_TRUE)
 
-    def greedy_tokens_to_accept(self, q: int, budget: Budget | None = None) -> int:
+    def greedy_tokens_to_accept(self, q: int) -> int:
         """An upper bound on the tokens q needs: a shortest byte continuation (each step's byte from
         `_greedy_next`), tokenized by longest match. Needs DFA rows only, no token transitions.
 
         The continuation is a function of the state (path(q) = b + path(next)), so after the longest token
         t that prefixes path(q) the rest is path(state after t): greedy(q) = 1 + greedy(that state), memoised
-        per state (each state looks at most max_token_len bytes ahead instead of tokenizing its whole path).
-
-        With a budget whose time is over, a walk that still needs new DFA rows stops and answers INF (no bound, not
-        memoised; the steps it took stay cached): one cold state's continuation can be hundreds of DFA rows."""
+        per state (each state looks at most max_token_len bytes ahead instead of tokenizing its whole path): a
+        function of the state, whatever was memoised before."""
         memo = self._greedy
         r = memo.get(q)
         if r is not None:
@@ -462,8 +483,6 @@ class SetAlgebra:
                 break
             if not len(chain) & 63:
                 check_active(s, "tokenizing its shortest continuation")
-            if budget is not None and not len(chain) & 7 and budget.past_time():
-                return INF
             if dfa.accepting[s]:
                 r = memo[s] = 0
                 break
@@ -523,56 +542,59 @@ class SetAlgebra:
             self._greedy_step[s] = st
         return st
 
-    def _succ_by_dist(self, q: int, budget: Budget | None) -> list[int] | None:
+    def _succ_by_dist(self, q: int) -> list[int]:
         r = self._succ_sorted.get(q)
         if r is None:
-            sb = self.ta.succ_bits.get(q)
-            if sb is None:
-                if budget is not None and not budget.take_finish():
-                    return None
-                sb = self.ta.trans(q).succ_bits
+            sb = self.ta.trans(q).succ_bits
             dist = self.dfa.dist
             r = sorted(bits_of(sb), key=lambda u: int(dist[u]))
             self._succ_sorted[q] = r
         return r
 
-    def finishers(self, F: int, m: int, budget: Budget | None = None, stop_at: float | None = None) -> int:
-        """{q in F : q can finish within m positions}; members left undecided by the budget are the only ones
-        decided again when (F, m) comes back. stop_at (a perf_counter time, with a budget): past it, the members not
-        looked at yet stay undecided too: each may first need its shortest continuation tokenized (DFA rows never
-        expanded), and a wide set near the end of a cold canvas has thousands of them."""
+    def finishers(self, F: int, m: int, budget: Budget | None = None) -> int:
+        """{q in F : q can finish within m positions}: exact without a budget; with one, the members `finish_cheap`
+        proves (a function of (F, m) alone; a member it leaves undecided counts as a cut of the budget's call)."""
+        if budget is not None:
+            r, undecided = self._finishers_cheap(F, m)
+            if undecided:
+                budget.cuts += 1
+            return r
         key = (F, m)
         r = self._fin_sets.get(key)
         if r is not None:
             return r
-        part = self._fin_part.get(key)
-        if part is None and self._finish_split is not None:
-            # first visit, in C: the members the tables decide (accepting, distance, known thresholds) at once
+        if self._finish_split is not None:
+            # in C: the members the tables decide (accepting, distance, known thresholds) at once
             data, todo = self._finish_split(
                 as_bytes(F), m, self.dfa.dist, self.dfa.accepting, self._fin_true, self._fin_false,
                 self.ta.single_byte_complete, self.ta.max_token_len)
             r = int.from_bytes(data, "little")
-        elif part is None:
-            r, todo = self._finish_at_once(F, m)
         else:
-            r, todo = part
-        undecided: list[int] = []
-        for k, q in enumerate(todo):
-            if stop_at is not None and budget is not None and not k & 15 and time.perf_counter() > stop_at:
-                undecided.extend(todo[k:])
-                break
-            f3 = self.finish3(q, m, budget)
-            if f3 is True:
+            r, todo = self._finish_at_once(F, m)
+        for q in todo:
+            if self.finish3(q, m):
                 r |= 1 << q
-            elif f3 is None:  # undecided within the budget (a proven False keeps the set complete)
-                undecided.append(q)
-        if not undecided:
-            self._fin_part.pop(key, None)
-            self._fin_sets[key] = r
-        else:  # only a budget leaves a member undecided
-            self._remember_part(self._fin_part, key, (r, undecided))
-            budget.cuts += 1
+        self._fin_sets[key] = r
         return r
+
+    def _finishers_cheap(self, F: int, m: int) -> tuple[int, bool]:
+        """(the members of F that `finish_cheap` proves, whether it left some undecided), memoised per (F, m)."""
+        key = (F, m)
+        hit = self._fin_cheap.get(key)
+        if hit is not None:
+            return hit
+        r, todo = self._finish_at_once(F, m)
+        undecided = False
+        for q in todo:
+            f = self.finish_cheap(q, m)
+            if f is True:
+                r |= 1 << q
+            elif f is None:
+                undecided = True
+        if len(self._fin_cheap) > 200_000:
+            self._fin_cheap.clear()
+        self._fin_cheap[key] = (r, undecided)
+        return r, undecided
 
     def _finish_at_once(self, F: int, m: int) -> tuple[int, list[int]]:
         """(the members of F that finish within m positions by a table lookup: ENDED, accepting states and, when
@@ -639,9 +661,28 @@ class SetAlgebra:
         self._lr_rows[key] = row
         return row
 
-    def count(self, Bi: int, Bn: int) -> tuple[int, int | None, bool]:
-        """(allowed text tokens capped at 2, the token if exactly one, EOS allowed)."""
-        full, partial, eos_ok, _ = self._split_step(Bi, Bn)
+    def row_within(self, Bi: int, Bn: int, vocab_size: int, known: int | None) -> np.ndarray:
+        """`row(Bi, Bn)` through the members of Bi in the explored set `known` (None: every member); a member outside
+        it adds EOS only (its token transitions are not followed: sound), so that the row does not depend on which
+        transitions other requests had the automaton compute."""
+        inside = Bi if known is None else Bi & (known | ENDED_BIT)
+        if inside == Bi:
+            return self.row(Bi, Bn, vocab_size)
+        row = self.row(inside, Bn, vocab_size) if inside else np.zeros((vocab_size + 7) // 8, dtype=np.uint8)
+        e = self.eos
+        if Bn & ENDED_BIT and 0 <= e < vocab_size and not (row[e >> 3] >> (e & 7)) & 1 \
+                and any(self.dfa.accepting[q] for q in self.members(Bi & ~inside)):
+            row = row.copy()
+            row[e >> 3] |= 1 << (e & 7)
+        return row
+
+    def count(self, Bi: int, Bn: int, known: int | None = None) -> tuple[int, int | None, bool]:
+        """(allowed text tokens capped at 2, the token if exactly one, EOS allowed), through the members of Bi in
+        `known` as `row_within` (None: every member)."""
+        inside = Bi if known is None else Bi & (known | ENDED_BIT)
+        full, partial, eos_ok, _ = self._split_step(inside, Bn)
+        if inside != Bi and Bn & ENDED_BIT:
+            eos_ok = eos_ok or any(self.dfa.accepting[q] for q in self.members(Bi & ~inside))
         cnt, tok = self.ta.count_allowed(full, partial, self.members)
         return cnt, tok, eos_ok
 

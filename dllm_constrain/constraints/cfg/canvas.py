@@ -22,11 +22,10 @@ grammar, everything after it is EOS.
 * Time: every public call runs under a per-call deadline (`timeout_s`, the request's constraint_timeout; see
   "Time bounds" in docs/constraints.md): the witness search, the set computation and the row computation check
   it cooperatively between updates, so an interrupted call leaves the state and the shared compiled grammar
-  whole (and the vocabulary walks it finished cached: the next call gets further). On timeout a call answers
-  from the witness when that is sound (masks: the witness's token at the frontier, nothing elsewhere;
-  select_commits: the commits verified so far; forced_tokens: nothing; is_completable: False, as when the search
-  budget runs out, so the engine undoes the step and the next frontier mask is the witness's token), else (a
-  mask of a canvas the witness disagrees with) raises ConstraintTimeoutError naming the call and the frontier.
+  whole (and the vocabulary walks it finished cached). The deadline is the last resort: every answer is bounded
+  by work (set_cap, the search and refinement node budgets, `cold_walks` new lexer states per call counted in the
+  request's own walked set), so a call that reaches it raises ConstraintTimeoutError naming the call and the
+  frontier, and the request ends; no answer (the exact frontier row included) is ever loosened by the clock.
   The constructor's fit check is bounded by the search budget only, as `CompiledGrammar.min_tokens` is.
 * Termination: when a step's proposals are all refused, the next mask at the frontier is narrowed to the
   witness's token (counted in `stats["witness_forced"]`), which the engine commits as a forced token (and
@@ -77,12 +76,13 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
         self.refine_budget = refine_budget
         self.cold_walks = cold_walks
         self._cold_left = cold_walks
+        self._warmed: set[int] = set()  # lexer states this request walked (canvas_sets._warm): its own, not the cache's
         self.verify_with_lark = verify_with_lark
         # per call: a hard time limit (None = unbounded), see "Time bounds" in docs/constraints.md
         self.timeout_s = timeout_s
         self.kind = "grammar"
         self.stats = {"searches": 0, "search_nodes": 0, "search_failures": 0, "witness_forced": 0,
-                      "lark_rejections": 0, "deadline_hits": 0, "witness_salvage": 0}
+                      "lark_rejections": 0, "deadline_hits": 0}
         self._prefix_c: tuple = ()
         self._prefix_cfgs: list[Config | None] = [cg.initial]
         self._an: _Analysis | None = None
@@ -214,11 +214,8 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
     def is_completable(self, canvas: Sequence[int]) -> bool:
         c = self._norm(canvas)
         self._cold_left = self.cold_walks
-        try:
-            with self._deadline("is_completable", c):
-                ok = self._completable(c)
-        except ConstraintTimeoutError:
-            ok = False  # no witness in time: conservative, as when the search budget runs out
+        with self._deadline("is_completable", c):
+            ok = self._completable(c)
         if not ok:
             self._stall = True
         return ok
@@ -237,11 +234,8 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
         self._cold_left = self.cold_walks
         order = sorted(range(len(proposals)), key=lambda k: -float(proposals[k][2]))
         kept: list[tuple[int, int]] = []
-        try:
-            with self._deadline("select_commits", tuple(c)):
-                self._select(c, proposals, order, kept)
-        except ConstraintTimeoutError:
-            pass  # the commits verified so far (each has a witness); none: the next frontier mask is the witness's
+        with self._deadline("select_commits", tuple(c)):
+            self._select(c, proposals, order, kept)
         if proposals and not kept:
             self._stall = True
         return kept
@@ -263,11 +257,8 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
     def forced_tokens(self, canvas: Sequence[int]) -> dict[int, int]:
         c = self._norm(canvas)
         self._cold_left = self.cold_walks
-        try:
-            with self._deadline("forced_tokens", c):
-                return self._forced(c)
-        except ConstraintTimeoutError:
-            return {}  # nothing forced
+        with self._deadline("forced_tokens", c):
+            return self._forced(c)
 
     def _forced(self, c: tuple) -> dict[int, int]:
         an = self._analyze(c, 0)
@@ -292,11 +283,8 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
         o = bitmask_bytes(out[:len(positions)])
         o[:] = 0
         c = self._norm(canvas)
-        try:
-            with self._deadline("fill_token_bitmask", c):
-                self._masks_into(c, positions, o)
-        except ConstraintTimeoutError as err:
-            self._witness_masks(c, positions, o, err)
+        with self._deadline("fill_token_bitmask", c):
+            self._masks_into(c, positions, o)
 
     def allowed_tokens(self, canvas: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
         """Bool [len(positions), vocab_size]: the rows `fill_token_bitmask` writes, unpacked."""
@@ -304,30 +292,9 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
         out = torch.zeros((len(positions), self.vocab_size), dtype=torch.bool)
         c = self._norm(canvas)
         o = out.numpy()
-        try:
-            with self._deadline("allowed_tokens", c):
-                self._masks_into(c, positions, o)
-        except ConstraintTimeoutError as err:
-            self._witness_masks(c, positions, o, err)
+        with self._deadline("allowed_tokens", c):
+            self._masks_into(c, positions, o)
         return out
-
-    def _witness_masks(self, c: tuple, positions: list[int], o: np.ndarray, err: ConstraintTimeoutError) -> None:
-        """The masks of a call whose deadline fired: committed positions their own token, the frontier the
-        witness's token (the witness spells a parse through it), every other open position nothing. Sound, and
-        the engine still advances (it commits the frontier). When the witness disagrees with the canvas there is
-        no proven token to offer: the timeout is raised again."""
-        if not self._consistent(c):
-            raise err
-        self.stats["witness_salvage"] += 1
-        o[:len(positions)] = 0
-        f = next((i for i, x in enumerate(c) if x is None), self.n)
-        for j, p in enumerate(positions):
-            if not 0 <= p < self.n:
-                raise IndexError(f"position {p} outside the canvas of length {self.n}")
-            if c[p] is not None:
-                set_token(o[j], c[p])
-            elif p == f:
-                set_token(o[j], self.witness[p])
 
     def _masks_into(self, c: tuple, positions: list[int], o: np.ndarray) -> None:
         """The masks into the zeroed mask rows `o` (bool [n, V] or bitmask bytes [n, 4 W]): committed positions

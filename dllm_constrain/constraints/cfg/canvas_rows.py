@@ -16,7 +16,6 @@ import numpy as np
 
 from dllm_constrain.kernels.bitmask import set_token
 
-from ...errors import ConstraintTimeoutError
 
 from ..bounds import INF
 from ..deadline import check_active
@@ -57,16 +56,12 @@ class GrammarRows:
         sel = np.zeros(lt.n_groups, dtype=bool)
         _lt, succ = cg.successors(cfg)
         passing = []
-        loose = False  # a check cut short by the deadline kept its group: the row is sound but not cached
         for g, nxt in succ:
             if not self._inB(an.B, f + 1, cg.approx_id(nxt)):
                 continue
             if tail_only:
-                try:
-                    fits = self._fits(nxt, cap)
-                except ConstraintTimeoutError:
-                    fits = loose = True  # inconclusive in time: keep it (sound)
-                if not fits:
+                # a deadline firing here ends the call (ConstraintTimeoutError): the row is exact or not answered
+                if not self._fits(nxt, cap):
                     continue
             passing.append((g, nxt))
         if not tail_only and len(passing) <= self.refine_groups:
@@ -81,13 +76,7 @@ class GrammarRows:
                 srch.exhaustive = True
                 allot = min(self.refine_budget, total)
                 srch.budget = allot
-                try:
-                    found = srch.run(f + 1, nxt) is not None
-                except ConstraintTimeoutError:
-                    kept.append((g, nxt))
-                    total = 0
-                    loose = True
-                    continue
+                found = srch.run(f + 1, nxt) is not None
                 total -= allot - max(srch.budget, 0) + 1
                 if found or not srch.exhaustive:
                     kept.append((g, nxt))
@@ -100,8 +89,6 @@ class GrammarRows:
         if (an.last_text < f) and cg.accepts_end(cfg):
             row[self.eos] = True
         row = np.packbits(row, bitorder="little")
-        if loose:
-            return row
         self._rows[key] = row
         if len(self._rows) > 64:
             self._rows.popitem(last=False)
@@ -164,7 +151,7 @@ class GrammarRows:
                 if ended_next and ap.accepting(a):
                     eos_ok = True
                 by_q.setdefault(a // ap.P, []).append(a)
-            cold = [q for q in by_q if not self.cg.lexer.has_trans(q)]
+            cold = [q for q in by_q if q not in self._warmed]
             if cold and not all(self._warm(q) for q in cold):
                 row = self._text_bits().copy()  # TOP rather than many cold vocabulary walks (sound; not cached)
                 if an.last_text < p:

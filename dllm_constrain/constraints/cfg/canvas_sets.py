@@ -114,12 +114,11 @@ class GrammarSets:
         frontier = {a}
         seen = {a}
         ok = False
-        lx = self.cg.lexer
         for _k in range(m):
             nxt = set()
             check_active(None, "deciding whether a state can finish within %d tokens", m)
             for s in frontier:
-                if not lx.has_trans(s // ap.P) and not self._warm(s // ap.P):
+                if not self._warm(s // ap.P):
                     return True  # undecided without a cold vocabulary walk: sound answer
                 for u in ap.succ(s):
                     if u in seen:
@@ -209,11 +208,14 @@ class GrammarSets:
         return an
 
     def _warm(self, q: int) -> bool:
-        """True if lexer state q's vocabulary walk is cached or may be computed now (a few per call)."""
-        if self.cg.lexer.has_trans(q):
+        """True if lexer state q is in this request's walked set or may join it now (`cold_walks` per call). The set
+        is the request's own, not the lexer's cache of walks (which other requests fill): which rows turn TOP then
+        depends on the request's canvases alone, the same with a cold or a warm cache."""
+        if q in self._warmed:
             return True
         if self._cold_left > 0:
             self._cold_left -= 1
+            self._warmed.add(q)
             return True
         return False
 
