@@ -1,0 +1,154 @@
+"""Constrained DiffusionGemma inside vLLM (dllm_constrain/vllm_plugin/diffusion_gemma.py, block_constraint.py).
+
+The block constraint (masks for a block's rows of the flat logits, joint check and repair of a committed block) is
+vLLM-independent and tested here in any venv, on blocks committed from random logits the way vLLM's uniform-noise
+sampler commits them (each position its row's argmax). The vLLM classes are tested where vLLM's DiffusionGemma
+module imports (it needs transformers' Gemma4 processor, hence torchvision, which vLLM's CPU install here must
+remove), and a constrained generation where there is also a GPU and a DiffusionGemma checkpoint
+(DLLM_CONSTRAIN_DIFFUSION_GEMMA=<folder>); otherwise those skip with the reason.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import jsonschema
+import pytest
+import torch
+
+from conftest import build_tiny_tokenizer
+from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo
+from dllm_constrain.engine.state import STRICT_SCHEMA_OPTIONS
+from dllm_constrain.vllm_plugin.block_constraint import MASKED_LOGIT, BlockConstraint, mask_flat_logits
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+VOCAB = 272  # logits wider than the tokenizer's 260 ids, as a padded vocabulary is
+EOS = 1
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def compiler(tok):
+    return ConstraintCompiler(TokenizerInfo.from_tokenizer(tok, eos_id=EOS, vocab_size=260))
+
+
+def _text(tok, ids: list[int]) -> str:
+    end = ids.index(EOS) if EOS in ids else len(ids)
+    return tok.decode(ids[:end])
+
+
+def _denoise(bc: BlockConstraint, width: int, gen: torch.Generator) -> list[int]:
+    """Commit blocks of `width` from random logits until the canvas is full: each block's positions are their
+    masked rows' argmax, as vLLM's sampler commits a converged block."""
+    while not bc.finished():
+        logits = torch.randn((width, VOCAB), generator=gen)
+        rows = bc.block_rows(width, VOCAB)
+        masked = mask_flat_logits(logits, [0], [rows])
+        block = masked.argmax(dim=1).tolist()[:bc.max_tokens - bc.block_start]
+        bc.commit(block, masked)
+    return bc.committed
+
+
+def test_block_rows_allow_only_tokens_that_start_a_valid_answer(compiler, tok) -> None:
+    bc = BlockConstraint.for_request(compiler.compile(schema=PERSON, **STRICT_SCHEMA_OPTIONS), max_tokens=40)
+    rows = bc.block_rows(4, VOCAB)
+    assert rows.shape == (4, VOCAB) and not rows[:, 260:].any()  # no id past the tokenizer's
+    first = [tok.decode([t]) for t in torch.nonzero(rows[0]).flatten().tolist()]
+    assert first and all(text.startswith("{") for text in first)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("width", [4, 8, 16])
+def test_blocks_committed_from_noise_make_a_schema_valid_answer(compiler, tok, seed: int, width: int) -> None:
+    bc = BlockConstraint.for_request(compiler.compile(schema=PERSON, **STRICT_SCHEMA_OPTIONS), max_tokens=40)
+    ids = _denoise(bc, width, torch.Generator().manual_seed(seed))
+    jsonschema.validate(json.loads(_text(tok, ids)), PERSON)
+
+
+def test_a_block_valid_position_by_position_but_not_jointly_is_repaired(compiler, tok) -> None:
+    """"ab" or "ba": each position may be a or b alone, "aa" is no answer; the lower-scored position is
+    replaced by the best token its exact row allows once the other is placed."""
+    bc = BlockConstraint.for_request(compiler.compile(regex="ab|ba"), max_tokens=3)
+    a, b = tok.encode("a").ids[0], tok.encode("b").ids[0]
+    rows = bc.block_rows(3, VOCAB)
+    assert rows[0, a] and rows[0, b] and rows[1, a] and rows[1, b]
+    scores = torch.zeros((3, VOCAB))
+    scores[0, a], scores[1, a], scores[1, b], scores[2, EOS] = 5.0, 3.0, 1.0, 1.0
+    assert bc.commit([a, a, EOS], scores) == [a, b, EOS]
+    assert bc.repaired == 1
+
+
+def test_masks_go_on_their_requests_rows_only_with_a_finite_value() -> None:
+    logits = torch.zeros((7, 5))
+    masks = torch.tensor([[True, False, True, False, True]] * 3)
+    out = mask_flat_logits(logits, [0, 2, 5], [None, masks, None])
+    assert out is not logits and torch.equal(logits, torch.zeros((7, 5)))  # the runner's tensor is left alone
+    assert torch.equal(out[2:5], torch.where(masks, 0.0, MASKED_LOGIT))
+    assert not out[:2].any() and not out[5:].any() and torch.isfinite(out).all()
+    assert mask_flat_logits(logits, [0], [None]) is logits
+
+
+# ---------------------------------------------------------------------------------------------- vLLM's classes
+def _vllm_diffusion_gemma():
+    pytest.importorskip("vllm", reason="vLLM is not importable here (docs/vllm.md, 'Install')")
+    try:
+        from dllm_constrain.vllm_plugin import diffusion_gemma
+    except (ImportError, ModuleNotFoundError) as exc:
+        pytest.skip(f"vLLM's DiffusionGemma module does not import here ({exc}); it needs transformers' Gemma4 "
+                    "processor, i.e. torchvision, which the CPU install must remove (docs/vllm.md, 'DiffusionGemma')")
+    return diffusion_gemma
+
+
+def test_the_model_class_is_vllms_with_our_state_and_sampler() -> None:
+    dg = _vllm_diffusion_gemma()
+    from vllm.model_executor.models.diffusion_gemma import (
+        DiffusionGemmaForConditionalGeneration,
+        DiffusionGemmaModelState,
+    )
+
+    assert issubclass(dg.ConstrainedDiffusionGemma, DiffusionGemmaForConditionalGeneration)
+    assert dg.ConstrainedDiffusionGemma.get_model_state_cls() is dg.ConstrainedDiffusionGemmaModelState
+    assert issubclass(dg.ConstrainedDiffusionGemmaModelState, DiffusionGemmaModelState)
+
+
+def test_register_maps_diffusion_gemma_to_our_class_when_enabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("vllm", reason="vLLM is not importable here (docs/vllm.md, 'Install')")
+    from vllm import ModelRegistry
+
+    from dllm_constrain.vllm_plugin.routing import DIFFUSION_ARCH, register_diffusion_model
+
+    monkeypatch.delenv("DLLM_CONSTRAIN_VLLM_DIFFUSION", raising=False)
+    assert not register_diffusion_model()
+    monkeypatch.setenv("DLLM_CONSTRAIN_VLLM_DIFFUSION", "1")
+    saved = ModelRegistry.models[DIFFUSION_ARCH]
+    try:
+        assert register_diffusion_model()
+        entry = ModelRegistry.models[DIFFUSION_ARCH]
+        assert (entry.module_name, entry.class_name) == ("dllm_constrain.vllm_plugin.diffusion_gemma",
+                                                         "ConstrainedDiffusionGemma")
+    finally:
+        ModelRegistry.models[DIFFUSION_ARCH] = saved
+
+
+def test_a_constrained_diffusion_gemma_answer_is_schema_valid() -> None:
+    """End to end in vLLM: needs a GPU (vLLM's V2 runner, which diffusion models need, requires Triton on a GPU)
+    and a DiffusionGemma checkpoint folder in DLLM_CONSTRAIN_DIFFUSION_GEMMA (docs/vllm.md, 'DiffusionGemma')."""
+    _vllm_diffusion_gemma()
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU: vLLM runs diffusion models only on its V2 model runner, which needs Triton on a GPU")
+    path = os.environ.get("DLLM_CONSTRAIN_DIFFUSION_GEMMA")
+    if not path:
+        pytest.skip("needs a DiffusionGemma checkpoint folder in DLLM_CONSTRAIN_DIFFUSION_GEMMA")
+    os.environ["DLLM_CONSTRAIN_VLLM_DIFFUSION"] = "1"
+    from vllm import LLM, SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    llm = LLM(model=path, max_model_len=1024)
+    params = SamplingParams(max_tokens=128, structured_outputs=StructuredOutputsParams(json=PERSON))
+    [out] = llm.generate(["Create a record with name Ada; age 36."], params)
+    jsonschema.validate(json.loads(out.outputs[0].text), PERSON)
