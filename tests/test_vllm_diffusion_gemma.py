@@ -12,7 +12,10 @@ from __future__ import annotations
 import json
 import os
 
+from types import SimpleNamespace
+
 import jsonschema
+import numpy as np
 import pytest
 import torch
 
@@ -91,6 +94,63 @@ def test_masks_go_on_their_requests_rows_only_with_a_finite_value() -> None:
     assert torch.equal(out[2:5], torch.where(masks, 0.0, MASKED_LOGIT))
     assert not out[:2].any() and not out[5:].any() and torch.isfinite(out).all()
     assert mask_flat_logits(logits, [0], [None]) is logits
+
+
+# ---------------------------------------------------------------------------------------------- the sampler wrapper
+class _NoiseSampler:
+    """A stand-in with vLLM's DiffusionSampler call contract: reads the flat logits, commits every decoding
+    request's block (its rows' argmax) on every step, and exposes an attribute of its own."""
+
+    penalties_state = "inner's"
+
+    def __init__(self) -> None:
+        self.seen: list[torch.Tensor] = []
+        self.added: list[int] = []
+
+    def add_request(self, req_idx: int, sampling_params: object) -> None:
+        self.added.append(req_idx)
+
+    def __call__(self, logits: torch.Tensor, input_batch: SimpleNamespace, draft_logits: object = None):
+        self.seen.append(logits)
+        n, width = input_batch.num_reqs, input_batch.num_draft_tokens
+        sampled = torch.zeros((n, width), dtype=torch.int32)
+        num_sampled = torch.zeros(n, dtype=torch.int32)
+        rows = np.diff(input_batch.cu_num_logits_np[:n + 1])
+        start = 0
+        for i in range(n):
+            if rows[i]:
+                sampled[i, :rows[i]] = logits[start:start + rows[i]].argmax(dim=1).to(torch.int32)
+                num_sampled[i] = int(rows[i])
+                start += int(rows[i])
+        return SimpleNamespace(sampled_token_ids=sampled, num_sampled=num_sampled)
+
+
+def test_the_wrapper_masks_constrained_rows_and_repairs_their_commits_only(compiler, tok) -> None:
+    """Slots 5 (constrained), 2 (in prefill: no rows) and 7 (unconstrained) share a step; the constrained
+    request's answer, block by block, is schema-valid; the unconstrained rows reach the sampler untouched."""
+    from dllm_constrain.vllm_plugin.core import EXTRA_KEY
+    from dllm_constrain.vllm_plugin.diffusion_sampler import ConstrainedDiffusionSampler
+
+    inner = _NoiseSampler()
+    sampler = ConstrainedDiffusionSampler(inner, lambda: compiler.tokenizer_info)
+    spec = {"kind": "json_schema", "source": json.dumps(PERSON), "strict": True}
+    sampler.add_request(5, SimpleNamespace(extra_args={EXTRA_KEY: spec}, max_tokens=40))
+    sampler.add_request(7, SimpleNamespace(extra_args=None, max_tokens=40))
+    assert inner.added == [5, 7] and set(sampler.requests) == {5} and sampler.penalties_state == "inner's"
+    width, gen, answer = 8, torch.Generator().manual_seed(0), []
+    batch = SimpleNamespace(num_reqs=3, num_draft_tokens=width, idx_mapping_np=np.array([5, 2, 7]),
+                            cu_num_logits_np=np.array([0, width, width, 2 * width]))
+    for _ in range(5):
+        logits = torch.randn((2 * width, VOCAB), generator=gen)
+        out = sampler(logits, batch)
+        assert torch.equal(inner.seen[-1][width:], logits[width:])  # slot 7's rows: untouched
+        assert (inner.seen[-1][:width] == MASKED_LOGIT).any()
+        answer += out.sampled_token_ids[0].tolist()
+    jsonschema.validate(json.loads(_text(tok, answer)), PERSON)
+    sampler.forget(5)
+    logits = torch.randn((2 * width, VOCAB), generator=gen)
+    sampler(logits, batch)
+    assert inner.seen[-1] is logits  # nothing constrained left: vLLM's step as it was
 
 
 # ---------------------------------------------------------------------------------------------- vLLM's classes
