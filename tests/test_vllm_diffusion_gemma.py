@@ -153,6 +153,41 @@ def test_the_wrapper_masks_constrained_rows_and_repairs_their_commits_only(compi
     assert inner.seen[-1] is logits  # nothing constrained left: vLLM's step as it was
 
 
+# ---------------------------------------------------------------------------------------------- admission
+def test_admission_claims_a_diffusion_models_constraint_only_when_enabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A diffusion model's json_schema request is refused (vLLM's sampler cannot apply it) unless the server runs
+    our DiffusionGemma sampler; then it travels in extra_args like an autoregressive model's, on a server started
+    without --logits-processors (the V2 runner loads none)."""
+    from transformers import PreTrainedTokenizerFast
+
+    from dllm_constrain.vllm_plugin.core import EXTRA_KEY
+    from dllm_constrain.vllm_plugin.routing import claim, is_enabled_for
+
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=build_tiny_tokenizer(), eos_token="<|eos|>")
+    config = SimpleNamespace(logits_processors=None, is_diffusion=True, tokenizer="tiny-test-diffusion",
+                             tokenizer_revision=None, get_vocab_size=lambda: 260)
+
+    def request() -> SimpleNamespace:
+        return SimpleNamespace(structured_outputs=SimpleNamespace(json=PERSON, json_object=None, regex=None,
+                                                                  choice=None), extra_args=None, max_tokens=64)
+
+    try:  # the refusal is vLLM's typed validation error where vLLM is installed
+        from vllm.exceptions import VLLMValidationError
+        refusals: tuple[type[Exception], ...] = (ValueError, VLLMValidationError)
+    except ImportError:
+        refusals = (ValueError,)
+    monkeypatch.delenv("DLLM_CONSTRAIN_VLLM_DIFFUSION", raising=False)
+    assert not is_enabled_for(config)
+    with pytest.raises(refusals, match="DLLM_CONSTRAIN_VLLM_DIFFUSION=1"):
+        claim(request(), config, hf_tok)
+    monkeypatch.setenv("DLLM_CONSTRAIN_VLLM_DIFFUSION", "1")
+    assert is_enabled_for(config)
+    params = request()
+    spec = claim(params, config, hf_tok)
+    assert params.structured_outputs is None and params.extra_args[EXTRA_KEY] == spec
+    assert json.loads(spec["source"]) == PERSON
+
+
 # ---------------------------------------------------------------------------------------------- vLLM's classes
 def _vllm_diffusion_gemma():
     pytest.importorskip("vllm", reason="vLLM is not importable here (docs/vllm.md, 'Install')")
