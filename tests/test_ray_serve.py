@@ -27,6 +27,7 @@ openai = pytest.importorskip("openai", reason="the tests drive the server with t
 pytest.importorskip("fastapi", reason="the server needs fastapi")
 
 from dllm_constrain.serve.backend import EngineBackend, GenerationRequest  # noqa: E402
+from dllm_constrain.serve import ray_proxy  # noqa: E402
 from dllm_constrain.serve.errors import EngineUnhealthyError  # noqa: E402
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -98,6 +99,52 @@ def test_backend_is_unhealthy_when_its_engine_makes_no_step_with_requests_in_it(
     backend.close(timeout=1)
 
 
+# ---------------------------------------------------------------------------------------------- the proxy's middleware
+def _through_middleware(app: Any) -> list[dict[str, Any]]:
+    """The ASGI messages a client gets from `app` behind ReplicaLossMiddleware."""
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(ray_proxy.ReplicaLossMiddleware(app)({"type": "http"}, receive, send))
+    return sent
+
+
+def test_a_request_the_proxy_left_unanswered_gets_a_503_openai_error() -> None:
+    async def replica_died(scope: Any, receive: Any, send: Any) -> None:
+        return None  # what Ray's proxy does for a request whose replica died
+
+    start, body = _through_middleware(replica_died)
+    assert start["status"] == 503 and (b"retry-after", b"1") in start["headers"]
+    assert json.loads(body["body"]) == {"error": ray_proxy.REPLICA_LOST}
+
+
+def test_a_stream_the_proxy_cut_short_ends_with_an_error_event() -> None:
+    async def cut_stream(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream; charset=utf-8")]})
+        await send({"type": "http.response.body", "body": b'data: {"choices": []}\n\n', "more_body": True})
+
+    *_, last = _through_middleware(cut_stream)
+    assert last["more_body"] is False
+    assert json.loads(last["body"].decode().removeprefix("data: ")) == {"error": ray_proxy.REPLICA_LOST}
+
+
+def test_finished_responses_pass_the_middleware_unchanged() -> None:
+    messages = [{"type": "http.response.start", "status": 400, "headers": [(b"content-type", b"application/json")]},
+                {"type": "http.response.body", "body": b'{"error": {}}', "more_body": False}]
+
+    async def answered(scope: Any, receive: Any, send: Any) -> None:
+        for message in messages:
+            await send(message)
+
+    assert _through_middleware(answered) == messages
+
+
 # ---------------------------------------------------------------------------------------------- command line
 def test_command_line_takes_the_servers_options_and_rays() -> None:
     from dllm_constrain.serve.ray_cli import parse_args
@@ -145,6 +192,8 @@ def replicas() -> Iterator[str]:
     """2 replicas of the bundled model on a local Ray instance (2 CPUs, 127.0.0.1); yields the /v1 URL."""
     ray_serve = _ray_serve()
     from dllm_constrain.serve.__main__ import parse_args
+
+    os.environ.setdefault(ray_proxy.CALLBACK_ENV, ray_proxy.CALLBACK_PATH)  # RayServeRunner sets it too
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     server = parse_args(["--host", "127.0.0.1", "--port", str(_free_port()), "--max-batch-size", "4",
@@ -212,21 +261,24 @@ def _kill_one_replica() -> str:
 
 @pytest.mark.ray
 def test_a_replica_killed_mid_load_fails_its_requests_with_an_error_while_the_other_answers(replicas: str) -> None:
-    """24 long requests spread over both replicas; one replica is killed once the first answer is back (both
-    still have requests in flight). Each request ends within the bound: a schema-valid answer, or a 5xx error
-    (Ray's proxy answers a request whose replica died with 500; the openai client retries those by default). The
-    surviving replica keeps answering, and Ray brings the deployment back to 2 replicas."""
+    """24 long requests, streamed and not, spread over both replicas; one replica is killed once the first answer
+    is back (both still have requests in flight). Each request ends within the bound: a schema-valid answer, or
+    an OpenAI error saying the replica is gone (503 replica_unavailable before the response started, an error
+    event in a stream that had started). The surviving replica keeps answering, and the deployment recovers."""
     client = _client(replicas)
     first_done = threading.Event()
     killed_at: list[float] = []
 
     def ask(i: int) -> tuple[str, Any, float]:
         try:
-            text, finish = _ask(client, i, stream=False, max_tokens=768)
+            text, finish = _ask(client, i, stream=i % 3 == 0, max_tokens=768)
+            assert finish is not None, "a stream ended without its last chunk"
             jsonschema.validate(json.loads(text), PERSON)
             return "ok", finish, time.monotonic()
-        except openai.InternalServerError as exc:
-            return "error", exc.status_code, time.monotonic()
+        except openai.APIStatusError as exc:
+            return "refused", (exc.status_code, exc.code, exc.message), time.monotonic()
+        except openai.APIError as exc:  # an error event in a stream
+            return "stream error", ("stream", exc.code, exc.message), time.monotonic()
         finally:
             first_done.set()
 
@@ -236,9 +288,11 @@ def test_a_replica_killed_mid_load_fails_its_requests_with_an_error_while_the_ot
         _kill_one_replica()
         killed_at.append(time.monotonic())
         outcomes = [f.result(timeout=WAIT) for f in futures]
-    errors = [o for o in outcomes if o[0] == "error"]
-    assert errors, "the killed replica had requests in flight: they must fail, not vanish"
-    assert all(status >= 500 for _, status, _ in errors)
+    failures = [detail for kind, detail, _ in outcomes if kind != "ok"]
+    assert failures, "the killed replica had requests in flight: they must fail, not vanish"
+    for status, code, message in failures:
+        assert status in (503, "stream") and code == "replica_unavailable", (status, code, message)
+        assert ray_proxy.REPLICA_LOST["message"] in message
     assert any(kind == "ok" and at > killed_at[0] for kind, _, at in outcomes), "the other replica stopped"
     for i in range(2):  # afterwards every request is answered (by the survivor or the replacement)
         text, finish = _ask(client, 100 + i, stream=i == 1)

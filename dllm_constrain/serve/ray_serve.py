@@ -13,15 +13,18 @@ must be built per replica, around that replica's engine). Ray runs the app's lif
 replica and closes when Ray stops it, after Ray has let in-flight requests finish (`graceful_shutdown_timeout_s`).
 `check_health` is the backend's (`EngineBackend.check_health`): a replica that stopped serving, or whose engine
 made no step for `stall_timeout` seconds with requests in it, is replaced by Ray. Streaming responses pass through
-the proxy chunk by chunk.
+the proxy chunk by chunk. A request whose replica dies gets an OpenAI error from the proxy (ray_proxy.py).
 """
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from ray import serve
+
+from dllm_constrain.serve import ray_proxy
 
 APP_NAME = "dllm-constrain"
 
@@ -147,6 +150,8 @@ class RayServeRunner:
         import ray
 
         if not ray.is_initialized():
+            if self.ray_address in (None, "local"):  # a Ray instance of ours: its proxy reads this environment
+                os.environ.setdefault(ray_proxy.CALLBACK_ENV, ray_proxy.CALLBACK_PATH)
             ray.init(address=self.ray_address, **({"include_dashboard": False} | self.ray_init))
             self._started_ray = True
         serve.start(http_options={"host": self.server_args.host, "port": self.server_args.port})
