@@ -199,7 +199,7 @@ def replicas() -> Iterator[str]:
     server = parse_args(["--host", "127.0.0.1", "--port", str(_free_port()), "--max-batch-size", "4",
                          "--log-level", "warning"])
     runner = ray_serve.RayServeRunner(
-        server, ray_serve.ReplicaPolicy(replicas=2, health_check_period_s=2.0, graceful_shutdown_timeout_s=5.0),
+        server, ray_serve.ReplicaPolicy(replicas=2, health_check_period_s=2.0, graceful_shutdown_timeout_s=60.0),
         ray_address="local",
         ray_init={"num_cpus": 2, "_node_ip_address": "127.0.0.1", "_temp_dir": tempfile.mkdtemp(prefix="ray")})
     runner.start()
@@ -297,3 +297,33 @@ def test_a_replica_killed_mid_load_fails_its_requests_with_an_error_while_the_ot
     for i in range(2):  # afterwards every request is answered (by the survivor or the replacement)
         text, finish = _ask(client, 100 + i, stream=i == 1)
         jsonschema.validate(json.loads(text), PERSON)
+
+
+@pytest.mark.ray
+def test_deleting_the_application_lets_requests_in_flight_finish(replicas: str) -> None:
+    """Graceful shutdown: replicas stopped with requests in them (Ray's graceful_shutdown_timeout_s) answer them
+    first, then close their engines; new requests are no longer routed. Last in the module: it takes the app away."""
+    from ray import serve
+
+    from dllm_constrain.serve.ray_serve import APP_NAME
+
+    client = _client(replicas)
+    started = threading.Event()
+
+    def ask(i: int) -> tuple[str, str | None, float]:
+        started.set()
+        return *_ask(client, 200 + i, stream=i % 2 == 1, max_tokens=768), time.monotonic()
+
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(ask, i) for i in range(4)]
+        assert started.wait(WAIT)
+        time.sleep(0.5)  # the requests reach their replicas
+        deleting_at = time.monotonic()
+        serve.delete(APP_NAME)  # returns once the replicas have drained and stopped
+        answers = [f.result(timeout=WAIT) for f in futures]
+    assert any(at > deleting_at for *_, at in answers), "no request was in flight when the replicas stopped"
+    for text, finish, _ in answers:
+        assert finish == "stop"
+        jsonschema.validate(json.loads(text), PERSON)
+    with pytest.raises(openai.NotFoundError):  # no application behind the proxy any more
+        client.models.list()
