@@ -12,7 +12,10 @@ import asyncio
 import concurrent.futures
 import json
 import os
+import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -185,6 +188,34 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.mark.ray
+def test_the_command_serves_a_replica_and_stops_on_sigterm() -> None:
+    """`python -m dllm_constrain.serve.ray` end to end: up, answering, and gone (exit 0) after SIGTERM. Runs
+    before the module's cluster exists (a Ray instance of its own, in its own process)."""
+    _ray_serve()
+    port = _free_port()
+    command = [sys.executable, "-m", "dllm_constrain.serve.ray", "--replicas", "1", "--ray-num-cpus", "1",
+               "--port", str(port), "--max-batch-size", "2", "--log-level", "warning"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=os.environ | {"RAY_USAGE_STATS_ENABLED": "0"}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + WAIT
+        for line in proc.stdout:  # type: ignore[union-attr]
+            if line.startswith("serving 1 replica(s) at"):
+                break
+            assert time.monotonic() < deadline, "the command did not come up"
+        else:
+            pytest.fail(f"the command exited with {proc.wait()}")
+        text, finish = _ask(_client(f"http://127.0.0.1:{port}/v1"), 0, stream=False)
+        jsonschema.validate(json.loads(text), PERSON)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 @pytest.fixture(scope="module")

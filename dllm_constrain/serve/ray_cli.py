@@ -87,12 +87,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=server_args.log_level.upper())
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     address = ray_init.pop("address")
     runner = RayServeRunner(server_args, policy, ray_address=address, ray_init=ray_init)
     try:
         runner.start()
+        # after ray.init, which installs a SIGTERM handler of its own that aborts the process
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
         print(f"serving {policy.replicas if not policy.autoscaling else 'autoscaled'} replica(s) at {runner.url}",
               flush=True)
         while not stop.wait(1.0):  # woken by SIGINT / SIGTERM

@@ -152,7 +152,8 @@ class RayServeRunner:
         if not ray.is_initialized():
             if self.ray_address in (None, "local"):  # a Ray instance of ours: its proxy reads this environment
                 os.environ.setdefault(ray_proxy.CALLBACK_ENV, ray_proxy.CALLBACK_PATH)
-            ray.init(address=self.ray_address, **({"include_dashboard": False} | self.ray_init))
+            # "local", not None: None would join a cluster `ray start` left on this machine
+            ray.init(address=self.ray_address or "local", **({"include_dashboard": False} | self.ray_init))
             self._started_ray = True
         serve.start(http_options={"host": self.server_args.host, "port": self.server_args.port})
         app = build_application(self.server_args, self.policy)
