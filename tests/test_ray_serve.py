@@ -160,6 +160,7 @@ def test_command_line_takes_the_servers_options_and_rays() -> None:
     assert options["num_replicas"] == 3 and "autoscaling_config" not in options
     assert options["max_ongoing_requests"] == 8  # two batches per replica by default
     assert options["ray_actor_options"] == {"num_cpus": 2.0, "num_gpus": 0.0}
+    assert options["graceful_shutdown_timeout_s"] == server.shutdown_timeout  # the server's own bound
     assert ray_init == {"address": "auto"}
 
 

@@ -36,8 +36,9 @@ def ray_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-gpus-per-replica", type=float, default=0.0, help="1 to give each replica a GPU of its own")
     p.add_argument("--health-check-period-s", type=float, default=10.0)
     p.add_argument("--health-check-timeout-s", type=float, default=30.0)
-    p.add_argument("--graceful-shutdown-timeout-s", type=float, default=30.0,
-                   help="seconds a stopping replica lets its in-flight requests finish")
+    p.add_argument("--graceful-shutdown-timeout-s", type=float, default=None,
+                   help="seconds a stopping replica lets its in-flight requests finish (default: the server's "
+                        "--shutdown-timeout)")
     p.add_argument("--stall-timeout", type=float, default=120.0,
                    help="seconds without an engine step (with requests in it) before a replica counts as "
                         "unhealthy and Ray replaces it")

@@ -54,7 +54,7 @@ class ReplicaPolicy:
     num_gpus: float = 0.0
     health_check_period_s: float = 10.0
     health_check_timeout_s: float = 30.0
-    graceful_shutdown_timeout_s: float = 30.0
+    graceful_shutdown_timeout_s: float | None = None  # None: the server's --shutdown-timeout
     stall_timeout: float = 120.0
 
     def __post_init__(self) -> None:
@@ -89,7 +89,9 @@ class ReplicaPolicy:
             "ray_actor_options": {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus},
             "health_check_period_s": self.health_check_period_s,
             "health_check_timeout_s": self.health_check_timeout_s,
-            "graceful_shutdown_timeout_s": self.graceful_shutdown_timeout_s,
+            "graceful_shutdown_timeout_s": (self.graceful_shutdown_timeout_s
+                                            if self.graceful_shutdown_timeout_s is not None
+                                            else server_args.shutdown_timeout),
         }
         if self.autoscaling:
             options["autoscaling_config"] = self.autoscaling_config()
