@@ -4,7 +4,9 @@ Modules: protocol (OpenAI request/response bodies and their mapping to generatio
 `Backend` interface and `EngineBackend`, a bounded queue in front of the LLM's engine loop), streaming (the
 final text of a canvas), constraint_fields (choice and json_object as constraints, shared with the vLLM plugin),
 chat (messages -> prompt), errors (typed errors -> HTTP statuses and OpenAI error bodies), app (the routes,
-`build_app`), __main__ (the command line). See docs/serving.md.
+`build_app`), __main__ (the command line). See docs/serving.md. Replicas on Ray Serve (`python -m
+dllm_constrain.serve.ray`, the [ray] extra): ray_serve (the deployment and its runner), ray_cli (that command
+line), ray_proxy (OpenAI errors from Ray's proxy for a replica lost); docs/scale-out.md.
 """
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ import gc
 import logging
 import sys
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from dllm_constrain.serve.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE_TIME, DEFAULT_SHUTDOWN_TIMEOUT
 
@@ -52,29 +53,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        from dllm_constrain.serve.app import build_app
-        from dllm_constrain.serve.shutdown import ShutdownPlan, make_server
-    except ImportError as exc:
-        print(f"the server needs fastapi and uvicorn ({exc}); pip install fastapi uvicorn", file=sys.stderr)
-        return 2
+class ServerApp(NamedTuple):
+    """What `build_server_app` builds: the routes, the engine's backend, the drain flag the shutdown sets."""
+
+    app: Any
+    backend: Any
+    drain: Any
+
+
+def build_server_app(args: argparse.Namespace) -> ServerApp:
+    """The app `main` serves for a parsed command line: the checkpoint loaded, its engine behind an EngineBackend,
+    the routes over it with the command's limits. Each Ray Serve replica builds its own with this
+    (serve/ray_serve.py), so both commands take the same options. Raises DllmConstrainError for a bad --device /
+    --dtype or checkpoint."""
     from dllm_constrain import LLM
     from dllm_constrain.serve.admission import Drain
+    from dllm_constrain.serve.app import build_app
     from dllm_constrain.serve.backend import EngineBackend
     from dllm_constrain.serve.chat import ChatFormatter
     from dllm_constrain.serve.grammar_access import GrammarAccess
     from dllm_constrain.serve.limits import ServeLimits, prompt_char_bound
 
-    logging.basicConfig(level=args.log_level.upper())
-    from dllm_constrain.errors import DllmConstrainError
-
-    try:
-        llm = LLM(args.model, device=args.device, dtype=args.dtype)
-    except DllmConstrainError as exc:  # a bad --device / --dtype or checkpoint: one line, not a traceback
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    llm = LLM(args.model, device=args.device, dtype=args.dtype)
     backend = EngineBackend(llm, model_id=args.served_model_name, max_queue=args.max_queue,
                             max_batch_size=args.max_batch_size)
     limits = ServeLimits(max_body_bytes=args.max_body_bytes, max_prompt_chars=prompt_char_bound(llm),
@@ -87,11 +87,30 @@ def main(argv: list[str] | None = None) -> int:
     # whatever constraint call runs then and eat its per-call time limit; docs/constraints.md, "Time bounds").
     gc.collect()
     gc.freeze()
-    server = make_server(app, backend=backend, drain=drain, plan=ShutdownPlan(args.shutdown_timeout),
-                         host=args.host, port=args.port, log_level=args.log_level)
+    return ServerApp(app, backend, drain)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        import dllm_constrain.serve.app  # noqa: F401 - fastapi, before the model loads
+        from dllm_constrain.serve.shutdown import ShutdownPlan, make_server
+    except ImportError as exc:
+        print(f"the server needs fastapi and uvicorn ({exc}); pip install fastapi uvicorn", file=sys.stderr)
+        return 2
+    from dllm_constrain.errors import DllmConstrainError
+
+    logging.basicConfig(level=args.log_level.upper())
+    try:
+        built = build_server_app(args)
+    except DllmConstrainError as exc:  # a bad --device / --dtype or checkpoint: one line, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    server = make_server(built.app, backend=built.backend, drain=built.drain,
+                         plan=ShutdownPlan(args.shutdown_timeout), host=args.host, port=args.port,
+                         log_level=args.log_level)
     server.run()
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Union
 from dllm_constrain.engine_loop import CallHandle, GenerationAbortedError
 from dllm_constrain.errors import DllmConstrainError
 from dllm_constrain.serve.errors import (
+    EngineUnhealthyError,
     QueueFullError,
     QueueTimeoutError,
     RequestAbortedError,
@@ -266,6 +267,7 @@ class EngineBackend:
         self._started = False
         self._ids = itertools.count(1)
         self._aborted = 0  # requests aborted by their consumer (client gone, timeout), waiting or running
+        self._last_step = time.monotonic()  # when the engine last advanced one of our requests (or one joined)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -310,6 +312,20 @@ class EngineBackend:
         with self._cond:
             return {"waiting": len(self._waiting), "running": len(self._running), "aborted": self._aborted}
 
+    def check_health(self, stall_timeout: float) -> None:
+        """Raise EngineUnhealthyError unless this backend takes requests and its engine advances: started, neither
+        draining nor closing, and, while requests are in the engine, a step of one of them within the last `stall_timeout`
+        seconds. An idle engine is healthy (its loop thread ends when idle and the next request starts one; a
+        loop that failed has failed its calls and restarts the same way), so only a wedged step is a fault."""
+        with self._cond:
+            if not self._started or self._closing or self._draining:
+                raise EngineUnhealthyError("the backend is not serving (not started, or shutting down)")
+            running = len(self._running)
+            quiet = time.monotonic() - self._last_step
+        if running and quiet > stall_timeout:
+            raise EngineUnhealthyError(f"the engine made no step for {quiet:.0f} s with {running} request(s) "
+                                       f"in it (stall limit {stall_timeout:g} s)")
+
     # ------------------------------------------------------------------ submission (event loop)
     def submit(self, request: GenerationRequest) -> RequestHandle:
         handle = RequestHandle(f"req-{next(self._ids)}", request, asyncio.get_running_loop(), self._forget)
@@ -344,6 +360,8 @@ class EngineBackend:
             if not job.handle.wanted():
                 continue  # timed out while waiting (aborted ones already left the queue)
             job.handle.admitted = True
+            if not self._running:  # the engine was idle: its quiet time starts now, not at its last step
+                self._last_step = time.monotonic()
             self._running.append(job)
             try:
                 job.call = self._launch(job)
@@ -402,6 +420,7 @@ class EngineBackend:
     def _progress(self, job: _Job, event: StepEvent) -> None:
         """After every engine step of this request: announce it started (once its constraint has compiled: until
         then a compilation error is still a 400), stop it when it is no longer wanted."""
+        self._last_step = time.monotonic()
         if not job.handle.wanted() or self._closing:
             raise _RequestStopped()
         if all(snapshot.constraint_ready for snapshot in event.snapshots):

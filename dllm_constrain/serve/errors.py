@@ -123,6 +123,15 @@ class RequestAbortedError(ServeError):
     code = "request_aborted"
 
 
+class EngineUnhealthyError(ServeError):
+    """The backend cannot serve: closed, not started, or its engine made no step for too long with requests in it
+    (raised by health checks, which a replica manager such as Ray Serve answers by replacing the replica)."""
+
+    status = 503
+    type = "server_error"
+    code = "engine_unhealthy"
+
+
 @dataclass(frozen=True)
 class ErrorInfo:
     """What the HTTP layer sends for one error."""

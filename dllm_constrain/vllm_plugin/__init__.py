@@ -6,6 +6,9 @@
   choice to the constraint layer instead of vLLM's grammar backend (routing.py).
 - `DllmConstrainLogitsProcessor` (logits_processor.py) is the V1 custom logits processor that applies
   the layer's per-position masks: `--logits-processors dllm_constrain.vllm_plugin:DllmConstrainLogitsProcessor`.
+- With DLLM_CONSTRAIN_VLLM_DIFFUSION=1, `register()` also registers `diffusion_gemma.ConstrainedDiffusionGemma`
+  for DiffusionGemma: vLLM's model with a model state whose sampler applies block constraints
+  (block_constraint.py, vLLM-independent) around vLLM's DiffusionSampler.
 - core.py is the vLLM-independent part: request specs, the door to the compiler's one compile cache
   (keyed by the normalised schema or regex), the per-request canvas state.
 
@@ -32,9 +35,10 @@ def register() -> None:
         import vllm.sampling_params  # noqa: F401
     except ImportError:
         return
-    from .routing import install
+    from .routing import install, register_diffusion_model
 
     install()
+    register_diffusion_model()
 
 
 def __getattr__(name: str):

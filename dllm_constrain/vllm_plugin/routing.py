@@ -14,6 +14,7 @@ servers in the same environment keep vLLM's behaviour. See docs/vllm.md.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from .core import CACHE, EXTRA_KEY, spec_from_structured_outputs, tokenizer_info_for
@@ -23,13 +24,39 @@ PROCESSOR_MODULE = "dllm_constrain.vllm_plugin"
 DIFFUSION_REFUSAL = (
     "dllm_constrain cannot constrain this diffusion model inside vLLM yet: vLLM's diffusion sampler "
     "(DiffusionSampler in vllm/model_executor/models/diffusion_gemma.py) replaces the sampler, so it "
-    "runs no logits processor and has no per-position mask or commit hook. Remove response_format, "
-    "or serve the model with dllm-constrain's own server (docs/vllm.md, 'Patch points')."
+    "runs no logits processor. Start the server with DLLM_CONSTRAIN_VLLM_DIFFUSION=1 (our DiffusionGemma sampler), "
+    "remove response_format, or serve the model with dllm-constrain's own server (docs/vllm.md, 'DiffusionGemma')."
 )
 
 
+DIFFUSION_ENV = "DLLM_CONSTRAIN_VLLM_DIFFUSION"
+DIFFUSION_ARCH = "DiffusionGemmaForBlockDiffusion"
+DIFFUSION_CLASS = "dllm_constrain.vllm_plugin.diffusion_gemma:ConstrainedDiffusionGemma"
+
+
+def diffusion_enabled() -> bool:
+    """True when this process serves DiffusionGemma with our constrained sampler (DLLM_CONSTRAIN_VLLM_DIFFUSION=1 in
+    the server's environment: register() then registers diffusion_gemma.ConstrainedDiffusionGemma)."""
+    return os.environ.get(DIFFUSION_ENV) == "1"
+
+
+def register_diffusion_model() -> bool:
+    """Register ConstrainedDiffusionGemma for DiffusionGemma's architecture when enabled (lazily, by name: vLLM
+    imports it when a server loads such a model). Returns whether it did."""
+    if not diffusion_enabled():
+        return False
+    from vllm import ModelRegistry
+
+    ModelRegistry.register_model(DIFFUSION_ARCH, DIFFUSION_CLASS)
+    return True
+
+
 def is_enabled_for(model_config: Any) -> bool:
-    """True when the server was started with this plugin's logits processor."""
+    """True when the server was started with this plugin's logits processor, or serves a diffusion model with our
+    constrained sampler (`diffusion_enabled`; vLLM's V2 runner, which diffusion models need, loads no V1 logits
+    processor, so there the environment is the switch)."""
+    if getattr(model_config, "is_diffusion", False) and diffusion_enabled():
+        return True
     for lp in getattr(model_config, "logits_processors", None) or ():
         name = lp if isinstance(lp, str) else f"{getattr(lp, '__module__', '')}:{getattr(lp, '__qualname__', '')}"
         if name.startswith(PROCESSOR_MODULE):
@@ -62,7 +89,7 @@ def claim(params: Any, model_config: Any = None, tokenizer: Any = None) -> dict 
     spec = spec_from_structured_outputs(getattr(params, "structured_outputs", None))
     if spec is None:
         return (getattr(params, "extra_args", None) or {}).get(EXTRA_KEY)
-    if model_config is not None and getattr(model_config, "is_diffusion", False):
+    if model_config is not None and getattr(model_config, "is_diffusion", False) and not diffusion_enabled():
         raise _validation_error(DIFFUSION_REFUSAL)
     if model_config is not None and tokenizer is not None:
         from ..errors import ConstraintError
