@@ -92,6 +92,18 @@ def test_byte_memo_is_bounded_by_bytes_and_keeps_answers() -> None:
     assert square.cache.nbytes <= 2000
 
 
+def test_byte_memo_can_charge_entries_from_their_arguments() -> None:
+    @byte_memo(20_000, name="test memo", size_of_args=lambda text: 1000 * len(text))
+    def upper(text: str) -> str:
+        return text.upper()
+
+    assert upper("ab") == "AB" and upper("ab") == "AB"
+    upper("abcdefgh")
+    assert upper.cache.keys() == [("ab",), ("abcdefgh",)]
+    assert upper("x" * 21) == "X" * 21  # charged over 21,000 bytes: over the budget, answered but not kept
+    assert upper.cache.keys() == [("ab",), ("abcdefgh",)] and upper.cache.nbytes <= 20_000
+
+
 def test_deep_size_counts_what_a_value_holds_and_stops_at_shared_code() -> None:
     small, big = ("ab",), tuple(str(i) * 1000 for i in range(10))
     assert deep_size(big) > deep_size(small) + 9000

@@ -50,7 +50,7 @@ def parse_bytes(value: int | str, what: str = "a memory size") -> int:
 
 def deep_size(obj: Any, limit: int = 200_000) -> int:
     """Bytes of `obj` and of the containers, strings and plain objects it reaches (each counted once; numpy arrays
-    by their buffers), visiting at most `limit` objects: an estimate for cached values built of plain Python
+    by their buffers; long containers by a sample), visiting at most `limit` objects: an estimate for cached values built of plain Python
     objects (regex syntax trees, tuples of ranges, grammar tables). Modules, functions, classes and other callables
     are not followed (they are shared by the process, not held by the value), and no attribute is computed."""
     seen: set[int] = set()
@@ -70,7 +70,12 @@ def deep_size(obj: Any, limit: int = 200_000) -> int:
             todo.extend(o.keys())
             todo.extend(o.values())
         elif isinstance(o, (list, tuple, set, frozenset, deque)):
-            todo.extend(o)
+            if len(o) > _SAMPLED_LEN:  # a long sequence (code-point ranges, members): charged by a sample
+                items = list(o)
+                sample = items[:: len(items) // _SAMPLE]
+                total += len(items) * sum(deep_size(x, limit // _SAMPLE) for x in sample) // len(sample)
+            else:
+                todo.extend(o)
         else:
             d = _instance_dict(o)
             if d is not None:
@@ -92,6 +97,11 @@ def _instance_dict(o: Any) -> dict | None:
         return None
     return d if isinstance(d, dict) else None
 
+
+# containers longer than this are charged by a sample of _SAMPLE evenly spaced items (a walk over every code-point
+# range of a Unicode class, for each memoised value holding one, made the estimate cost as much as the compilation)
+_SAMPLED_LEN = 64
+_SAMPLE = 8
 
 _NOT_FOLLOWED = (bool, type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
                  threading.Thread)
@@ -199,22 +209,25 @@ class ByteLRU(Generic[V]):
             self.evictions += 1
 
 
-def byte_memo(max_bytes: int, sizer: Callable[[Any], int] = deep_size, name: str = "memo"
-              ) -> Callable[[Callable[..., V]], Callable[..., V]]:
+def byte_memo(max_bytes: int, sizer: Callable[[Any], int] = deep_size, name: str = "memo",
+              size_of_args: Callable[..., int] | None = None) -> Callable[[Callable[..., V]], Callable[..., V]]:
     """`functools.lru_cache` bounded by bytes: memoises a pure function of hashable arguments in a `ByteLRU`
-    (exceptions are not memoised). The wrapper's `cache` is that ByteLRU, `cache_clear()` empties it."""
+    (exceptions are not memoised). An entry is charged `sizer(value)`, or `size_of_args(*args)` when given (an
+    estimate from the arguments, where walking the value would cost as much as computing it). The wrapper's `cache`
+    is that ByteLRU, `cache_clear()` empties it."""
 
     def wrap(fn: Callable[..., V]) -> Callable[..., V]:
-        cache: ByteLRU = ByteLRU(max_bytes, sizer, name=name)
+        by_args = size_of_args
+        cache: ByteLRU = ByteLRU(max_bytes, (lambda entry: entry[1]) if by_args is not None else sizer, name=name)
         missing = object()
 
         def memoised(*args: Any, **kwargs: Any) -> V:
             key = (args, tuple(sorted(kwargs.items()))) if kwargs else args
             hit = cache.get(key, missing)
             if hit is not missing:
-                return hit
+                return hit[0] if by_args is not None else hit
             value = fn(*args, **kwargs)
-            cache.put(key, value)
+            cache.put(key, (value, by_args(*args, **kwargs)) if by_args is not None else value)
             return value
 
         memoised.cache = cache  # type: ignore[attr-defined]
