@@ -123,7 +123,8 @@ class LLM:
     """
 
     def __init__(self, model_path: str | Path | None = None, *, device: Any = None, dtype: Any = None,
-                 prompt_format: str = "auto", max_logit_rows: int = 32, freeze_gc_heap: bool = True) -> None:
+                 prompt_format: str = "auto", max_logit_rows: int = 32, freeze_gc_heap: bool = True,
+                 compile_cache_memory: int | str | None = None) -> None:
         """device: None (CUDA when available, else the CPU: `engine.placement.default_device`), "cpu", "cuda",
         "cuda:N" or a torch.device. dtype: None (the checkpoint's stored dtype; on CUDA bfloat16 for a float32
         checkpoint when the GPU supports it), "bfloat16"/"bf16", "float16"/"fp16", "float32"/"fp32" or a
@@ -131,13 +132,18 @@ class LLM:
         device, so a seed reproduces its results on the same device (not across devices, as in vLLM).
         freeze_gc_heap: once the model is loaded, move the process's heap out of the garbage collector's reach
         (`dllm_constrain.gc_heap`, once per process, as vLLM does after its engine's startup), so that a full
-        collection does not walk torch, the model and the tokenizer inside a step."""
+        collection does not walk torch, the model and the tokenizer inside a step.
+        compile_cache_memory: the memory budget of the process's compile cache (bytes, or a size such as "1GiB";
+        None: leave it as it is, by default `constraints.compiler.DEFAULT_CACHE_BYTES`); see "Memory" in
+        docs/constraints.md."""
         from dllm_constrain.engine.loader import load_checkpoint
         from dllm_constrain.engine.placement import parse_dtype, resolve_device, resolve_dtype, stored_dtype
 
         if model_path is not None and not isinstance(model_path, (str, os.PathLike)):
             raise InvalidRequestError(f"model_path must be a checkpoint folder path (or None for the bundled "
                                       f"model), got {_given(model_path)}")
+        if compile_cache_memory is not None:  # checked (and set) before the checkpoint loads
+            COMPILE_CACHE.set_max_bytes(compile_cache_memory)
         where = resolve_device(device)
         wanted = parse_dtype(dtype)
         path = Path(model_path) if model_path is not None else bundled_model_path()

@@ -7,7 +7,13 @@ import pytest
 
 from conftest import build_tiny_tokenizer
 from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo
-from dllm_constrain.constraints.compiler import COMPILE_CACHE, CompileCache, Compiled, ConstraintKey
+from dllm_constrain.constraints.compiler import (
+    COMPILE_CACHE,
+    DEFAULT_CACHE_BYTES,
+    CompileCache,
+    Compiled,
+    ConstraintKey,
+)
 from dllm_constrain.engine.state import Request, SamplingParams
 from dllm_constrain.errors import (
     ConstraintTooLongError,
@@ -78,7 +84,7 @@ def test_a_refusal_is_cached_and_re_raised(info) -> None:
 
 
 def test_the_default_cache_is_the_process_one_and_bounded(info) -> None:
-    assert ConstraintCompiler(info).cache is COMPILE_CACHE and COMPILE_CACHE.maxsize == 64
+    assert ConstraintCompiler(info).cache is COMPILE_CACHE and COMPILE_CACHE.max_bytes == DEFAULT_CACHE_BYTES
     assert ConstraintCompiler(info, cache=False).cache is None
     with pytest.raises(InvalidRequestError):
         CompileCache(maxsize=0)

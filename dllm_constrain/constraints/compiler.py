@@ -1,11 +1,11 @@
 """ConstraintCompiler.compile(schema= | regex= | grammar=) -> Compiled -> CanvasConstraint (one per request).
 
 One entry: `ConstraintCompiler.compile` normalises the constraint once (`ConstraintKey`: the kind, the schema
-as a dict / the pattern / the grammar text, and the options) and looks it up in ONE bounded LRU per process
-(`COMPILE_CACHE`, a `CompileCache`), keyed by the tokenizer's fingerprint and that normalised constraint, so
-two compilers over the same tokenizer share results and compiling the same constraint twice costs a dictionary
-lookup. Refusals are cached too (re-raised as-is); a compilation timeout is not (a later try may have more
-time). `compile_regex`, `compile_json_schema` and `compile_grammar` are the same entry for one kind;
+as a dict / the pattern / the grammar text, and the options) and looks it up in ONE LRU per process, bounded by
+bytes (`COMPILE_CACHE`, a `compile_cache.CompileCache`), keyed by the tokenizer's fingerprint and a hash of that
+normalised constraint, so two compilers over the same tokenizer share results and compiling the same constraint
+twice costs a dictionary lookup. Refusals are cached too (raised afresh each time); a compilation timeout is not (a
+later try may have more time). `compile_regex`, `compile_json_schema` and `compile_grammar` are the same entry for one kind;
 `ConstraintCompiler(info, cache=False)` compiles afresh every time (benchmarks, deadline tests).
 
 Both compiled kinds (`CompiledConstraint`: regular languages; `cfg.CompiledGrammar`: Lark grammars) satisfy
@@ -14,19 +14,14 @@ the canvas length given once (the engine passes the request's `SamplingParams.ma
 """
 from __future__ import annotations
 
-import gc
 import json
 import threading
-from collections import OrderedDict
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from ..errors import (
-    CompilationTimeoutError,
-    ConstraintError,
     ConstraintTooLongError,
     InvalidGrammarError,
     InvalidRegexError,
@@ -35,7 +30,16 @@ from ..errors import (
 )
 from . import regex_ast as A
 from .canvas import AUTO, DEFAULT_CALL_TIMEOUT_S, CanvasState, SetAlgebra
-from .deadline import CallDeadline, Deadline, activate, pause_point
+from .compile_cache import (  # noqa: F401  (the cache's names, re-exported: `compiler.COMPILE_CACHE` and kin)
+    COMPILE_CACHE,
+    DEFAULT_CACHE_BYTES,
+    CompileCache,
+    ConstraintKey,
+    _build_or_refusal,
+    clear_cache,
+    entry_bytes,
+)
+from .deadline import CallDeadline, Deadline, activate
 from .deriv import DEAD, START, DerivDFA
 from .bounds import INF
 from .regex_parser import parse_regex
@@ -92,6 +96,15 @@ class CompiledConstraint:
         that needs a new state fails. The compile cache then compiles the constraint afresh for the next request."""
         return (self.dfa.n_states >= self.dfa.max_states // 2
                 or self.ta.footprint_bytes() >= 2 * self.algebra.explore_max_bytes)
+
+    def memory_bytes(self) -> int:
+        """An estimate of the memory this constraint holds (what the compile cache charges it): the automaton's
+        footprint (`TokenAutomaton.memory_bytes`: token rows and transitions, per-state memos), its byte DFA's
+        (`DerivDFA.memory_bytes`: tables, states, derivative terms) and the mask rows its set algebra keeps
+        (`SetAlgebra.rows`, up to set_algebra.ROW_CACHE_BYTES). It grows as requests explore the automaton; read
+        without the lock."""
+        rows = len(self.algebra.rows) * self.ta.nbytes
+        return self.ta.memory_bytes() - self.dfa.T.nbytes + self.dfa.memory_bytes() + rows
 
     @property
     def vocab_size(self) -> int:
@@ -293,106 +306,6 @@ def new_request_state(compiled: Any, canvas_len: int, timeout_s: float | None = 
     return compiled.new_canvas_state(canvas_len, **limit)
 
 
-# ---------------------------------------------------------------------------------- the one cache
-class CompileCache:
-    """A bounded LRU of compiled constraints (and of refusals, re-raised as-is) keyed by (tokenizer
-    fingerprint, normalised constraint). Compiled constraints hold their automata (up to tens of MB for huge
-    schemas), hence the bound. Thread-safe; a compilation runs outside the lock (two threads may compile the
-    same constraint at once; the later result replaces the earlier)."""
-
-    def __init__(self, maxsize: int = 64) -> None:
-        if not isinstance(maxsize, int) or maxsize < 1:
-            raise InvalidRequestError(f"a compile cache holds at least one entry, got maxsize={maxsize!r}")
-        self.maxsize = maxsize
-        self._lru: OrderedDict[Hashable, Any] = OrderedDict()
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
-
-    def __len__(self) -> int:
-        return len(self._lru)
-
-    def __contains__(self, key: Hashable) -> bool:
-        with self._lock:
-            return key in self._lru
-
-    def clear(self) -> None:
-        with self._lock:
-            self._lru.clear()
-
-    def lookup(self, key: Hashable) -> Any:
-        """The cached result for `key` (a cached refusal is raised), or None when it is not cached. A compiled
-        constraint worn out by the requests it served (`CompiledConstraint.worn_out`) is dropped here: the caller
-        compiles it afresh, and the requests holding the old one go on with it."""
-        with self._lock:
-            hit = self._lru.get(key)
-            worn = getattr(hit, "worn_out", None)
-            if worn is not None and worn():
-                del self._lru[key]
-                hit = None
-            if hit is not None:
-                self._lru.move_to_end(key)
-                self.hits += 1
-        if isinstance(hit, BaseException):
-            raise hit
-        return hit
-
-    def get_or_build(self, key: Hashable, build: Callable[[], Any]) -> Any:
-        """The cached result for `key`, else `build()` stored under it (least recently used entries out)."""
-        hit = self.lookup(key)
-        if hit is not None:
-            return hit
-        built = _build_or_refusal(build)
-        with self._lock:
-            self.misses += 1
-            self._lru[key] = built
-            self._lru.move_to_end(key)
-            while len(self._lru) > self.maxsize:
-                self._lru.popitem(last=False)
-        if isinstance(built, BaseException):
-            raise built
-        return built
-
-
-def _build_or_refusal(build: Callable[[], Any]) -> Any:
-    """build()'s result, or the constraint's refusal (a ConstraintError other than a timeout) to cache."""
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # compilation allocates many small acyclic objects: skip the cyclic collector
-    try:
-        return build()
-    except CompilationTimeoutError:
-        raise  # not cached: a later call with more time compiles again
-    except ConstraintError as e:
-        return e
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-            # the young objects the compilation made are collected here, on the compiling thread: left to the
-            # allocation that next crosses the collector's threshold, that pass (a walk over thousands of new objects,
-            # then the same again one generation up) often fell on the engine's loop thread. The pass holds the GIL
-            # throughout (up to a few ms): beside a request loop, it waits for the loop to wait (deadline.pausing)
-            pause_point()
-            gc.collect(1)
-
-
-COMPILE_CACHE = CompileCache(64)
-
-
-def clear_cache() -> None:
-    """Forget every compiled constraint of this process."""
-    COMPILE_CACHE.clear()
-
-
-@dataclass(frozen=True)
-class ConstraintKey:
-    """A constraint normalised for compiling and caching: kind "regex" (the pattern), "json_schema" (the schema
-    as canonical JSON of its dict) or "grammar" (Lark text and start rule), with the options' key."""
-
-    kind: str
-    source: str
-    options: tuple[Any, ...] = ()
-
-
 def compile_constraint(builder: Any, fingerprint: str, cache: CompileCache | None, *, schema: Any = None,
                        regex: str | None = None, grammar: str | None = None, start: str = "start",
                        name: str | None = None, timeout_s: Any = _COMPILER_DEFAULT, whitespace: str = "compact",
@@ -430,14 +343,15 @@ def compile_constraint(builder: Any, fingerprint: str, cache: CompileCache | Non
         build = lambda: (builder._build_json_schema if ours  # noqa: E731
                          else builder.compile_json_schema)(sch, **options, **limit)
     scope = fingerprint if ours else (fingerprint, builder)
+    cache_key = (scope, key)
     if cached_only:
-        return cache.lookup((scope, key)) if cache is not None else None
+        return cache.lookup(cache_key) if cache is not None else None
     if cache is None:
         result = _build_or_refusal(build)
         if isinstance(result, BaseException):
             raise result
         return result
-    return cache.get_or_build((scope, key), build)
+    return cache.get_or_build(cache_key, build)
 
 
 # ---------------------------------------------------------------------------------- compiler

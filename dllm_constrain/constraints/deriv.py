@@ -24,6 +24,9 @@ from .byte_dfa import DEAD, START, LazyByteDFA
 from .deadline import Deadline, check_active
 from .deriv_terms import T_EMPTY, T_NOTHING, MembersTerms, Terms, new_terms
 
+# Bytes charged per DFA state's entries (term_of, state_of) beyond its table row
+STATE_ENTRY_BYTES = 120
+
 __all__ = ["DEAD", "START", "DerivDFA", "MembersTerms", "T_EMPTY", "T_NOTHING", "Terms"]
 
 
@@ -56,6 +59,12 @@ class DerivDFA(LazyByteDFA):
         else:
             self._add(st)
             self._empty = False
+
+    def memory_bytes(self) -> int:
+        """An estimate of the memory this DFA holds: its tables, its states' entries, and its interned derivative
+        terms (`Terms.memory_bytes`). It grows as states are expanded."""
+        tables = self.T.nbytes + self.expanded.nbytes + self.accepting.nbytes + self.dist.nbytes
+        return tables + STATE_ENTRY_BYTES * len(self.term_of) + self.terms.memory_bytes()
 
     @property
     def n_states(self) -> int:

@@ -34,8 +34,25 @@ T_EMPTY = 1
 AST_CHECK_EVERY = 256  # AST nodes converted between two deadline checks (about 0.1 ms of conversion)
 
 
+# Memory estimates (bytes) behind `Terms.memory_bytes`, calibrated against the process's resident memory over
+# compiles of distinct schemas (docs/measurements.md, "Compile cache memory"): per Python term (its tuple fields,
+# intern entry and memos), and the native store's tables at their first size (per-term arrays for 1024 terms, the
+# intern, derivative and sequence memos, the byte and id pools) and per native term (doubling included).
+PY_TERM_BYTES = 600
+NATIVE_STORE_BASE_BYTES = 224 * 1024
+NATIVE_TERM_BYTES = 200
+
 class Terms:
     """Interned terms: id -> (kind, a, b, c)."""
+
+    @property
+    def n_terms(self) -> int:
+        """How many terms are interned (the store only grows: a measure of the memory it holds)."""
+        return len(self.kind)
+
+    def memory_bytes(self) -> int:
+        """An estimate of the memory the interned terms and their memos hold."""
+        return PY_TERM_BYTES * self.n_terms
 
     def __init__(self, deadline: Deadline | None = None):
         self.kind: list[int] = [NOTHING_K, EMPTY_K]
@@ -612,6 +629,10 @@ class NativeTerms(Terms):
     @property
     def n_terms(self) -> int:
         return self.store.n_terms
+
+    def memory_bytes(self) -> int:
+        """The native store's tables (allocated at a fixed size, then doubled as terms come) and the terms."""
+        return NATIVE_STORE_BASE_BYTES + NATIVE_TERM_BYTES * self.n_terms
 
     # ---- what the store asks of graph and member-list terms
     def _expansion_of(self, t: int) -> int:

@@ -25,9 +25,11 @@ from dataclasses import dataclass
 
 from ..errors import InvalidRegexError
 from . import regex_ast as A
+from .byte_lru import byte_memo
 from .regex_ast import Ranges, norm_ranges, ranges_complement, ranges_union
 
 MAX_REPEAT = 100_000
+PARSE_CACHE_BYTES = 16 * 2**20  # memory budget of parsed patterns (every schema may bring patterns of its own)
 
 
 # ------------------------------------------------------------------------------- unicode classes
@@ -416,7 +418,7 @@ def _strip_anchors(items: list) -> tuple[list, bool, bool]:
     return items, start, end
 
 
-@functools.lru_cache(maxsize=4096)
+@byte_memo(PARSE_CACHE_BYTES, name="regex parse cache")
 def parse_regex(pattern: str, reading: str = "python") -> ParsedRegex:
     """Parse a Python-`re` pattern. Raises InvalidRegexError. `reading`: see the module docstring."""
     if reading not in READINGS:

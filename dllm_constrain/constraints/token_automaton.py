@@ -59,6 +59,7 @@ class TokenAutomaton:
         self.nbytes = packed_row_bytes(self.vocab_size)
         self.eos_id = tok.eos_id
         self._trans: dict[int, TokTrans] = {}
+        self._unconfirmed: set[int] = set()  # states whose row-store entry may exist ahead of the table (see trans)
         self._delta: dict[tuple[int, int], int] = {}
         self._lock = threading.RLock()
         self.max_token_len = tok.max_token_len()
@@ -222,6 +223,9 @@ class TokenAutomaton:
         return len(self._trans)
 
     def trans(self, s: int) -> TokTrans:
+        """The token transitions out of s, computed once, shared (thread-safe), published in steps (row store,
+        successor sets, table): an exception in between (KeyboardInterrupt, a signal-based timeout) leaves a
+        row-store entry the next call keeps (`_store_state`); only the byte tally may then be one state off."""
         tt = self._trans.get(s)
         if tt is not None:
             return tt
@@ -234,13 +238,26 @@ class TokenAutomaton:
             if s != DEAD:
                 # published even without an allowed token (the state after a closing brace allows only EOS): such a
                 # state is known, with no successor, or every set holding it would look partial
-                if self.row_store is not None:
-                    self.row_store.add_state(s, [(u, tt.dense.get(u, -1), tt.sparse.get(u, NO_IDS)) for u in tt.targets],
-                                             tt.all_row, tt.all_sparse)
+                self._store_state(s, tt)
                 self._trans_bytes += _held_bytes(tt)
                 self.succ_bits[s] = tt.succ_bits  # known from here on: set last (readers do not take the lock)
             self._trans[s] = tt
+            self._unconfirmed.discard(s)
             return tt
+
+    def _store_state(self, s: int, tt: TokTrans) -> None:
+        """Add state s's transitions to the native row store (one C call: all or nothing). s is marked unconfirmed
+        first: a later call for s that finds the entry (an interrupted `trans(s)` wrote it) keeps it."""
+        if self.row_store is None:
+            return
+        entries = [(u, tt.dense.get(u, -1), tt.sparse.get(u, NO_IDS)) for u in tt.targets]
+        retry = s in self._unconfirmed
+        self._unconfirmed.add(s)
+        try:
+            self.row_store.add_state(s, entries, tt.all_row, tt.all_sparse)
+        except ValueError:
+            if not retry:  # else the store has s from the interrupted call: the same transitions
+                raise
 
     def footprint_bytes(self) -> int:
         """An estimate of the memory this automaton holds and that grows as requests explore it: the byte DFA's
@@ -250,6 +267,10 @@ class TokenAutomaton:
         without the lock: a computation under way adds its bytes when it publishes."""
         return (self.dfa.T.nbytes + 2 * self.allp.nbytes + self._trans_bytes
                 + STATE_OVERHEAD_BYTES * self.known_count)
+
+    def memory_bytes(self) -> int:
+        """`footprint_bytes` and the unions of interned rows (bounded by count): what a cache charges for it."""
+        return self.footprint_bytes() + len(self._unions) * self.nbytes
 
     def _compute_trans(self, s: int) -> TokTrans:
         tt = TokTrans(s)
@@ -396,14 +417,22 @@ class TokenAutomaton:
         return k
 
     def _add_allp(self, row: np.ndarray) -> int:
+        """Append an interned row to `allp` and the row store, in step whatever interrupts the call: written to
+        `allp` past n_allp, then to the store, then counted. A store one row ahead (an interrupted call stopped
+        before counting) has that row adopted: `allp` holds the same bytes there."""
         k = self.n_allp
-        if self.row_store is not None and self.row_store.add_row(row) != k:
-            raise RuntimeError("the row store and the interned rows are out of step")
+        store = self.row_store
+        if store is not None and store.n_rows > k:
+            if store.n_rows != k + 1:
+                raise RuntimeError("the row store and the interned rows are out of step")
+            k = self.n_allp = k + 1
         if k >= self.allp.shape[0]:
             grown = np.zeros((max(8, 2 * self.allp.shape[0]), self.nbytes), dtype=np.uint8)
             grown[:k] = self.allp[:k]
             self.allp = grown
         self.allp[k] = row
+        if store is not None and store.add_row(row) != k:
+            raise RuntimeError("the row store and the interned rows are out of step")
         self.n_allp = k + 1
         return k
 

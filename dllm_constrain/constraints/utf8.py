@@ -6,12 +6,13 @@ character then move an automaton to an intermediate state like any other byte.
 """
 from __future__ import annotations
 
-import functools
-
 from . import regex_ast as A
+from .byte_lru import byte_memo
+
+UTF8_CACHE_BYTES = 4 * 2**20  # memory budget of the code-point set -> UTF-8 byte sequences memo
 
 
-@functools.lru_cache(maxsize=4096)
+@byte_memo(UTF8_CACHE_BYTES, name="UTF-8 sequence cache")
 def utf8_sequences(ranges: A.Ranges) -> tuple[tuple[tuple[int, int], ...], ...]:
     """Split a code-point set into sequences of byte ranges whose concatenation is exactly its UTF-8."""
     out: list[tuple[tuple[int, int], ...]] = []

@@ -1,6 +1,7 @@
 """python -m dllm_constrain.serve [--model PATH] [--host H] [--port P] [--device D] [--dtype T] [--max-queue N]
 [--request-timeout S] [--max-queue-time S] [--max-batch-size B] [--max-body-bytes N] [--shutdown-timeout S]
-[--grammar-dir DIR] [--served-model-name NAME]: an OpenAI-compatible server (docs/serving.md)."""
+[--grammar-dir DIR] [--compile-cache-memory SIZE] [--served-model-name NAME]: an OpenAI-compatible server
+(docs/serving.md)."""
 from __future__ import annotations
 
 import argparse
@@ -39,6 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grammar-dir", type=Path, default=None,
                    help="a directory of .lark grammars requests may name (by file name, inside it only); "
                         "default: shipped grammars and grammar text only")
+    p.add_argument("--compile-cache-memory", default=None,
+                   help="memory budget of the compiled-constraint cache, e.g. 512MB or 2GiB (default: 256 MiB); "
+                        "least recently used constraints are dropped past it")
     p.add_argument("--served-model-name", default=None, help="model id in /v1/models and responses")
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
@@ -50,6 +54,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-queue-time must be >= 0, --max-body-bytes >= 1 and --shutdown-timeout > 0")
     if args.grammar_dir is not None and not args.grammar_dir.is_dir():
         p.error(f"--grammar-dir {args.grammar_dir} is not a directory")
+    if args.compile_cache_memory is not None:
+        from dllm_constrain.constraints.byte_lru import parse_bytes
+        from dllm_constrain.errors import InvalidRequestError
+
+        try:
+            args.compile_cache_memory = parse_bytes(args.compile_cache_memory, "--compile-cache-memory")
+        except InvalidRequestError as exc:
+            p.error(str(exc))
     return args
 
 
@@ -74,7 +86,7 @@ def build_server_app(args: argparse.Namespace) -> ServerApp:
     from dllm_constrain.serve.grammar_access import GrammarAccess
     from dllm_constrain.serve.limits import ServeLimits, prompt_char_bound
 
-    llm = LLM(args.model, device=args.device, dtype=args.dtype)
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, compile_cache_memory=args.compile_cache_memory)
     backend = EngineBackend(llm, model_id=args.served_model_name, max_queue=args.max_queue,
                             max_batch_size=args.max_batch_size)
     limits = ServeLimits(max_body_bytes=args.max_body_bytes, max_prompt_chars=prompt_char_bound(llm),

@@ -53,6 +53,9 @@ def _continuations(lx: Lexer, q: int) -> Iterator[tuple[int, int]]:
             yield b, y
 
 
+# bytes charged per memo entry of a compiled grammar (a configuration key, its answer, the dict slot)
+MEMO_ENTRY_BYTES = 320
+
 class CompiledGrammar:
     def __init__(self, spec: GrammarSpec, tok: TokenizerInfo, name: str = "grammar",
                  deadline: Deadline | None = None):
@@ -94,6 +97,7 @@ class CompiledGrammar:
         self._accv: dict[int, np.ndarray] = {}
         self._est: dict[Config, int] = {}
         self._min_tokens: int | None = None
+        self._base_bytes: int | None = None  # memory_bytes of the tables as built (measured on first use)
         text_row = np.zeros(self.vocab_size, dtype=bool)
         for i, b in enumerate(tok.token_bytes):
             if b:
@@ -107,6 +111,20 @@ class CompiledGrammar:
             raise InvalidGrammarError("the grammar accepts no text: no sequence of its terminals that the start "
                                       f"rule {spec.start!r} derives can be lexed by Lark's lexer (adjacent lexemes "
                                       "would merge, or a terminal's match never ends where the next one starts)")
+
+    def memory_bytes(self) -> int:
+        """An estimate of the memory this grammar holds (what the compile cache charges it): its tables as built
+        (measured once, `byte_lru.deep_size`), the lexers' DFA tables, and its memos by entry count (packed token
+        rows for `_bits`, MEMO_ENTRY_BYTES for the others); it grows as requests explore the grammar. Read without
+        the lock."""
+        if self._base_bytes is None:
+            from ..byte_lru import deep_size
+
+            self._base_bytes = deep_size(self.spec) + self.text_row.nbytes
+        lexers = sum(d.T.nbytes for d in self.lexer.dfas)
+        memos = sum(len(m) for m in (self._seqfeed, self._viable, self._finish, self._complete, self._ctoks,
+                                     self._succ, self._ranked, self._accv, self._est))
+        return self._base_bytes + lexers + MEMO_ENTRY_BYTES * memos + len(self._bits) * (self.vocab_size // 8 + 96)
 
     def __repr__(self) -> str:
         return f"CompiledGrammar({self.name!r}, lexer_states={self.lexer.n_states}, lr_states={self.spec.n_states})"

@@ -2,7 +2,6 @@
 object equal to a value, and the language of keys other than some names."""
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import math
@@ -10,7 +9,13 @@ from typing import Any
 
 from .. import numeric as N
 from .. import regex_ast as A
+from ..byte_lru import byte_memo
 from .values import is_number
+
+# memory budget of each memo below (per string class, per list of declared names: schemas bring their own); their
+# entries are charged from the arguments (about twice the median of the values' measured sizes: 900 bytes per
+# range of a class, 520 per character of the names)
+ENCODE_CACHE_BYTES = 8 * 2**20
 
 _SPECIAL_STRING_CHARS = tuple(range(0x20)) + (0x22, 0x5C)
 
@@ -59,7 +64,8 @@ _ESC_LITS = {c: A.Lit(_ESC[c]) for c in _SPECIAL_STRING_CHARS}
 _ESC_ALL = A.alt(*_ESC_LITS.values())
 
 
-@functools.lru_cache(maxsize=8192)
+@byte_memo(ENCODE_CACHE_BYTES, name="JSON string class cache",
+           size_of_args=lambda rs, is_chars: 2048 + 1024 * len(rs))
 def _encode_set(rs: A.Ranges, is_chars: bool) -> A.Node:
     raw = A.ranges_difference(rs, _SPECIAL_RANGES) if is_chars else _byte_diff(rs)
     parts = [A.Chars(raw) if is_chars else A.Bytes(raw)] if raw else []
@@ -99,7 +105,8 @@ def strings_except(names: list[str]) -> A.Node:
     return _strings_except(tuple(names))
 
 
-@functools.lru_cache(maxsize=4096)
+@byte_memo(ENCODE_CACHE_BYTES, name="key complement cache",
+           size_of_args=lambda names: 1024 + 1024 * sum(len(n) + 1 for n in names))
 def _strings_except(names: tuple[str, ...]) -> A.Node:
     root: dict = {}
     END = object()

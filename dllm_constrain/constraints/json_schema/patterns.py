@@ -3,15 +3,31 @@ under every reading or under some, and jsonschema's `pattern` keyword read that 
 from __future__ import annotations
 
 import re
+import sys
 import threading
 
 from ...errors import InvalidRegexError, InvalidSchemaError
+from ..byte_lru import ByteLRU
 from ..deriv import DerivDFA
 from ..regex_parser import parse_regex, search_language
 
+# Memory budgets of the per-pattern caches (every schema may bring patterns of its own: a server sees an unbounded
+# stream of them): Python's compiled patterns, and the byte DFAs of the other readings (up to tens of KB each).
+PATTERN_CACHE_BYTES = 4 * 2**20
+READING_DFA_CACHE_BYTES = 32 * 2**20
 
-_PATTERN_CACHE: dict = {}
-_READING_DFAS: dict = {}
+
+def _compiled_pattern_bytes(r: re.Pattern) -> int:
+    return sys.getsizeof(r) + 2 * len(r.pattern)
+
+
+def _reading_dfa_bytes(d: DerivDFA | bool) -> int:
+    return 64 if d is False else d.memory_bytes()
+
+
+_PATTERN_CACHE: ByteLRU = ByteLRU(PATTERN_CACHE_BYTES, _compiled_pattern_bytes, name="pattern cache")
+_READING_DFAS: ByteLRU = ByteLRU(READING_DFA_CACHE_BYTES, _reading_dfa_bytes, name="pattern reading cache",
+                                 grows=True)
 _READING_LOCK = threading.Lock()
 
 
@@ -23,7 +39,7 @@ def pattern_search(p: str, name: str, path: str) -> bool:
             r = re.compile(p)
         except re.error as e:
             raise InvalidSchemaError(f"invalid regex {p!r} at {path}: {e}") from None
-        _PATTERN_CACHE[p] = r
+        _PATTERN_CACHE.put(p, r)
     return r.search(name) is not None
 
 
@@ -43,9 +59,7 @@ def pattern_matches(p: str, name: str, path: str, reading: str) -> bool:
                 d = DerivDFA(search_language(parse_regex(p, reading)))
             except InvalidRegexError:
                 d = False
-            if len(_READING_DFAS) > 4096:
-                _READING_DFAS.clear()
-            _READING_DFAS[key] = d
+            _READING_DFAS.put(key, d)
         if d is False:
             return py
         return d.matches(name.encode("utf-8", "surrogatepass"))
