@@ -49,7 +49,8 @@ def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
     factory = bundled_factory(args.constrained_share > 0)
     shape, cost = SHAPES[args.shape], RooflineCost(HARDWARE[args.hardware])
     setup = ServingSetup(max_num_seqs=args.slots, kv_budget_bytes=int(args.kv_gb * 1e9),
-                         step_tokens=args.step_tokens, tokens_per_forward=args.tokens_per_forward)
+                         step_tokens=args.step_tokens, tokens_per_forward=args.tokens_per_forward,
+                         head_per_request=not args.head_once)
     rows = []
     saturated = make_workload(args.workload, args.requests, 0.0, args.seed, args.constrained_share)
     cap = simulate(saturated, "static", setup, factory, shape, cost)
@@ -88,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--tokens-per-forward", type=float, default=2.5)
     c.add_argument("--constrained-share", type=float, default=0.2)
     c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--head-once", action="store_true",
+                   help="what-if: price one LM head read per step instead of one per request (not what the engine "
+                        "does today)")
     c.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
     from dllm_constrain.sim import calibrate
 

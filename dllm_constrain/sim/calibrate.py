@@ -79,20 +79,33 @@ def measure_steps(model: Any, tokenizer: Any, steps: int, seed: int) -> list[tup
     return out
 
 
-def fit_nonnegative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with non-negative coefficients (features scaled to unit norm; a feature whose coefficient
-    comes out negative is dropped and the rest refitted)."""
+def fit_nonnegative(x: np.ndarray, y: np.ndarray, relative: bool = False) -> np.ndarray:
+    """Least squares with non-negative coefficients (Lawson-Hanson active set, features scaled to unit norm);
+    `relative`: each row weighted by 1 / y, so the fit minimises relative errors (what the held-out check judges)."""
+    if relative:
+        x, y = x / y[:, None], np.ones_like(y)
     scale = np.linalg.norm(x, axis=0)
     scale[scale == 0] = 1.0
-    xs = x / scale
-    active = list(range(x.shape[1]))
-    coef = np.zeros(x.shape[1])
-    while active:
-        sol, *_ = np.linalg.lstsq(xs[:, active], y, rcond=None)
-        if (sol >= 0).all():
-            coef[active] = sol
+    a = x / scale
+    n = a.shape[1]
+    coef, passive = np.zeros(n), np.zeros(n, dtype=bool)
+    tol = 1e-12 * max(1.0, float(np.abs(a.T @ y).max()))
+    for _ in range(3 * n):
+        grad = a.T @ (y - a @ coef)
+        if passive.all() or (grad[~passive] <= tol).all():
             break
-        active = [a for a, s in zip(active, sol) if s >= 0] if (sol >= 0).any() else []
+        passive[int(np.argmax(np.where(passive, -np.inf, grad)))] = True
+        while True:
+            trial = np.zeros(n)
+            trial[passive] = np.linalg.lstsq(a[:, passive], y, rcond=None)[0]
+            if (trial[passive] > 0).all():
+                coef = trial
+                break
+            bad = passive & (trial <= 0)
+            alpha = float(np.min(coef[bad] / (coef[bad] - trial[bad])))
+            coef = coef + alpha * (trial - coef)
+            passive &= coef > tol
+            coef[~passive] = 0.0
     return coef / scale
 
 
@@ -112,14 +125,15 @@ def calibrate(steps_per_model: int = 150, seed: int = 0) -> dict[str, Any]:
         held[name] = [rows[i] for i in idx[cut:]]
     x = np.array([linear_row(f) for f, _ in train])
     y = np.array([t for _, t in train])
-    cost = LinearCost(tuple(float(c) for c in fit_nonnegative(x, y)))
+    cost = LinearCost(tuple(float(c) for c in fit_nonnegative(x, y, relative=True)))
     errors = {}
     for name, rows in held.items():
         rel = [abs(cost.step_time(f).seconds - t) / t for f, t in rows]
         errors[name] = {"held_out_steps": len(rows), "median_rel_error": float(np.median(rel)),
                         "p90_rel_error": float(np.quantile(rel, 0.9))}
     return {"coefficients": dict(zip(LINEAR_FEATURES, cost.coefficients)), "held_out": errors,
-            "train_steps": len(train)}
+            "train_steps": len(train),
+            "samples": {name: [[*linear_row(f), t] for f, t in rows] for name, rows in samples.items()}}
 
 
 def load_cost(path: str | Path) -> LinearCost:

@@ -106,6 +106,7 @@ class VirtualClock:
 
     cost: CostModel
     shape: ModelShape
+    head_per_request: bool = True  # False: the what-if of one LM head read per step (dllm_constrain.sim.cost)
     t: float = 0.0
 
     def now(self) -> float:
@@ -115,7 +116,7 @@ class VirtualClock:
         if not work:
             self.t += 1e-6  # a forward-free step (forced tokens only): host work
             return 0.0
-        st = self.cost.step_time(step_features(self.shape, work[0]))
+        st = self.cost.step_time(step_features(self.shape, work[0], self.head_per_request))
         self.t += st.seconds
         return st.device_s
 
@@ -149,6 +150,7 @@ class ServingSetup:
     kv_budget_bytes: int | None = None
     step_tokens: int | None = None
     tokens_per_forward: float = 2.5
+    head_per_request: bool = True  # False: price the what-if of one LM head read per step
 
     def engine_config(self, policy: str) -> EngineConfig:
         return EngineConfig(scheduler=policy, step_tokens=self.step_tokens, kv_budget_bytes=self.kv_budget_bytes)
@@ -250,7 +252,7 @@ def simulate(workload: list[SimRequest], policy: str, setup: ServingSetup, facto
     behaviours: dict[int, RequestBehaviour] = {}
     engine = sim_engine(factory.tokenizer, shape, setup.engine_config(policy), behaviours,
                         scheduler_config=setup.scheduler_config())
-    return serve(engine, workload, factory, VirtualClock(cost, shape), policy, behaviours,
+    return serve(engine, workload, factory, VirtualClock(cost, shape, setup.head_per_request), policy, behaviours,
                  setup.tokens_per_forward, shape.kv_bytes_per_token)
 
 
