@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,10 @@ def _line(label: str, result: RunResult, **extra: Any) -> dict[str, Any]:
 
 def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
     factory = bundled_factory(args.constrained_share > 0)
-    shape, cost = SHAPES[args.shape], RooflineCost(HARDWARE[args.hardware])
+    hardware = HARDWARE[args.hardware]
+    if args.host_us is not None:
+        hardware = replace(hardware, host_per_request_s=args.host_us * 1e-6)
+    shape, cost = SHAPES[args.shape], RooflineCost(hardware)
     setup = ServingSetup(max_num_seqs=args.slots, kv_budget_bytes=int(args.kv_gb * 1e9),
                          step_tokens=args.step_tokens, tokens_per_forward=args.tokens_per_forward,
                          head_per_request=not args.head_once)
@@ -89,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--tokens-per-forward", type=float, default=2.5)
     c.add_argument("--constrained-share", type=float, default=0.2)
     c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--host-us", type=float, default=None,
+                   help="the engine's per-request host Python per step in microseconds (default: the hardware's)")
     c.add_argument("--head-once", action="store_true",
                    help="what-if: price one LM head read per step instead of one per request (not what the engine "
                         "does today)")

@@ -66,6 +66,7 @@ class RunResult:
     forwards: int
     peak_step_tokens: int
     peak_kv_bytes: int
+    request_steps: int = 0  # request rows summed over forwards
 
     @property
     def throughput(self) -> float:
@@ -87,7 +88,8 @@ class RunResult:
                 "tokens_per_s": self.token_throughput, "p50_s": self.latency(50), "p99_s": self.latency(99),
                 "ttft_p50_s": self.ttft(50), "ttft_p99_s": self.ttft(99), "makespan_s": self.makespan,
                 "device_busy_s": self.device_busy, "steps": self.steps, "forwards": self.forwards,
-                "peak_step_tokens": self.peak_step_tokens, "peak_kv_gb": self.peak_kv_bytes / 1e9}
+                "peak_step_tokens": self.peak_step_tokens, "peak_kv_gb": self.peak_kv_bytes / 1e9,
+                "request_steps": self.request_steps}
 
 
 class Clock(Protocol):
@@ -243,7 +245,8 @@ def serve(engine: SimEngine, workload: list[SimRequest], factory: RequestFactory
     sched = engine._loop.scheduler if engine._loop is not None else None
     peak_kv = sched.budget.peak * kv_bytes_per_token if sched is not None else 0
     return RunResult(policy, [records[k] for k in sorted(records)], makespan, busy, steps, len(log),
-                     max((sum(w.rows for w in step) for step in log), default=0), peak_kv)
+                     max((sum(w.rows for w in step) for step in log), default=0), peak_kv,
+                     sum(len(step) for step in log))
 
 
 def simulate(workload: list[SimRequest], policy: str, setup: ServingSetup, factory: RequestFactory,
