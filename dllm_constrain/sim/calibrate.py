@@ -28,12 +28,7 @@ from dllm_constrain.engine.state import Request, SamplingParams
 from dllm_constrain.sim.behaviour import real_engine
 from dllm_constrain.sim.cost import LINEAR_FEATURES, LinearCost, ModelShape, StepFeatures, linear_row, step_features
 from dllm_constrain.sim.harness import RequestFactory, ServingSetup, VirtualClock, WallClock, run_model
-from dllm_constrain.sim.workloads import LengthDist, WORKLOADS, WorkloadShape, make_workload
-
-# the real CPU run's workload: short prompts and canvases, so that it stays small on a shared machine
-WORKLOADS.setdefault("cpu-small", WorkloadShape("cpu-small", "poisson", LengthDist(40, 0.6, 8, 160),
-                                                ((64, 0.5), (128, 0.5)), LengthDist(30, 0.8, 4, 127)))
-
+from dllm_constrain.sim.workloads import make_workload
 
 def mid_llada(seed: int = 0) -> Any:
     """A mid-size random LLaDA (d_model 512, 8 layers, 8 heads, MLP 1536, vocabulary 4096) with the bundled

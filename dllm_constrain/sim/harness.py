@@ -22,7 +22,7 @@ from dllm_constrain.engine.scheduler import SchedulerConfig
 from dllm_constrain.engine.state import Request, SamplingParams
 from dllm_constrain.sim.behaviour import RequestBehaviour, SimEngine, real_engine, sim_engine
 from dllm_constrain.sim.cost import CostModel, ModelShape, step_features
-from dllm_constrain.sim.workloads import SCHEMA, SimRequest, json_answer, plain_answer
+from dllm_constrain.sim.workloads import SimRequest, json_answer, plain_answer
 
 BLOCK = 32
 THRESHOLD = 0.9  # Fast-dLLM's confidence-aware parallel decoding threshold

@@ -11,6 +11,7 @@ answers, bursty arrivals), not measurements of those traces.
              canvases 256 / 512; answers median 100 (sigma 1.0)
   osc        gamma inter-arrival times with coefficient of variation 3 (clustered); prompts median 400; canvases
              512 / 1024; answers median 250 (sigma 1.1), the longest filling their canvas
+  cpu-small  the real CPU run's: Poisson; prompts median 40; canvases 64 / 128 (the bundled model decides answers)
 
 A share of the requests (`constrained_share`) is constrained by a JSON Schema; its planned answer is a
 schema-valid JSON text of about the drawn length.
@@ -57,6 +58,9 @@ WORKLOADS = {
                            LengthDist(100, 1.0, 4, 1024)),
     "osc": WorkloadShape("osc", "gamma", LengthDist(400, 1.0, 16, 2048), ((512, 0.3), (1024, 0.7)),
                          LengthDist(250, 1.1, 4, 1024)),
+    # the real CPU run's workload (the bundled model decides its answers): short, for a shared 2-core machine
+    "cpu-small": WorkloadShape("cpu-small", "poisson", LengthDist(40, 0.6, 8, 160), ((64, 0.5), (128, 0.5)),
+                               LengthDist(30, 0.8, 4, 127)),
 }
 
 
