@@ -30,6 +30,7 @@ def main() -> None:
     parser.add_argument("--constrained-share", type=float, default=0.2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--head-once", action="store_true", help="what-if: one LM head read per step")
+    parser.add_argument("--varlen-attention", action="store_true", help="what-if: one attention launch per layer")
     parser.add_argument("--host-us", type=float, default=None, help="per-request host Python per step (us)")
     args = parser.parse_args()
     print("| workload | policy | req/s | p50 s | p99 s | TTFT p50 s | busy s | largest step | KV peak GB | "

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from dllm_constrain.sim.cost import HARDWARE, SHAPES, RooflineCost
+from dllm_constrain.sim.cost import HARDWARE, SHAPES, Kernels, RooflineCost
 from dllm_constrain.sim.harness import RequestFactory, RunResult, ServingSetup, simulate
 from dllm_constrain.sim.workloads import SCHEMA, WORKLOADS, make_workload
 
@@ -54,7 +54,8 @@ def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
     shape, cost = SHAPES[args.shape], RooflineCost(hardware)
     setup = ServingSetup(max_num_seqs=args.slots, kv_budget_bytes=int(args.kv_gb * 1e9),
                          step_tokens=args.step_tokens, tokens_per_forward=args.tokens_per_forward,
-                         head_per_request=not args.head_once)
+                         kernels=Kernels(head_per_request=not args.head_once,
+                                         attention_per_request=not args.varlen_attention))
     rows = []
     saturated = make_workload(args.workload, args.requests, 0.0, args.seed, args.constrained_share)
     cap = simulate(saturated, "static", setup, factory, shape, cost)
@@ -98,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--head-once", action="store_true",
                    help="what-if: price one LM head read per step instead of one per request (not what the engine "
                         "does today)")
+    c.add_argument("--varlen-attention", action="store_true",
+                   help="what-if: one attention launch group per layer for all requests instead of the per-request "
+                        "loop (not what the engine does today)")
     c.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
     from dllm_constrain.sim import calibrate
 

@@ -142,26 +142,35 @@ class StepFeatures:
         return self.weight_bytes + self.kv_bytes + self.head_bytes
 
 
-def step_features(shape: ModelShape, work: Sequence[SegmentWork], head_per_request: bool = True) -> StepFeatures:
-    """Count a step's FLOPs, bytes and kernel launches from its segments (see the module docstring).
-    head_per_request=False prices a what-if: one LM head projection over every request's rows (the head read once
-    per step, one launch group), which the engine does not do today."""
+@dataclass(frozen=True)
+class Kernels:
+    """How the engine issues a step's work. The defaults are what it does today; the others price what-ifs it does
+    not do: one LM head projection over every request's rows (the head read once per step, one launch group), and
+    one varlen attention launch group per layer for all requests instead of the per-request loop."""
+
+    head_per_request: bool = True
+    attention_per_request: bool = True
+
+
+def step_features(shape: ModelShape, work: Sequence[SegmentWork], kernels: Kernels = Kernels()) -> StepFeatures:
+    """Count a step's FLOPs, bytes and kernel launches from its segments (see the module docstring)."""
     rows = sum(w.rows for w in work)
     per_layer_attn = sum(4 * w.rows * w.keys * shape.heads * shape.head_dim for w in work)
     kv_elems = sum(w.keys for w in work)  # a Reuse reads, a Refresh writes, the request's whole sequence
     logit_rows = sum(w.logit_rows for w in work)
     with_logits = sum(1 for w in work if w.logit_rows)
     b = len(work)
+    heads = with_logits if kernels.head_per_request else min(1, with_logits)
+    attention_groups = b if kernels.attention_per_request else min(1, b)
     return StepFeatures(
         linear_flops=2.0 * rows * shape.layers * shape.layer_weights,
         attention_flops=float(per_layer_attn * shape.layers),
         head_flops=2.0 * logit_rows * shape.hidden * shape.vocab,
         weight_bytes=float(shape.layers * shape.layer_weights * shape.dtype_bytes) if b else 0.0,
         kv_bytes=float(shape.kv_bytes(kv_elems)),
-        head_bytes=float((with_logits if head_per_request else min(1, with_logits))
-                         * shape.vocab * shape.hidden * shape.dtype_bytes),
-        launches=(shape.layers * (OPS_PER_LAYER + OPS_PER_REQUEST_LAYER * b)
-                  + OPS_PER_REQUEST_LOGITS * (with_logits if head_per_request else min(1, with_logits)) if b else 0),
+        head_bytes=float(heads * shape.vocab * shape.hidden * shape.dtype_bytes),
+        launches=(shape.layers * (OPS_PER_LAYER + OPS_PER_REQUEST_LAYER * attention_groups)
+                  + OPS_PER_REQUEST_LOGITS * heads if b else 0),
         requests=b,
         rows=rows,
     )

@@ -21,7 +21,7 @@ from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.scheduler import SchedulerConfig
 from dllm_constrain.engine.state import Request, SamplingParams
 from dllm_constrain.sim.behaviour import RequestBehaviour, SimEngine, real_engine, sim_engine
-from dllm_constrain.sim.cost import CostModel, ModelShape, step_features
+from dllm_constrain.sim.cost import CostModel, Kernels, ModelShape, step_features
 from dllm_constrain.sim.workloads import SimRequest, json_answer, plain_answer
 
 BLOCK = 32
@@ -108,7 +108,7 @@ class VirtualClock:
 
     cost: CostModel
     shape: ModelShape
-    head_per_request: bool = True  # False: the what-if of one LM head read per step (dllm_constrain.sim.cost)
+    kernels: Kernels = Kernels()  # how the engine issues the work (what-ifs: dllm_constrain.sim.cost.Kernels)
     t: float = 0.0
 
     def now(self) -> float:
@@ -118,7 +118,7 @@ class VirtualClock:
         if not work:
             self.t += 1e-6  # a forward-free step (forced tokens only): host work
             return 0.0
-        st = self.cost.step_time(step_features(self.shape, work[0], self.head_per_request))
+        st = self.cost.step_time(step_features(self.shape, work[0], self.kernels))
         self.t += st.seconds
         return st.device_s
 
@@ -152,7 +152,7 @@ class ServingSetup:
     kv_budget_bytes: int | None = None
     step_tokens: int | None = None
     tokens_per_forward: float = 2.5
-    head_per_request: bool = True  # False: price the what-if of one LM head read per step
+    kernels: Kernels = Kernels()  # the engine's kernels as today, or a what-if (dllm_constrain.sim.cost.Kernels)
 
     def engine_config(self, policy: str) -> EngineConfig:
         return EngineConfig(scheduler=policy, step_tokens=self.step_tokens, kv_budget_bytes=self.kv_budget_bytes)
@@ -255,7 +255,7 @@ def simulate(workload: list[SimRequest], policy: str, setup: ServingSetup, facto
     behaviours: dict[int, RequestBehaviour] = {}
     engine = sim_engine(factory.tokenizer, shape, setup.engine_config(policy), behaviours,
                         scheduler_config=setup.scheduler_config())
-    return serve(engine, workload, factory, VirtualClock(cost, shape, setup.head_per_request), policy, behaviours,
+    return serve(engine, workload, factory, VirtualClock(cost, shape, setup.kernels), policy, behaviours,
                  setup.tokens_per_forward, shape.kv_bytes_per_token)
 
 
