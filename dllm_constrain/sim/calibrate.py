@@ -163,12 +163,24 @@ def add_commands(sub: Any) -> None:
     c.add_argument("--out", default="cpu_cost.json")
     c.set_defaults(func=_calibrate_cmd)
     r = sub.add_parser("cpu", help="the real CPU serving run beside its simulation (calibrated cost)")
-    r.add_argument("--cost", default="cpu_cost.json")
+    r.add_argument("--cost", default="cpu_cost.json",
+                   help="the fitted CPU cost (written by `calibrate`; with --calibrate-steps, fitted here and written)")
+    r.add_argument("--calibrate-steps", type=int, default=0,
+                   help="fit the CPU cost first, in this process, on this many steps per model (the fit and the runs "
+                        "then share the machine's conditions)")
     r.add_argument("--requests", type=int, default=24)
     r.add_argument("--rate", type=float, default=2.0, help="arrivals per second")
     r.add_argument("--policies", nargs="+", default=["phase", "fcfs", "static"])
     r.add_argument("--seed", type=int, default=0)
-    r.set_defaults(func=lambda a: cpu_runs(load_cost(a.cost), a.requests, a.rate, a.policies, a.seed))
+    r.set_defaults(func=_cpu_cmd)
+
+
+def _cpu_cmd(args: argparse.Namespace) -> None:
+    if args.calibrate_steps:
+        result = calibrate(args.calibrate_steps, args.seed)
+        Path(args.cost).write_text(json.dumps(result, indent=2))
+        print(json.dumps({k: v for k, v in result.items() if k != "samples"}), flush=True)
+    cpu_runs(load_cost(args.cost), args.requests, args.rate, args.policies, args.seed)
 
 
 def _calibrate_cmd(args: argparse.Namespace) -> None:
