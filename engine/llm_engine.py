@@ -243,7 +243,8 @@ class LLMEngine:
         self.runner.core_split = split
         masks = MaskWorkers(workers, beside, split.pin_current_helper if split is not None else None) \
             if workers > 0 else None
-        return _Loop(Scheduler(self._scheduler_config(config, scheduler_config)), self.runner, self.logits_path, masks=masks, timing=self.mask_timing,
+        scheduler = Scheduler(self._scheduler_config(config, scheduler_config))
+        return _Loop(scheduler, self.runner, self.logits_path, masks=masks, timing=self.mask_timing,
                      forward_running=forward_running)
 
     def _scheduler_config(self, config: EngineConfig, limits: SchedulerConfig) -> SchedulerConfig:
