@@ -1,7 +1,7 @@
 """The CPU cost model: measured CPU steps, a fit over the counted features, and the real CPU run beside its simulation.
 
 `calibrate`: the real engine runs random mixes of Refresh and Reuse rows (prompts of 16-160 tokens, canvases of
-32-192, 1-12 requests joining at random steps) on two models, the bundled checkpoint and a mid-size random LLaDA;
+32-192, 1-12 running requests) on two models, the bundled checkpoint and a mid-size random LLaDA;
 every step's wall time is recorded beside its counted work (dllm_constrain.sim.cost.step_features). A
 `LinearCost` is fitted (non-negative least squares) on a seeded 70% of the steps and judged on the other 30%: the
 median relative error of its predicted step times, per model.
@@ -50,24 +50,28 @@ def bundled() -> tuple[Any, Any]:
 
 
 def measure_steps(model: Any, tokenizer: Any, steps: int, seed: int) -> list[tuple[StepFeatures, float]]:
-    """`steps` real engine steps of random request mixes: (counted work, wall seconds) per forward."""
+    """`steps` real engine steps of random request mixes: (counted work, wall seconds) per forward. The number of
+    running requests moves through 1-12 (a new target every 16 steps), so per-step and per-request costs separate."""
     rng = random.Random(seed)
     engine = real_engine(model, tokenizer, EngineConfig(), scheduler_config=SchedulerConfig(max_num_seqs=12))
     shape = ModelShape.from_model(model)
     out: list[tuple[StepFeatures, float]] = []
+    live, target, stepped = 0, 1, 0
     while len(out) < steps:
-        for _ in range(rng.choice([0, 0, 1, 1, 2, 4])):
+        if stepped % 16 == 0:
+            target = rng.choice([1, 2, 3, 4, 6, 8, 12])
+        while live < target:
             canvas = rng.choice([32, 64, 128, 192])
             prompt = [rng.randrange(4, 4000) for _ in range(rng.randint(16, 160))]
             engine.add_request(Request(prompt, SamplingParams(max_new_tokens=canvas, block_length=32,
                                                               policy=rng.choice(["threshold", "quota"]),
                                                               threshold=0.9, steps=canvas // 4)))
-        if not engine.has_unfinished():
-            continue
+            live += 1
         logged = len(engine.work_log)
         start = time.perf_counter()
-        engine.step()
+        live -= len(engine.step())
         wall = time.perf_counter() - start
+        stepped += 1
         work = engine.work_log[logged:]
         if work:
             out.append((step_features(shape, work[0]), wall))
