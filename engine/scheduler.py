@@ -38,8 +38,9 @@ with PromptTooLongError.
 
 No starvation under "phase": every request's phase cost is at most `max_step_tokens` (checked at `add`), the first
 request in the step's order always fits, and a deferred request goes before every request served since; so a
-running request is deferred at most `max_num_seqs - 1` steps in a row, and an overdue waiting one is admitted as
-soon as the KV room it waits for is free.
+running request waits only for the requests ahead of it (other deferred ones, at most `max_num_seqs - 1`, and
+overdue arrivals, each of which takes a slot), and an overdue waiting one is admitted as soon as the KV room it
+waits for is free.
 
 Outputs do not depend on the policy: a deferred request does nothing at that step (no commit, no draw from its
 generator), and the packed forward computes each request's rows as it computes them alone (engine.model_runner).
