@@ -109,6 +109,21 @@ def test_a_deferred_request_keeps_its_place_and_goes_first_at_the_next_step() ->
     assert sched.scheduled[0].request_id == b  # the deferred request goes first
 
 
+def test_an_overdue_arrival_goes_before_the_running_requests_on_the_step_budget() -> None:
+    sched = Scheduler(SchedulerConfig(max_num_seqs=None, max_wait_steps=2, max_step_tokens=100))
+    a = sched.add(60)
+    sched.schedule()
+    w = sched.add(60)
+    refresh = lambda rid: 60  # noqa: E731  (a refreshes every step: w never fits beside it)
+    sched.schedule(refresh)
+    sched.schedule(refresh)
+    assert sched.get(w) in sched.waiting
+    assert [e.request_id for e in sched.schedule(refresh)] == [w]  # w is overdue: it takes the step's room first
+    assert [e.request_id for e in sched.scheduled] == [w] and sched.get(a).deferred == 1
+    sched.schedule(refresh)
+    assert sched.scheduled[0].request_id == a  # the deferred request goes first at the next step
+
+
 def test_a_burst_of_refreshes_is_staggered_and_running_reuse_steps_go_on() -> None:
     """Four running requests in Reuse (8 tokens each) and a burst of six 100-token arrivals under a 300-token step
     budget: every step serves the running ones and admits only the Refreshes that fit (2 per step)."""
