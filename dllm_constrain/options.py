@@ -7,7 +7,8 @@ objects it belongs to, so each default is defined once, as a dataclass field def
                      compile_timeout (engine.state)
     EngineConfig     engine settings for one call: kv_cache, refresh, refresh_steps, refresh_threshold,
                      keep_ratio, logits_budget_bytes, max_logit_rows, budgeted_logits, backend, mask_workers,
-                     gil_free_forward, core_split (engine.config; the ones not given keep the LLM's engine's)
+                     gil_free_forward, core_split, scheduler, step_tokens, kv_budget_bytes (engine.config; the ones
+                     not given keep the LLM's engine's)
     CALL_OPTIONS     the call itself: progress
 
 `route_options(options, defaults, sampling_params)` does the routing: keywords replace fields of

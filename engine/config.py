@@ -9,6 +9,16 @@ These are properties of a batch run, not of one request, so they live here and n
     EngineConfig(refresh="adaptive", refresh_threshold=0.25)  # refresh once 25% of the block was committed since
     EngineConfig(keep_ratio=0.5)                    # Reuse steps attend to the 50% most salient cached keys per head
     EngineConfig(logits_budget_bytes=64 << 20)      # at most 64 MiB of transient logits workspace
+    EngineConfig(scheduler="fcfs")                  # every running request takes every step (no step budget)
+    EngineConfig(step_tokens=4096, kv_budget_bytes=40 << 30)  # phase costs per step; KV memory of running requests
+
+Scheduling (engine.scheduler): `scheduler` picks the policy of the request loop: "phase" (the default,
+dLLM-Serve's: each request's next forward costs its phase, a Refresh its prompt + canvas, a Reuse its block, and
+one step holds at most `step_tokens` of them; requests that do not fit are deferred a step, so a burst's Refreshes
+are staggered), "fcfs" (FCFS slots: every running request takes every step) or "static" (static batches). The
+default step budget is max(8192, the model's context), so any request fits it alone. `kv_budget_bytes` bounds the
+KV memory of the running requests, 2 * layers * kv_heads * head_dim * dtype bytes * (prompt + canvas) each, at
+admission (None: only the scheduler's token and slot limits).
 
 KV reuse (Fast-dLLM's DualCache, dLLM-Serve's Refresh/Reuse):
   Refresh: one full forward over prompt + canvas; every layer's keys/values of every position are cached, and the
@@ -58,6 +68,8 @@ from dllm_constrain.errors import InvalidRequestError
 KV_CACHE_MODES = ("dual", "none")
 REFRESH_MODES = ("block", "steps", "adaptive")
 BACKENDS = ("auto", "triton", "torch")
+SCHEDULERS = ("phase", "fcfs", "static")
+DEFAULT_STEP_TOKENS = 8192  # the "phase" step budget's floor (vLLM's max_num_batched_tokens default)
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,11 @@ class EngineConfig:
     # of their own and the forward's threads off it (engine.core_split); None: when a core is left over beside
     # torch's intra-op threads; True: whenever the process has two cores; False: never touch thread affinity
     core_split: bool | None = None
+    # the request loop's scheduling policy, its per-step token budget ("phase"; None: max(8192, the model's
+    # context)), and the KV memory budget of the running requests in bytes (None: none); see the module docstring
+    scheduler: str = "phase"
+    step_tokens: int | None = None
+    kv_budget_bytes: int | None = None
 
     def validate(self) -> "EngineConfig":
         """Raise InvalidRequestError naming the first bad field; returns self."""
@@ -109,6 +126,12 @@ class EngineConfig:
             raise InvalidRequestError(f"gil_free_forward must be True, False or None, got {self.gil_free_forward!r}")
         if self.core_split is not None and not isinstance(self.core_split, bool):
             raise InvalidRequestError(f"core_split must be True, False or None, got {self.core_split!r}")
+        if self.scheduler not in SCHEDULERS:
+            raise InvalidRequestError(f"scheduler must be one of {SCHEDULERS}, got {self.scheduler!r}")
+        for name in ("step_tokens", "kv_budget_bytes"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise InvalidRequestError(f"{name} must be a positive integer (or None), got {value!r}")
         if self.backend not in BACKENDS:
             raise InvalidRequestError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         return self

@@ -95,14 +95,14 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from dllm_constrain.constraints.protocol import fill_token_bitmask, first_unfit_pin
 from dllm_constrain.engine.block_diffusion import generate_blocks, is_block_diffusion
-from dllm_constrain.engine.config import EngineConfig
+from dllm_constrain.engine.config import DEFAULT_STEP_TOKENS, EngineConfig
 from dllm_constrain.engine.core_split import CoreSplit, pin_current_thread, plan_core_split
 from dllm_constrain.engine.gil_share import loop_activity
 from dllm_constrain.engine.logits import LogitsPath
@@ -120,7 +120,7 @@ from dllm_constrain.engine.outputs import (
     StreamUpdate,
 )
 from dllm_constrain.engine.policies import CommitPolicy, make_policy
-from dllm_constrain.engine.scheduler import Scheduler, SchedulerConfig
+from dllm_constrain.engine.scheduler import Scheduler, SchedulerConfig, TokenBudget, kv_bytes_per_token
 from dllm_constrain.engine.state import Request, RequestState
 from dllm_constrain.errors import (
     ConstraintError,
@@ -243,8 +243,32 @@ class LLMEngine:
         self.runner.core_split = split
         masks = MaskWorkers(workers, beside, split.pin_current_helper if split is not None else None) \
             if workers > 0 else None
-        return _Loop(Scheduler(scheduler_config), self.runner, self.logits_path, masks=masks, timing=self.mask_timing,
+        scheduler = Scheduler(self._scheduler_config(config, scheduler_config))
+        return _Loop(scheduler, self.runner, self.logits_path, masks=masks, timing=self.mask_timing,
                      forward_running=forward_running)
+
+    def _scheduler_config(self, config: EngineConfig, limits: SchedulerConfig) -> SchedulerConfig:
+        """The loop's scheduler settings: `limits` (slots, tokens, wait bound) with the engine config's policy, step
+        budget (default max(8192, the model's context)) and KV byte budget (as tokens of this model's KV size)."""
+        step = config.step_tokens
+        if step is None and config.scheduler == "phase":
+            step = max(DEFAULT_STEP_TOKENS, int(self.model.max_sequence_length))
+        tokens = limits.max_num_tokens
+        if config.kv_budget_bytes is not None:
+            per_token = kv_bytes_per_token(self.model)
+            if per_token is None:
+                raise InvalidRequestError("kv_budget_bytes needs a model whose config names its layers, KV heads and "
+                                          "head size")
+            kv_tokens = TokenBudget.from_kv_bytes(config.kv_budget_bytes, per_token)
+            tokens = kv_tokens if tokens is None else min(tokens, kv_tokens)
+        return replace(limits, policy=config.scheduler, max_step_tokens=step, max_num_tokens=tokens).validate()
+
+    def _phase_cost(self, loop: _Loop, request_id: int) -> int:
+        """A running request's phase cost for this step (engine.scheduler): 0 when it takes no forward."""
+        s = loop.states[request_id]
+        if s.done or s.parked is not None:
+            return 0
+        return loop.runner.phase_tokens(s)
 
     def place_helper_thread(self) -> None:
         """Put the calling thread, a helper of this engine's loops (a compile thread, at each compilation the loop
@@ -437,8 +461,11 @@ class LLMEngine:
 
     def _run_step(self, loop: _Loop) -> list[RequestOutput]:
         outputs, loop.pending = loop.pending, []
-        loop.scheduler.schedule()
-        running = [loop.states[e.request_id] for e in loop.scheduler.running]
+        cost = lambda rid: self._phase_cost(loop, rid)  # noqa: E731
+        loop.scheduler.schedule(cost)
+        # the running requests that take this step (under the "phase" policy, those whose phase costs fit its budget;
+        # the others are deferred and do nothing at this step)
+        running = [loop.states[e.request_id] for e in loop.scheduler.scheduled]
         parked = [s for s in running if s.parked is not None]
         # a parked request whose constraint is there now gets its first forward's masks: beside this step's
         # forward when other requests take it and the loop has workers (the loop thread does not hold them all up
@@ -459,7 +486,15 @@ class LLMEngine:
                                                    True):
                 beside.append(MaskItem(s, s.canvas_view(self.special.mask_id), s.open_in_block()))
         beside += [MaskItem(s, s.canvas_view(self.special.mask_id), s.open_in_block()) for s in unparking]
-        live = [s for s in running if not s.done and s.parked is None]
+        # forced tokens may have closed a block (a Reuse became a Refresh): requests past the step budget now wait
+        deferred = loop.scheduler.recost(cost)
+        for s in running:
+            if s.index in deferred:
+                s.step -= 1  # this step's forward-free work is done again, unchanged, when it next runs
+        if deferred:
+            loop.scheduler.defer(deferred)
+            beside = [item for item in beside if item.state.index not in deferred]
+        live = [s for s in running if not s.done and s.parked is None and s.index not in deferred]
         if not live:
             self._wait_parked(running)
         refreshed_before = loop.runner.stats.refresh_rows

@@ -227,6 +227,14 @@ class ModelRunner:
             return new >= self.config.refresh_threshold * (end - start)
         return False
 
+    def phase_tokens(self, s: RequestState) -> int:
+        """The rows the request's segment of the next forward takes, its phase cost for the scheduler: the whole
+        sequence for a Refresh (or a forward without the cache), the query span for a Reuse."""
+        if self.packed and self.cached and not self.needs_refresh(s):
+            a, b = self._span(s)
+            return b - a
+        return len(s.prompt_ids) + s.canvas_len
+
     # ------------------------------------------------------------------ packed forward
     def _span(self, s: RequestState) -> tuple[int, int]:
         start, end = s.block_bounds()
