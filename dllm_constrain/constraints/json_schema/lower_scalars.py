@@ -14,6 +14,7 @@ from .. import regex_ast as A
 from .context import LoweringContext
 from .ir import Conjunction, NumberRange
 from .json_text import FLOAT_EXACT, ZERO_FRACTION, has_other_spellings, value_spellings
+from .patterns import pattern_matches
 from .values import as_doubles, canon, double_eq, inexact_as_double, is_number, json_eq
 
 _FLOAT_MULTIPLES_MAX = 1000  # multipleOf a non-integer: the products n*k enumerated for |n| up to this
@@ -40,6 +41,8 @@ def lower_enum(ctx: LoweringContext, s: Conjunction, path: str) -> A.Node:
         seen.add(kv)
         if not all(ctx.validation.is_valid_fast(v, c) for c in s.conjuncts):
             continue
+        if isinstance(v, str) and any(pattern_matches(p, v, path, "any") for p in s.excluded_patterns):
+            continue  # `not {pattern}`: a reading may match it
         if (inexact_conjuncts or inexact_as_double(v)) and not all(
                 ctx.validation.is_valid(as_doubles(v), as_doubles(c)) for c in s.conjuncts):
             double_only = True  # valid read exactly, not with every number a double (2**53 + 1 > 2**53 fails there)
