@@ -63,3 +63,12 @@ def test_if_then_else_admits_exactly_what_jsonschema_accepts(schema, seed):
         assert dfa.matches(_compact(x)) == v.is_valid(x), (schema, x)
     for t in random_texts(dfa, random.Random(seed), n=30, max_len=40):
         assert v.is_valid(json.loads(t)), (schema, t)
+
+
+def test_max_contains_over_a_pattern_counts_the_items_that_match():
+    s = {"type": "array", "items": {"type": "string"}, "contains": {"pattern": "a"}, "maxContains": 1}
+    dfa = DerivDFA(schema_to_regex_ast(s, SchemaOptions()))
+    assert dfa.matches(b'["a","b"]') and not dfa.matches(b'["a","xa"]') and not dfa.matches(b'["b"]')
+    v = validator(s)
+    for t in random_texts(dfa, random.Random(0), n=50, max_len=40):
+        assert v.is_valid(json.loads(t)), t
