@@ -218,8 +218,8 @@ def _float_multiples(ctx: LoweringContext, s: Any, m: Any, path: str) -> A.Node:
     if ctx.opts.multiple_of == "decimal":
         node = _decimal_multiples(ctx, k, r, path)
     else:
-        node = _window_multiples(k, m, r)
         dm = N.decimal_multiple_of(k)
+        node = A.NOTHING if dm is not None and _dyadic(k) else _window_multiples(k, m, r)
         if dm is not None:
             node = A.alt(node, _wide_multiples(ctx, k, dm, r))
     if A.is_nothing(node):
@@ -258,13 +258,18 @@ def _window(lo_n: int | None, hi_n: int | None, width: int) -> tuple[int, int]:
     return a, b
 
 
+def _dyadic(k: Decimal) -> bool:
+    """Whether every multiple of k is a dyadic fraction (0.25, 0.5, 1.5): decimal_multiple_of then spells them
+    all, and the float test accepts them all."""
+    _, digits, exp = k.normalize().as_tuple()
+    return exp >= 0 or int("".join(map(str, digits))) % 5 ** -exp == 0
+
+
 def _window_multiples(k: Decimal, m: Any, r: NumberRange) -> A.Node:
     """The multiples n*k in the window that pass the float test (float_multiples.py)."""
     _, digits, exp = k.normalize().as_tuple()
     places = max(-exp, 0)
     a = int("".join(map(str, digits))) * 10 ** max(exp, 0)
-    if places and a % 5 ** places == 0:
-        return A.NOTHING  # dyadic multiples (0.25, 0.5): decimal_multiple_of spells them all
     lo_n, hi_n = _multiple_bounds(k, r)
     if lo_n is not None and hi_n is not None and lo_n > hi_n:
         return A.NOTHING
