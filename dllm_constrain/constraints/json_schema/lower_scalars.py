@@ -20,7 +20,6 @@ from .patterns import pattern_matches
 from .values import as_doubles, canon, double_eq, inexact_as_double, is_number, json_eq
 
 
-
 # ------------------------------------------------------------------------------------------ enum / const
 def lower_enum(ctx: LoweringContext, s: Conjunction, path: str) -> A.Node:
     """The finite set of values of the enum/const that satisfy every conjunct, in every compact spelling."""
