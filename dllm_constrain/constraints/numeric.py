@@ -304,7 +304,7 @@ def _exact(a: Decimal, b: Decimal) -> Decimal:
 
 
 # ------------------------------------------------------------------------------------------ decimal multipleOf
-def decimal_multiple_of(m: Decimal, negative: bool = True) -> tuple[A.Node, Decimal] | None:
+def decimal_multiple_of(m: Decimal, negative: bool = True, exact: bool = False) -> tuple[A.Node, Decimal] | None:
     """multipleOf a non-integer decimal m = a / 10^k: the literals `-?INT(.D{1,k})?` whose scaled integer
     N = value * 10^k is a multiple of lcm(a, 5^k), and the magnitude bound X below which they are sound.
 
@@ -314,7 +314,10 @@ def decimal_multiple_of(m: Decimal, negative: bool = True) -> tuple[A.Node, Deci
     integer below 2^53, and |m / double(m) - 1| < 2^-54 makes it round to n itself: every such literal passes
     the float test, the exact decimal test and every double reading alike. (For 0.01: the multiples of 0.25;
     0.25, 0.5: all multiples; 0.3: the multiples of 1.5.) None when that margin does not hold or the
-    remainder automaton would be large. negative=False: no negative literals."""
+    remainder automaton would be large. negative=False: no negative literals.
+
+    exact=True: every decimal multiple of m (N a multiple of a), of any magnitude (the bound returned is
+    then 0 and means none), for validators that test in decimal arithmetic; the float test rejects some."""
     from fractions import Fraction
     from math import lcm
 
@@ -324,15 +327,18 @@ def decimal_multiple_of(m: Decimal, negative: bool = True) -> tuple[A.Node, Deci
     k = -exp
     a = int("".join(map(str, digits)))
     fm = float(m)
-    if abs(Fraction(m) / Fraction(fm) - 1) >= Fraction(1, 2 ** 54):
+    if not exact and abs(Fraction(m) / Fraction(fm) - 1) >= Fraction(1, 2 ** 54):
         return None
-    mod = lcm(a, 5 ** k)
+    mod = a if exact else lcm(a, 5 ** k)
     if mod * (k + 3) > 20000:
         return None
-    n_max = min(5 ** k, a) * (2 ** 53 - 1)  # N / 5^k and N / a stay below 2^53
-    # integer parts of at most `int_digits` digits: every literal is below 10^int_digits <= n_max / 10^k
-    int_digits = len(str(n_max // 10 ** k)) - 1
-    bound = Decimal(10) ** int_digits
+    if exact:
+        int_digits, bound = 1, Decimal(0)  # one layer of integer-part nodes, looping
+    else:
+        n_max = min(5 ** k, a) * (2 ** 53 - 1)  # N / 5^k and N / a stay below 2^53
+        # integer parts of at most `int_digits` digits: every literal is below 10^int_digits <= n_max / 10^k
+        int_digits = len(str(n_max // 10 ** k)) - 1
+        bound = Decimal(10) ** int_digits
     # nodes: 0 start, 1 after '-', 2 literal "0", 3 + r: integer part (>= 1 digit, no leading zero) with
     # N-remainder r of the integer part, 3 + mod + j * mod + R: after '.' and j + 1 fraction digits (j < k),
     # dot nodes: 3 + mod * (k + 1) + R (R = integer part * 10^k mod M)
@@ -362,8 +368,9 @@ def decimal_multiple_of(m: Decimal, negative: bool = True) -> tuple[A.Node, Deci
     for c in range(int_digits):
         for r in range(mod):
             src_node = I0 + c * mod + r
-            if c + 1 < int_digits:
-                digit_edges(src_node, lambda d, r=r, c=c: I0 + (c + 1) * mod + (r * 10 + d) % mod)
+            if c + 1 < int_digits or exact:
+                nxt = I0 + min(c + 1, int_digits - 1) * mod
+                digit_edges(src_node, lambda d, r=r, nxt=nxt: nxt + (r * 10 + d) % mod)
             edges.append((src_node, A.lit("."), D0 + (r * scale) % mod))
     edges.append((2, A.lit("."), D0))
     for R in range(mod):
@@ -373,3 +380,4 @@ def decimal_multiple_of(m: Decimal, negative: bool = True) -> tuple[A.Node, Deci
     finals = [2] + [I0 + c * mod + r for c in range(int_digits) for r in range(mod) if (r * scale) % mod == 0] \
         + [F0 + j * mod for j in range(k)]
     return A.Graph(n, 0, tuple(finals), tuple(edges)), bound
+

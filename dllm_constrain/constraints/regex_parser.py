@@ -1,9 +1,11 @@
 """Parser for the regular-expression dialect of Python's `re` (the engine jsonschema uses to check
 `pattern`), restricted to the regular subset: literals, classes, `.`, `\\d \\w \\s` (and negations),
-quantifiers (`* + ? {m} {m,} {,n} {m,n}`, lazy variants), alternation, groups, anchors at the ends.
+quantifiers (`* + ? {m} {m,} {,n} {m,n}`, lazy variants), alternation, groups, anchors `^ $ \\A \\Z`
+anywhere (read exactly, see regex_anchors.py).
 
 Refused with `InvalidRegexError`: backreferences, lookaround, word boundaries, inline flags, atomic
-groups/possessive quantifiers, conditionals, anchors in the middle.
+groups/possessive quantifiers, conditionals, a group with an anchor inside repeated more than
+regex_anchors.MAX_ANCHORED_COPIES times.
 
 Semantics of the shorthand classes (soundness): outside a negated class, `\\d \\w \\s` use their ASCII
 sets (a subset of Python's Unicode sets, so everything we produce matches); `\\D \\W \\S` and negated
@@ -24,8 +26,10 @@ import re
 from dataclasses import dataclass
 
 from ..errors import InvalidRegexError
+from . import regex_anchors as T
 from . import regex_ast as A
 from .byte_lru import byte_memo
+from .regex_anchors import AnchorTable
 from .regex_ast import Ranges, norm_ranges, ranges_complement, ranges_union
 
 MAX_REPEAT = 100_000
@@ -124,16 +128,19 @@ _DOT = {"python": ranges_complement(((10, 10),)), "any": ranges_complement(((10,
 
 
 # ------------------------------------------------------------------------------- parser
-@dataclass
+@dataclass(frozen=True)
 class ParsedRegex:
-    node: A.Node  # full-match language (anchors at the ends removed)
-    # for search semantics (JSON Schema `pattern`): per top-level alternative, (node, anchored_start, anchored_end)
-    alternatives: list[tuple[A.Node, bool, bool]]
+    node: A.Node  # full-match language (every anchor holds at the ends of a full match)
+    table: AnchorTable  # the languages by the anchors their matches need (search semantics: search_language)
+    reading: str
 
 
 class _Anchor:
     def __init__(self, kind: str):
         self.kind = kind  # "^" or "$"
+
+    def table(self) -> AnchorTable:
+        return T.START if self.kind == "^" else T.END
 
 
 _SIMPLE_ESCAPES = {"a": 7, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11}
@@ -186,7 +193,7 @@ class _Parser:
             return False
         return re.match(r"\{(\d*)(,(\d*))?\}", self.p[self.i:]) is not None and self.p[self.i + 1:self.i + 2] != "}"
 
-    def parse_quantifiers(self, atom: A.Node) -> A.Node:
+    def parse_quantifiers(self, atom: A.Node | AnchorTable) -> A.Node | AnchorTable:
         quantified = False
         while True:
             c = self.peek()
@@ -225,7 +232,7 @@ class _Parser:
                 self.i += 1
             elif self.peek() == "+":
                 raise self.error("possessive quantifiers are not supported")
-            atom = A.rep(atom, lo, hi)
+            atom = T.repeat(atom, lo, hi, self.reading) if isinstance(atom, AnchorTable) else A.rep(atom, lo, hi)
             if self.peek() is not None and self.peek() in "*+?{":
                 if self.peek() == "{" and not self._at_quantifier_brace():
                     return atom
@@ -285,7 +292,7 @@ class _Parser:
         if self.peek() != ")":
             raise self.error("missing )")
         self.i += 1
-        return _alts_to_node(alts, self)
+        return _alts_to_value(alts, self.reading)
 
     def parse_escape(self) -> A.Node:
         if self.i >= len(self.p):
@@ -393,29 +400,28 @@ class _Parser:
         return ranges_complement(rs) if negated else rs
 
 
-def _items_to_node(items: list, parser: _Parser, allow_anchors: bool = False) -> A.Node:
-    nodes = []
-    for k, it in enumerate(items):
-        if isinstance(it, _Anchor):
-            raise parser.error("anchors are supported only at the start or end of the pattern")
-        nodes.append(it)
-    return A.seq(*nodes)
+def _items_table(items: list, reading: str) -> AnchorTable:
+    """A sequence of nodes, anchors and anchored groups as an AnchorTable (runs of plain nodes kept whole)."""
+    tables: list[AnchorTable] = []
+    run: list[A.Node] = []
+    for it in items:
+        if isinstance(it, A.Node):
+            run.append(it)
+            continue
+        if run:
+            tables.append(T.table_of(A.seq(*run)))
+            run = []
+        tables.append(it.table() if isinstance(it, _Anchor) else it)
+    if run or not tables:
+        tables.append(T.table_of(A.seq(*run)))
+    return T.sequence(tables, reading)
 
 
-def _alts_to_node(alts: list[list], parser: _Parser) -> A.Node:
-    return A.alt(*[_items_to_node(a, parser) for a in alts])
-
-
-def _strip_anchors(items: list) -> tuple[list, bool, bool]:
-    start = end = False
-    items = list(items)
-    while items and isinstance(items[0], _Anchor) and items[0].kind == "^":
-        items.pop(0)
-        start = True
-    while items and isinstance(items[-1], _Anchor) and items[-1].kind == "$":
-        items.pop()
-        end = True
-    return items, start, end
+def _alts_to_value(alts: list[list], reading: str) -> A.Node | AnchorTable:
+    """A group's alternatives: a plain node when no anchor stands inside, else an AnchorTable."""
+    if all(isinstance(it, A.Node) for a in alts for it in a):
+        return A.alt(*[A.seq(*a) for a in alts])
+    return T.union([_items_table(a, reading) for a in alts])
 
 
 @byte_memo(PARSE_CACHE_BYTES, name="regex parse cache")
@@ -438,28 +444,17 @@ def parse_regex(pattern: str, reading: str = "python") -> ParsedRegex:
         raise InvalidRegexError(f"regex {pattern!r} is nested too deeply") from None
     if p.i != len(pattern):
         raise p.error("unbalanced parenthesis")
-    parsed_alts = []
-    for items in alts:
-        items, s, e = _strip_anchors(items)
-        node = _items_to_node(items, p)
-        if e and reading == "any":
-            node = A.seq(node, A.opt(A.lit("\n")))  # Python's `$` also matches before a final newline
-        parsed_alts.append((node, s, e))
-    full = A.alt(*[n for n, _, _ in parsed_alts])
-    return ParsedRegex(full, parsed_alts)
+    table = T.union([_items_table(a, reading) for a in alts])
+    return ParsedRegex(T.full_match(table), table, reading)
 
 
 def search_language(parsed: ParsedRegex) -> A.Node:
     """The language of strings s with re.search(pattern, s) (JSON Schema `pattern` semantics).
 
-    Unanchored sides get an arbitrary-string prefix/suffix. A `$` anchor is taken as the very end
-    (Python also allows one trailing newline there: excluding it only narrows the language; the "any"
-    reading includes it)."""
-    anything = A.star(A.chars(A.ANY_CHAR))
-    out = []
-    for node, s, e in parsed.alternatives:
-        out.append(A.seq(A.EMPTY if s else anything, node, A.EMPTY if e else anything))
-    return A.alt(*out)
+    Matches that need no start get an arbitrary-string prefix, those that need no end a suffix. A `$` is
+    taken as the very end (Python also allows one trailing newline there: excluding it only narrows the
+    language; the "any" reading includes it)."""
+    return T.search(parsed.table, parsed.reading)
 
 
 __all__ = ["parse_regex", "search_language", "ParsedRegex", "shorthand", "ranges_union"]

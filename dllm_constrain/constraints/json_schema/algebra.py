@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from ...errors import InvalidSchemaError, UnsupportedSchemaError
 from .context import LoweringContext
-from .ir import ApplicatorsEvaluate, Conjunct, Conjunction, Exclusion
+from .ir import ApplicatorsEvaluate, Conjunct, Conjunction, ExcludedPattern, Exclusion
 from .keywords import (ALL_TYPES, ANNOTATIONS, APPLICATORS, KNOWN_UNSUPPORTED, NEGATED_BOUND, SUPPORTED,
                        independent_keyword_groups, type_set)
 from .patterns import pattern_matches
@@ -115,6 +115,7 @@ class _MergeState:
         self.patterns: list = []
         self.extra_formats: list = []
         self.applicators_evaluate = False
+        self.excluded_patterns: list = []
         self.arrays: list[tuple[list, Any]] = []  # (prefixItems, items) of each conjunct that has either
         self.object_appl: list[tuple[bool, bool]] = []  # (has patternProperties, has additionalProperties)
 
@@ -134,7 +135,8 @@ class _MergeState:
 
     def frozen(self) -> Conjunction:
         return Conjunction(MappingProxyType(self.keywords), tuple(self.conjuncts), tuple(self.excluded),
-                           tuple(self.patterns), tuple(self.extra_formats), self.applicators_evaluate)
+                           tuple(self.patterns), tuple(self.extra_formats), self.applicators_evaluate,
+                           tuple(self.excluded_patterns))
 
 
 @functools.singledispatch
@@ -162,6 +164,11 @@ def _(s0: dict, st: _MergeState, path: str) -> None:
 @_add_conjunct.register
 def _(s0: Exclusion, st: _MergeState, path: str) -> None:
     st.excluded.extend(s0.values)
+
+
+@_add_conjunct.register
+def _(s0: ExcludedPattern, st: _MergeState, path: str) -> None:
+    st.excluded_patterns.append(s0.pattern)
 
 
 @_add_conjunct.register
@@ -319,7 +326,7 @@ def _narrow_fixed_values(values: dict[str, list], props: dict) -> None:
 
 # ------------------------------------------------------------------------------------------ not
 def negate(ctx: LoweringContext, n: Any, path: str) -> Any:
-    """An equivalent positive schema for `not n` (or an Exclusion of values); UnsupportedSchemaError
+    """An equivalent positive schema for `not n` (or an Exclusion of values, an ExcludedPattern); UnsupportedSchemaError
     naming `not` for forms we cannot express."""
     with ctx.refs.dereferenced(n, path) as n:
         if n is True:
@@ -376,6 +383,15 @@ def _negate_values(ctx: LoweringContext, n: dict, kws: set, path: str) -> Any:
     return Exclusion(tuple(vals))
 
 
+def _negate_pattern(ctx: LoweringContext, n: dict, kws: set, path: str) -> Any:
+    if kws != {"pattern"}:
+        return _NO_RULE
+    if not isinstance(n["pattern"], str):
+        raise InvalidSchemaError(f"pattern at {path} must be a string")
+    # every non-string satisfies `pattern`: its negation holds strings only
+    return {"type": "string", "allOf": [ExcludedPattern(n["pattern"])]}
+
+
 def _negate_required(ctx: LoweringContext, n: dict, kws: set, path: str) -> Any:
     if kws != {"required"}:
         return _NO_RULE
@@ -427,5 +443,5 @@ def _negate_groups(ctx: LoweringContext, n: dict, kws: set, path: str) -> Any:
 
 
 # tried in order; the first that applies gives the negation
-_NEGATION_RULES = (_negate_type, _negate_bound, _negate_values, _negate_required, _negate_one_property,
+_NEGATION_RULES = (_negate_type, _negate_bound, _negate_values, _negate_pattern, _negate_required, _negate_one_property,
                    _negate_applicator, _negate_properties, _negate_groups)

@@ -8,7 +8,7 @@ from ...errors import InvalidSchemaError, UnsupportedSchemaError
 from .. import regex_ast as A
 from .algebra import conjuncts_conflict, merge, negate
 from .context import LoweringContext
-from .ir import ApplicatorsEvaluate, Conjunct, Exclusion, Negation
+from .ir import ApplicatorsEvaluate, Conjunct, ExcludedPattern, Exclusion, Negation
 from .keywords import ALL_TYPES, refuse_unsupported
 from .oneof import disjoint_branches
 
@@ -186,7 +186,7 @@ def _flatten(ctx: LoweringContext, conj: list[Conjunct], disj_groups: list, ente
             continue
         if x is False:
             return None
-        if isinstance(x, (ApplicatorsEvaluate, Exclusion)):  # (already flat: carried into each case)
+        if isinstance(x, (ApplicatorsEvaluate, Exclusion, ExcludedPattern)):  # (already flat: carried into each case)
             flat.append(x)
             continue
         if isinstance(x, Negation):
@@ -194,7 +194,7 @@ def _flatten(ctx: LoweringContext, conj: list[Conjunct], disj_groups: list, ente
             if neg is False:
                 return None
             if neg is not True:
-                (flat if isinstance(neg, Exclusion) else stack).append(neg)
+                (flat if isinstance(neg, (Exclusion, ExcludedPattern)) else stack).append(neg)
             continue
         if not isinstance(x, dict):
             raise InvalidSchemaError(f"subschema at {path} must be an object or a boolean")

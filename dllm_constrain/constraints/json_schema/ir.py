@@ -4,7 +4,7 @@ A schema's applicators (allOf / anyOf / oneOf / not / if) are distributed into c
 schemas; each conjunction is merged keyword by keyword (algebra.merge) into one `Conjunction`, which the
 lowering modules turn into a language per JSON type. The conjunct lists hold, besides schema dicts, the
 typed items below: a `not` still to be read as a positive schema, the values a `not enum/const` removes,
-and the mark that the applicators' property names count as evaluated. They are never JSON Schema
+the patterns a `not pattern` forbids strings to match, and the mark that the applicators' property names count as evaluated. They are never JSON Schema
 keywords, so no user schema can be mistaken for them.
 
 Each per-type lowering first reads what a Conjunction says of its type into a small value (NumberRange,
@@ -29,6 +29,13 @@ class Exclusion:
     values: tuple
 
 
+@dataclass(frozen=True, eq=False)
+class ExcludedPattern:
+    """A conjunct: strings must not match p under any regex reading (`not {pattern: p}` is this and type string);
+    it says nothing of other types."""
+    pattern: str
+
+
 @dataclass(frozen=True)
 class ApplicatorsEvaluate:
     """Conjunct mark: the properties the applicators next to an `unevaluatedProperties` name may all count as
@@ -49,6 +56,7 @@ class Conjunction:
     patterns: tuple = ()  # every `pattern` of the conjuncts (all must match)
     extra_formats: tuple = ()  # `format`s other than keywords["format"] (all must hold)
     applicators_evaluate: bool = False  # see ApplicatorsEvaluate
+    excluded_patterns: tuple = ()  # patterns no string may match (`not {pattern}`, see ExcludedPattern)
 
     def get(self, k: str, default: Any = None) -> Any:
         return self.keywords.get(k, default)

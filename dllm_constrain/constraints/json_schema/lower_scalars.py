@@ -5,18 +5,19 @@ from __future__ import annotations
 import json
 import math
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 from ...errors import InvalidSchemaError, UnsupportedSchemaError
 from .. import dfa_ops
 from .. import numeric as N
 from .. import regex_ast as A
+from ..float_multiples import float_test_multiples
 from .context import LoweringContext
 from .ir import Conjunction, NumberRange
 from .json_text import FLOAT_EXACT, ZERO_FRACTION, has_other_spellings, value_spellings
+from .patterns import pattern_matches
 from .values import as_doubles, canon, double_eq, inexact_as_double, is_number, json_eq
-
-_FLOAT_MULTIPLES_MAX = 1000  # multipleOf a non-integer: the products n*k enumerated for |n| up to this
 
 
 # ------------------------------------------------------------------------------------------ enum / const
@@ -40,6 +41,8 @@ def lower_enum(ctx: LoweringContext, s: Conjunction, path: str) -> A.Node:
         seen.add(kv)
         if not all(ctx.validation.is_valid_fast(v, c) for c in s.conjuncts):
             continue
+        if isinstance(v, str) and any(pattern_matches(p, v, path, "any") for p in s.excluded_patterns):
+            continue  # `not {pattern}`: a reading may match it
         if (inexact_conjuncts or inexact_as_double(v)) and not all(
                 ctx.validation.is_valid(as_doubles(v), as_doubles(c)) for c in s.conjuncts):
             double_only = True  # valid read exactly, not with every number a double (2**53 + 1 > 2**53 fails there)
@@ -199,47 +202,108 @@ def number(ctx: LoweringContext, s: Any, path: str) -> A.Node:
 
 
 def _float_multiples(ctx: LoweringContext, s: Any, m: Any, path: str) -> A.Node:
-    """multipleOf a non-integer k: the multiples n*k, |n| <= _FLOAT_MULTIPLES_MAX, that pass jsonschema's own
-    float test (instance / k is an integer in float arithmetic) and the bounds -- a finite, sound set --
-    and, where numeric.decimal_multiple_of spells them, the multiples over the whole range."""
+    """multipleOf a non-integer k, read as ctx.opts.multiple_of says.
+
+    "float" (python-jsonschema's test, `int(q) == q` on q = float(x) / float(k), as every double reading
+    computes it): the multiples n*k that pass it and the bounds, every one of them for n in a window of
+    _FLOAT_WINDOW multiples (the whole range when it holds no more; else the window nearest 0), plus, where
+    numeric.decimal_multiple_of spells them, the multiples over the whole range that pass it whatever
+    their size (for 0.01: the multiples of 0.25). "decimal": every multiple n*k in the range (decimal
+    arithmetic: ajv's multipleOfPrecision, Decimal-based validators), which the float test may reject."""
     if not is_number(m) or m <= 0:
         raise InvalidSchemaError(f"multipleOf at {path} must be a positive number")
     r = number_range(s, path)
     k = N.to_decimal(m)
-    texts = _small_multiples(k, m, r)
-    small = A.alt_literals(sorted(set(texts))) if texts else A.NOTHING
-    dm = N.decimal_multiple_of(k)
-    if dm is not None:
-        small = A.alt(small, _wide_multiples(ctx, k, dm, r))
-    if A.is_nothing(small):
+    if ctx.opts.multiple_of == "decimal":
+        node = _decimal_multiples(ctx, k, r, path)
+    else:
+        dm = N.decimal_multiple_of(k)
+        node = A.NOTHING if dm is not None and _dyadic(k) else _window_multiples(k, m, r)
+        if dm is not None:
+            node = A.alt(node, _wide_multiples(ctx, k, dm, r))
+    if A.is_nothing(node):
         ctx.unsat.append(f"no multiple of {m} in range at {path}")
         return A.NOTHING
-    return small
+    return node
 
 
-def _small_multiples(k: Decimal, m: Any, r: NumberRange) -> list[str]:
-    lo, ls, hi, hs = r.lo, r.lo_strict, r.hi, r.hi_strict
+_FLOAT_WINDOW = 2 ** 17  # multiples n*k tested under the float reading (0.01: a window 1310.72 wide)
+_FLOAT_WINDOW_SLOW = 2000  # where the quotients are not computed in numpy (|n * k| * 10^places >= 2^53)
+
+
+def _multiple_bounds(k: Decimal, r: NumberRange) -> tuple[int | None, int | None]:
+    """The least and greatest n with n*k in the range (None: unbounded)."""
+    lo_n = hi_n = None
+    if r.lo is not None:
+        q = Fraction(r.lo) / Fraction(k)
+        lo_n = math.floor(q) + 1 if r.lo_strict else math.ceil(q)
+    if r.hi is not None:
+        q = Fraction(r.hi) / Fraction(k)
+        hi_n = math.ceil(q) - 1 if r.hi_strict else math.floor(q)
+    return lo_n, hi_n
+
+
+def _window(lo_n: int | None, hi_n: int | None, width: int) -> tuple[int, int]:
+    """`width` consecutive integers within [lo_n, hi_n] (as many as there are), nearest 0."""
+    centre = 0 if lo_n is None else max(lo_n, 0)
+    centre = centre if hi_n is None else min(centre, hi_n)
+    a, b = centre - width // 2, centre + width // 2
+    if lo_n is not None and a < lo_n:
+        a, b = lo_n, b + (lo_n - a)
+    if hi_n is not None and b > hi_n:
+        a, b = a - (b - hi_n), hi_n
+    if lo_n is not None:
+        a = max(a, lo_n)
+    return a, b
+
+
+def _dyadic(k: Decimal) -> bool:
+    """Whether every multiple of k is a dyadic fraction (0.25, 0.5, 1.5): decimal_multiple_of then spells them
+    all, and the float test accepts them all."""
+    _, digits, exp = k.normalize().as_tuple()
+    return exp >= 0 or int("".join(map(str, digits))) % 5 ** -exp == 0
+
+
+def _window_multiples(k: Decimal, m: Any, r: NumberRange) -> A.Node:
+    """The multiples n*k in the window that pass the float test (float_multiples.py)."""
+    _, digits, exp = k.normalize().as_tuple()
+    places = max(-exp, 0)
+    a = int("".join(map(str, digits))) * 10 ** max(exp, 0)
+    lo_n, hi_n = _multiple_bounds(k, r)
+    if lo_n is not None and hi_n is not None and lo_n > hi_n:
+        return A.NOTHING
+    n0, n1 = _window(lo_n, hi_n, _FLOAT_WINDOW)
+    node = float_test_multiples(a, places, float(m), n0, n1)
+    if node is not None:
+        return node
+    n0, n1 = _window(lo_n, hi_n, _FLOAT_WINDOW_SLOW)
     texts = []
-    for n in range(-_FLOAT_MULTIPLES_MAX, _FLOAT_MULTIPLES_MAX + 1):
-        d = (k * n).normalize()
-        if lo is not None and (d < lo or (ls and d == lo)):
-            continue
-        if hi is not None and (d > hi or (hs and d == hi)):
-            continue
-        txt = format(d, "f")
+    for n in range(n0, n1 + 1):
+        txt = format((k * n).normalize(), "f")
         if "." in txt:
             txt = txt.rstrip("0").rstrip(".")
-        if txt in ("-0", ""):
-            txt = "0"
-        v = float(txt)
-        q = v / float(m)
         try:
+            q = float(txt) / float(m)
             if int(q) != q:
                 continue
         except (OverflowError, ValueError):
             continue
-        texts.append(txt)
-    return texts
+        texts.append("0" if txt in ("-0", "") else txt)
+    return A.alt_literals(sorted(set(texts)))
+
+
+def _decimal_multiples(ctx: LoweringContext, k: Decimal, r: NumberRange, path: str) -> A.Node:
+    """Every multiple of k in the range, decimal-exact (multiple_of="decimal")."""
+    mult = N.decimal_multiple_of(k, exact=True)
+    if mult is None:
+        raise UnsupportedSchemaError("multipleOf", path, f"multipleOf {k} too fine for the decimal reading")
+    if r.lo is None and r.hi is None:
+        return mult[0]
+    try:
+        return dfa_ops.intersect([N.decimal_range(r.lo, r.lo_strict, r.hi, r.hi_strict), mult[0]], ctx.deadline,
+                                 ctx.opts.intersection_limit)
+    except dfa_ops.TooLarge:
+        raise UnsupportedSchemaError("multipleOf", path, "range with multipleOf too large") from None
 
 
 def _wide_multiples(ctx: LoweringContext, k: Decimal, dm: tuple, r: NumberRange) -> A.Node:

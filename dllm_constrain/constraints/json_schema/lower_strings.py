@@ -68,8 +68,11 @@ def string_body_chars(ctx: LoweringContext, s: Any, path: str, excluded: list | 
         except dfa_ops.TooLarge:
             raise UnsupportedSchemaError("pattern" if spec.patterns else "format", path,
                                          "combination with length bounds is too large") from None
-    if excluded:
-        node = ctx.difference(node, [A.lit(x) for x in excluded], "not", path)
+    negs = [A.lit(x) for x in excluded or ()]
+    if isinstance(s, Conjunction):
+        negs.extend(_excluded_pattern_language(p, path) for p in s.excluded_patterns)
+    if negs:
+        node = ctx.difference(node, negs, "not", path)
     return node
 
 
@@ -104,6 +107,14 @@ def _pattern_language(p: Any, path: str) -> A.Node:
         return search_language(parse_regex(p, "all"))
     except InvalidRegexError as e:
         raise UnsupportedSchemaError("pattern", path, str(e)) from None
+
+
+def _excluded_pattern_language(p: str, path: str) -> A.Node:
+    """The strings a pattern may match under some reading: what `not {pattern}` removes."""
+    try:
+        return search_language(parse_regex(p, "any"))
+    except InvalidRegexError as e:
+        raise UnsupportedSchemaError("not", path, f"negation of pattern: {e}") from None
 
 
 def _format_languages(fmts: tuple, path: str) -> list[A.Node]:

@@ -37,6 +37,10 @@ class SchemaOptions:
     # cases of a distributed conjunction (allOf over anyOf/oneOf/if) compiled before further `else` sides
     # (values failing an `if`) are dropped
     max_conjunction_leaves: int = 256
+    # multipleOf a non-integer: "float" = the multiples python-jsonschema's float test accepts (x / k an integer
+    # in doubles, as ajv computes it too) | "decimal" = every decimal multiple (validators that divide exactly:
+    # ajv with multipleOfPrecision, Decimal-based ones), some of which the float test rejects (19.99 for 0.01)
+    multiple_of: str = "float"
 
     def __post_init__(self):
         ws = self.whitespace
@@ -58,6 +62,8 @@ class SchemaOptions:
             raise InvalidOptionError("unique_items must be 'narrow' or 'error'")
         if self.property_order not in ("any", "declared"):
             raise InvalidOptionError("property_order must be 'any' or 'declared'")
+        if self.multiple_of not in ("float", "decimal"):
+            raise InvalidOptionError("multiple_of must be 'float' or 'decimal'")
         for f in fields(self):
             v = getattr(self, f.name)
             if isinstance(f.default, int) and not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
