@@ -79,6 +79,12 @@ def test_bash_blocks_are_the_install_and_test_commands_ci_runs():
         assert command in ci_lines, f".ci/run does not run the README's command byte for byte: {command}"
 
 
+def test_every_relative_link_names_a_file_of_the_tree():
+    targets = re.findall(r"\]\(([^)#\s]+)\)", README.read_text(encoding="utf-8"))
+    local = [t for t in targets if "://" not in t]
+    assert local and all((ROOT / t).exists() for t in local), [t for t in local if not (ROOT / t).exists()]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
