@@ -25,6 +25,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+BUNDLED_MODEL_DOC = ROOT / "docs" / "bundled_model.md"  # the probe behind the README's claims about the model
 CI = ROOT / ".ci" / "run"
 README_PORT = "8000"  # the port the README's client code names
 SERVER_URL = f"http://127.0.0.1:{README_PORT}"
@@ -60,6 +61,7 @@ def readme_blocks(text: str) -> list[Block]:
 
 
 BLOCKS = readme_blocks(README.read_text(encoding="utf-8"))
+PROBE = [b for b in readme_blocks(BUNDLED_MODEL_DOC.read_text(encoding="utf-8")) if b.lang == "python"]
 PYTHON = [b for b in BLOCKS if b.lang == "python"]
 
 
@@ -167,3 +169,16 @@ def test_python_block_runs_and_prints_what_the_readme_shows(block_results, index
     assert result["error"] is None, f"README.md line {block.line}:\n{result['error']}"
     if block.expected_stdout is not None:
         assert result["stdout"] == block.expected_stdout, f"README.md line {block.line} printed:\n{result['stdout']}"
+
+
+def test_the_bundled_model_probe_prints_the_figures_the_readme_states():
+    """The README's first screen quotes the probe of docs/bundled_model.md; the probe must still print them."""
+    [probe] = PROBE
+    [result] = _run_blocks([probe.code])
+    assert result["error"] is None, result["error"]
+    assert result["stdout"] == probe.expected_stdout
+    values_line = probe.expected_stdout.splitlines()[0]  # "12 of 30 values, 1 of 10 records complete"
+    values, records = re.match(r"(\d+ of \d+) values, (\d+ of \d+) records", values_line).groups()
+    readme = " ".join(README.read_text(encoding="utf-8").split())
+    assert f"{values} stated values, {records} records complete" in readme
+
