@@ -250,7 +250,7 @@ def test_the_engine_counts_its_step_busy_and_its_forward_wait_idle(monkeypatch):
 def test_a_compilation_may_pause_before_its_collector_pass(monkeypatch):
     import gc
 
-    from dllm_constrain.constraints import compiler
+    from dllm_constrain.constraints import compile_cache
 
     events: list[str] = []
     real_collect = gc.collect
@@ -263,9 +263,9 @@ def test_a_compilation_may_pause_before_its_collector_pass(monkeypatch):
             events.append("collect")
             return real_collect(generation)
 
-    monkeypatch.setattr(compiler, "gc", RecordingGC)
+    monkeypatch.setattr(compile_cache, "gc", RecordingGC)
     with pausing(lambda: events.append("pause") or 0.0):
-        assert compiler._build_or_refusal(lambda: "built") == "built"
+        assert compile_cache._build_or_refusal(lambda: "built") == "built"
     assert events == ["pause", "collect"]
 
 
