@@ -97,6 +97,14 @@ ROW_WORK = 4096 * 4096
 # tokens, 8 at 128K. FRONTIER_S = 8 ms did the same by the clock; without any bound, refuting the states of a nearly
 # closed canvas walked the transitions of 14,000 states (9 s at 128K tokens) in one call.
 FINISH_WORK = 256 * 4096
+# States one question of the left frontier's search (does this successor of the frontier's state complete the canvas
+# through the positions up to the last committed one?) may expand before an open position: 1024 at 4K tokens, 32 at
+# 128K; and a whole mask call: 8192 at 4K, 256 at 128K. In the canonical order (SetAlgebra.succ_canonical), so the answer is the same with a
+# cold or a warm automaton; a question left undecided is left out (sound) and a row left empty is decided exactly.
+# Unbounded, refuting the successors a committed token far right excludes walked 13,000-15,000 new states (2 s, the
+# call limit, at 128K tokens) in one call.
+QUESTION_WORK = 8192 * 4096
+FRONTIER_CALL_WORK = 8192 * 4096
 # expand_budget's default: EXPAND_WORK at the constraint's vocabulary size
 AUTO = -1
 
@@ -157,6 +165,8 @@ class CanvasState:
         self.expand_budget = work_states(EXPAND_WORK, vocab_size, 4) if expand_budget == AUTO else expand_budget
         self.row_states = work_states(ROW_WORK, vocab_size, 64)  # ROW_WORK at this vocabulary size
         self.finish_states = work_states(FINISH_WORK, vocab_size, 8)  # FINISH_WORK at this vocabulary size
+        self.question_states = work_states(QUESTION_WORK, vocab_size, 32)  # QUESTION_WORK at this vocabulary size
+        self.frontier_call_states = work_states(FRONTIER_CALL_WORK, vocab_size, 256)
         # per call: the last-resort time limit (None = unbounded), see "Time bounds" in docs/constraints.md
         self.timeout_s = timeout_s
         self.kind = kind
@@ -178,6 +188,7 @@ class CanvasState:
         self._fwd_canvas: tuple | None = None
         self.exact_fallbacks = 0  # calls that the expansion budget left inconclusive, redone exactly
         self._frontier_memo = FrontierMemo()  # the exact frontier's memo, kept across calls (canvas_frontier.py)
+        self._bounded_memo = FrontierMemo()  # the bounded frontier searches' proofs, kept across calls
         self._fwd: list[int] = [START_BIT]
         self._fwd_ok: list[bool] = [True]
         # the last exact frontier hint: (transitions known then, the committed prefix, its answer)
@@ -460,8 +471,8 @@ class CanvasState:
         of the last committed position that FINISH_WORK leaves undecided (left out: sound), and exact when that
         leaves no token."""
         known = [0 if x is None else x for x in an.B]  # sets not computed certify nothing (the search decides)
-        search = FrontierSearch(self.alg, self.n, c, known, an.H, self._frontier_memo.for_canvas(c),
-                                self._finish_states())
+        search = FrontierSearch(self.alg, self.n, c, known, an.H, self._bounded_memo.for_canvas(c),
+                                self._finish_states(), self.question_states, self.frontier_call_states)
         bi, bn = search.sets(an.F[f], f)
         if search.undecided:
             self.frontier_undecided += 1

@@ -84,7 +84,8 @@ class FrontierSearch:
     B, H: the call's (budgeted) backward sets and their horizon; memo: `FrontierMemo.for_canvas(c)`."""
 
     def __init__(self, alg: SetAlgebra, n: int, c: tuple, B: list[int], H: int,
-                 memo: dict[int, dict[int, bool]], finish_states: int | None = None) -> None:
+                 memo: dict[int, dict[int, bool]], finish_states: int | None = None,
+                 question_states: int | None = None, call_states: int | None = None) -> None:
         self.alg = alg
         self.ta = alg.ta
         self.dfa = alg.dfa  # its arrays are reallocated as it grows: read dfa.accepting / dfa.dist at each use
@@ -104,6 +105,12 @@ class FrontierSearch:
         # (position, state) pairs found without a completion while some state was left undecided: no proof, so not
         # memoised across calls (the memo holds proofs only), but not explored twice in this search
         self.failed: set[tuple[int, int]] = set()
+        # bounded mode (question_states set): each question of `sets` visits at most question_states states, the
+        # call at most call_states in all, in the canonical order (SetAlgebra.succ_canonical); a question the bound
+        # stops is undecided (left out: sound). The memo given is then the bounded searches' own (proofs they found),
+        # never the exact search's, whose contents follow the automaton's cache through its search order.
+        self.question_states = question_states
+        self.call_left = call_states
 
     def quick(self, v: int, i: int) -> bool | None:
         """Whether state v before position i completes the canvas, when known without searching (else None)."""
@@ -120,6 +127,7 @@ class FrontierSearch:
             if r is not None:
                 return r
         if (i, v) in self.failed:
+            self.undecided += 1  # what it answers is no proof either
             return False
         if i > self.J:
             if self.finish_states is None:
@@ -150,7 +158,8 @@ class FrontierSearch:
         if i + 1 <= self.H and sb & B[i + 1]:
             return [(sb & B[i + 1]).bit_length() - 1]  # certified
         m = self.memo.get(i + 1)
-        ws = self.alg.members(sb)
+        bounded = self.question_states is not None
+        ws = self.alg.succ_canonical(v) if bounded else self.alg.members(sb)
         if m:
             hit = next((w for w in ws if m.get(w) is True), None)
             if hit is not None:
@@ -162,19 +171,36 @@ class FrontierSearch:
                 ws = [w for w in ws if dfa.accepting[w]]
             else:
                 ws = [w for w in ws if ta.delta(w, nxt) != DEAD]
+        if bounded:
+            return ws  # already nearest to acceptance first, in an order independent of the state numbering
         # states whose transitions are known first (no trie walk to look further), then nearest to acceptance
         known = ta.succ_bits
         return sorted(ws, key=lambda w: (w not in known, int(dfa.dist[w])))
 
-    def good(self, v0: int, i0: int) -> bool:
-        """Whether state v0 before position i0 completes the canvas: depth first, stopping at the first witness."""
+    def good(self, v0: int, i0: int) -> bool | None:
+        """Whether state v0 before position i0 completes the canvas: depth first, stopping at the first witness
+        (None in bounded mode when the question's allowance ran out first)."""
         r = self.quick(v0, i0)
         if r is not None:
             return r
+        left = None
+        if self.question_states is not None:
+            # every state expanded before an open position counts (its children need its token transitions; before
+            # a committed one a single token step), v0 included
+            left = self.question_states if self.call_left is None else min(self.question_states, self.call_left)
+            if i0 < self.n and self.c[i0] is None:
+                if left <= 0:
+                    self.undecided += 1
+                    return None
+                left -= 1
+                if self.call_left is not None:
+                    self.call_left -= 1
         memo = self.memo
-        stack: list[tuple[int, int, Iterator[int]]] = [(v0, i0, iter(self.children(v0, i0)))]
+        # each frame: (state, position, its children left, `undecided` when it was entered): a refutation is a proof
+        # (memoised) unless its subtree met an undecided state
+        stack: list[tuple[int, int, Iterator[int], int]] = [(v0, i0, iter(self.children(v0, i0)), self.undecided)]
         while stack:
-            v, i, it = stack[-1]
+            v, i, it, u0 = stack[-1]
             res = None
             for w in it:
                 r = self.quick(w, i + 1)
@@ -182,20 +208,27 @@ class FrontierSearch:
                     res = True
                     break
                 if r is None:
+                    if left is not None and self.c[i + 1] is None:  # its children need its token transitions
+                        if left <= 0:
+                            self.undecided += 1
+                            return None  # the allowance ran out: no proof either way (nothing memoised)
+                        left -= 1
+                        if self.call_left is not None:
+                            self.call_left -= 1
                     self.visits += 1
                     if not self.visits & 63:
                         check_active(w, "deciding the left frontier's mask exactly")
-                    stack.append((w, i + 1, iter(self.children(w, i + 1))))
+                    stack.append((w, i + 1, iter(self.children(w, i + 1)), self.undecided))
                     break
             else:
                 res = False
             if res is None:
                 continue  # descended
             if res:
-                for u, k, _ in stack:
+                for u, k, _, _ in stack:
                     memo.setdefault(k, {})[u] = True
                 return True
-            if self.undecided:
+            if self.undecided > u0:
                 self.failed.add((i, v))  # a refutation that met an undecided state is not one
             else:
                 memo.setdefault(i, {})[v] = False
@@ -221,7 +254,12 @@ class FrontierSearch:
             if cert:
                 bn |= cert
                 ok = True
-            for w in alg.members(sb & ~cert):
+            rest = sb & ~cert
+            # bounded mode: the questions in the canonical order, since what one proves (memoised) and spends (the
+            # call's allowance) enters the next ones
+            ws = alg.members(rest) if self.question_states is None else \
+                [w for w in alg.succ_canonical(q) if (rest >> w) & 1]
+            for w in ws:
                 if not (bn >> w) & 1 and self.good(w, f + 1):
                     bn |= 1 << w
                     ok = True

@@ -120,6 +120,7 @@ class SetAlgebra:
         self._back_tok_walk = native.back_tok_walk if native is not None and hasattr(ta.dfa, "T") else None
         self._fin_sets: dict[tuple[int, int], int] = {}
         self._succ_sorted: dict[int, list[int]] = {}
+        self._succ_canonical: dict[int, list[int]] = {}
         self._greedy: dict[int, int] = {}
         self._greedy_step: dict[int, tuple[int, int]] = {}
         self.explore_max_bytes = EXPLORE_MAX_BYTES  # see EXPLORE_MAX_BYTES
@@ -549,6 +550,31 @@ class SetAlgebra:
             dist = self.dfa.dist
             r = sorted(bits_of(sb), key=lambda u: int(dist[u]))
             self._succ_sorted[q] = r
+        return r
+
+    def succ_canonical(self, q: int) -> list[int]:
+        """q's token successors ordered by (byte distance to acceptance, the smallest token id leading there): an
+        order that is a function of the state's language and of the vocabulary, not of the automaton's state
+        numbering (which follows the order in which requests discovered the states), so a search that stops after
+        a bounded number of states in this order gives the same answer with a cold or a warm automaton."""
+        r = self._succ_canonical.get(q)
+        if r is None:
+            tt = self.ta.trans(q)
+            dist = self.dfa.dist
+            allp = self.ta.allp
+            keys = []
+            for u, ids in tt.sparse.items():
+                keys.append((int(dist[u]), int(ids[0]), u))
+            for u, row in tt.dense.items():
+                packed = allp[row]
+                i = int(np.flatnonzero(packed)[0])
+                b = int(packed[i])
+                keys.append((int(dist[u]), i * 8 + (b & -b).bit_length() - 1, u))
+            keys.sort()
+            r = [u for _, _, u in keys]
+            if len(self._succ_canonical) > 200_000:
+                self._succ_canonical.clear()
+            self._succ_canonical[q] = r
         return r
 
     def finishers(self, F: int, m: int, budget: Budget | None = None) -> int:
