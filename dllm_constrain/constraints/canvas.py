@@ -172,7 +172,8 @@ class CanvasState:
         self.kind = kind
         self.deadline_hits = 0  # calls whose deadline fired (each raised ConstraintTimeoutError)
         self.rows_deferred = 0  # open non-frontier rows left empty by a mask call past ROW_WORK
-        self.frontier_undecided = 0  # frontier rows without states FINISH_WORK left undecided (sound, smaller)
+        self.frontier_undecided = 0  # frontier rows the search's allowances left smaller (sound)
+        self.frontier_searched = 0  # of those, rows left empty: their first witness searched without a bound
         self._known = 0  # the request's explored set (set_algebra.Budget.known), carried from call to call
         # sound rows of the last mask call: (canvas, {position: mask row}); a token in one is verified. The rows
         # are bool (allowed_tokens) or packed bitmask bytes (fill_token_bitmask); kernels.bitmask.row_allows reads both
@@ -477,10 +478,14 @@ class CanvasState:
         if search.undecided:
             self.frontier_undecided += 1
             if not (bi and bn):
-                # the bound left the frontier without a token: decided exactly (a token of a valid completion is
-                # never missing where the engine must commit), at whatever cost, the call's deadline the last resort
-                exact = FrontierSearch(self.alg, self.n, c, known, an.H, self._frontier_memo.for_canvas(c))
-                bi, bn = exact.sets(an.F[f], f)
+                # the bound left the frontier without a token: the first witness in the same canonical order, searched
+                # without a bound and with exact can-finish answers (the engine must have a token to commit where
+                # one exists; a row of one completion's token is sound, and empty only when no completion exists), at
+                # whatever cost, the call's deadline the last resort
+                self.frontier_searched += 1
+                witness = FrontierSearch(self.alg, self.n, c, known, an.H, self._bounded_memo.for_canvas(c), None,
+                                         UNLIMITED, None)
+                bi, bn = witness.sets(an.F[f], f, first_only=True)
         return bi, bn
 
     def _finish_states(self) -> int | None:

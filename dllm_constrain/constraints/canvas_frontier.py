@@ -133,7 +133,12 @@ class FrontierSearch:
             if self.finish_states is None:
                 r = self.alg.finish3(v, self.n - i)
             else:
-                r = self.alg.finish_bounded(v, self.n - i, self.finish_states)
+                if self.call_left is not None and self.call_left <= 0:
+                    self.undecided += 1
+                    return False  # the call's allowance is spent: left out (sound)
+                r, spent = self.alg.finish_bounded_spent(v, self.n - i, self.finish_states)
+                if self.call_left is not None:
+                    self.call_left -= spent  # what the search expands, whether or not it was memoised
                 if r is None:
                     self.undecided += 1
                     return False  # left out (sound); not memoised: not a proof
@@ -235,8 +240,10 @@ class FrontierSearch:
             stack.pop()
         return False
 
-    def sets(self, F_f: int, f: int) -> tuple[int, int]:
-        """Exact (B[f], B[f+1]) from the exact forward set F_f = F[f] at the left frontier f."""
+    def sets(self, F_f: int, f: int, first_only: bool = False) -> tuple[int, int]:
+        """Exact (B[f], B[f+1]) from the exact forward set F_f = F[f] at the left frontier f (in bounded mode
+        without what the allowance left undecided). first_only: stop at the first state of B[f+1] that needs a search
+        (with the certified ones and EOS: a sound row, empty only when the exact one is)."""
         alg, ta, B, eos_tail = self.alg, self.ta, self.B, self.eos_tail
         bi = bn = 0
         for q in alg.members(F_f):
@@ -263,6 +270,8 @@ class FrontierSearch:
                 if not (bn >> w) & 1 and self.good(w, f + 1):
                     bn |= 1 << w
                     ok = True
+                    if first_only:
+                        break
             if ok:
                 bi |= 1 << q
         return bi, bn

@@ -107,7 +107,7 @@ class SetAlgebra:
         # budgeted can-finish sets (finish_cheap): (F, m) -> (the members proven, whether some were left undecided)
         self._fin_cheap: dict[tuple[int, int], tuple[int, bool]] = {}
         # finish_bounded: (state, m, states) -> True / False / None
-        self._fin_bounded: dict[tuple[int, int, int], bool | None] = {}
+        self._fin_bounded: dict[tuple[int, int, int], tuple[bool | None, int]] = {}
         self._back_tok: dict[tuple[int, int, int], int] = {}
         # can-finish memo per state, as int32 arrays indexed by state (Python reads them like lists, the native
         # `finish_split` as buffers): the largest m known not to suffice (-1: none) and the smallest m known to suffice
@@ -379,27 +379,32 @@ class SetAlgebra:
         more. A function of (q, m, states): no fact learnt by other searches enters it (only `finish_cheap`, a
         function of the state), and whole levels make it independent of the order of the states, hence of the
         automaton's numbering, which follows the order in which requests discovered them. Memoised per argument."""
+        return self.finish_bounded_spent(q, m, states)[0]
+
+    def finish_bounded_spent(self, q: int, m: int, states: int) -> tuple[bool | None, int]:
+        """`finish_bounded` and the states its search expands (a function of the arguments too, memo or not: a caller
+        that counts it in its own allowance stays independent of what was cached)."""
         key = (q, m, states)
-        r = self._fin_bounded.get(key, 0)
-        if r == 0:
+        r = self._fin_bounded.get(key)
+        if r is None:
             r = self._finish_levels(q, m, states)
             if len(self._fin_bounded) > 200_000:
                 self._fin_bounded.clear()
             self._fin_bounded[key] = r
         return r
 
-    def _finish_levels(self, q: int, m: int, states: int) -> bool | None:
+    def _finish_levels(self, q: int, m: int, states: int) -> tuple[bool | None, int]:
         first = self.finish_cheap(q, m)
         if first is not None:
-            return first
+            return first, 0
         frontier = [q]
         seen = {q}
         spent = 0
         k = 0
         while frontier and k < m:
+            if spent + len(frontier) > states:
+                return None, spent
             spent += len(frontier)
-            if spent > states:
-                return None
             k += 1
             nxt = []
             for s in frontier:
@@ -410,11 +415,11 @@ class SetAlgebra:
                     seen.add(u)
                     f = self.finish_cheap(u, m - k)
                     if f is True:
-                        return True
+                        return True, spent
                     if f is None:
                         nxt.append(u)
             frontier = nxt
-        return False
+        return False, spent
 
     def finish3(self, q: int, m: int) -> bool:
         """Exact can-finish: d(q) <= m  with  d(q) = 0 for accepting q, else 1 + min over token successors u of d(u);
