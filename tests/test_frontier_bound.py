@@ -1,4 +1,4 @@
-"""The left frontier's search under its work allowance (QUESTION_WORK, FRONTIER_CALL_WORK; docs/constraints.md, "Time
+"""The left frontier's search under its work allowance (canvas.FRONTIER_WORK; docs/constraints.md, "Time
 bounds"): it visits states in an order that does not depend on the automaton's state numbering or transition cache, so
 a request gets the same frontier rows with a cold or a warm automaton and under any clock; what the allowance leaves
 undecided is left out (never a token outside the constraint), and a row it would leave empty is decided exactly."""

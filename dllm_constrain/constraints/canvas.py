@@ -97,14 +97,16 @@ ROW_WORK = 4096 * 4096
 # tokens, 8 at 128K. FRONTIER_S = 8 ms did the same by the clock; without any bound, refuting the states of a nearly
 # closed canvas walked the transitions of 14,000 states (9 s at 128K tokens) in one call.
 FINISH_WORK = 256 * 4096
-# States one question of the left frontier's search (does this successor of the frontier's state complete the canvas
-# through the positions up to the last committed one?) may expand before an open position: 1024 at 4K tokens, 32 at
-# 128K; and a whole mask call: 8192 at 4K, 256 at 128K. In the canonical order (SetAlgebra.succ_canonical), so the answer is the same with a
-# cold or a warm automaton; a question left undecided is left out (sound) and a row left empty is decided exactly.
-# Unbounded, refuting the successors a committed token far right excludes walked 13,000-15,000 new states (2 s, the
-# call limit, at 128K tokens) in one call.
-QUESTION_WORK = 8192 * 4096
-FRONTIER_CALL_WORK = 8192 * 4096
+# States the left frontier's search may expand in one mask call between the frontier and the last committed position
+# (each before an open position: its token transitions are a trie walk; before a committed one a token step is not
+# counted) and in its can-finish questions right of it (the states their breadth-first searches expand, memoised or
+# not): 2048 at 4K tokens, 64 at 128K. Its questions (does this successor of the frontier's state complete the
+# canvas?) are taken in a canonical order (SetAlgebra.succ_canonical), so what the allowance decides is the same with
+# a cold or a warm automaton; a question left undecided is left out (sound) and a row left empty gets the first witness
+# in the same order, unbounded. Unbounded, refuting the successors that committed tokens further right exclude walked
+# 13,000-15,000 new states (2 s, the call limit, at 128K tokens) in one call; 32 states at 128K (1024 x 4096) left
+# one JSONSchemaBench walk of 36 without its instance's token at 20 retries (docs/measurements.md).
+FRONTIER_WORK = 2048 * 4096
 # expand_budget's default: EXPAND_WORK at the constraint's vocabulary size
 AUTO = -1
 
@@ -165,8 +167,9 @@ class CanvasState:
         self.expand_budget = work_states(EXPAND_WORK, vocab_size, 4) if expand_budget == AUTO else expand_budget
         self.row_states = work_states(ROW_WORK, vocab_size, 64)  # ROW_WORK at this vocabulary size
         self.finish_states = work_states(FINISH_WORK, vocab_size, 8)  # FINISH_WORK at this vocabulary size
-        self.question_states = work_states(QUESTION_WORK, vocab_size, 32)  # QUESTION_WORK at this vocabulary size
-        self.frontier_call_states = work_states(FRONTIER_CALL_WORK, vocab_size, 256)
+        # FRONTIER_WORK at this vocabulary size, for the frontier search's call and each of its questions alike (the
+        # first questions in the canonical order, those nearest to acceptance, may take it all)
+        self.frontier_call_states = self.question_states = work_states(FRONTIER_WORK, vocab_size, 16)
         # per call: the last-resort time limit (None = unbounded), see "Time bounds" in docs/constraints.md
         self.timeout_s = timeout_s
         self.kind = kind
