@@ -34,10 +34,10 @@ select_commits verifies in the same system. One state of minimal distance to acc
 search (set_algebra.finish_cheap). Rows other than the left frontier's are computed while their backward sets hold at
 most ROW_WORK token-steps' worth of states in all (the rest stay empty this call: sound, `rows_deferred`). The left frontier (the first open
 position) is decided by a depth-first search for one completion per state whenever the budget cut any set of the
-call (_frontier_sets; right of the last committed position its can-finish questions expand at most FINISH_WORK
-token-steps of states each, breadth first: a state left undecided is left out, and a row left empty so is decided
-exactly), so the engine always has a position to commit; select_commits / is_completable redo an inconclusive call
-by the same search.
+call (_frontier_sets: at most FRONTIER_WORK token-steps of states per call, in a canonical order; right of the last
+committed position its can-finish questions expand at most FINISH_WORK token-steps of states each, breadth first; a
+state left undecided is left out, and a row left empty gets its first witness unbounded), so the engine always has a
+position to commit; select_commits / is_completable redo an inconclusive call by the same search, exactly.
 
 Reproducibility: every allowance above counts states, and the sets and rows of a call are functions of the
 constraint, the canvas and K, where K grows by the same states on any machine: the automaton's transition cache
@@ -115,10 +115,10 @@ def work_states(work: int, vocab_size: int, least: int) -> int:
     """The states a token-step allowance `work` gives at `vocab_size` tokens (at least `least`)."""
     return max(least, work // max(1, vocab_size))
 # States a request's explored set may hold (set_algebra.Budget.known): past it, calls add no state ahead of what their
-# own answer needs (the left frontier's exact search, the spine, verified commits), and masks come from the explored
-# states (sound subsets; the left frontier stays exact). Per request, so that it does not depend on what other
-# requests explored (the automaton-wide memory bound, set_algebra.EXPLORE_MAX_BYTES, only decides when the compile
-# cache compiles the constraint afresh: CompiledConstraint.worn_out).
+# own answer needs (the left frontier's search, the spine, verified commits), and masks come from the explored states
+# (sound subsets; the left frontier's row is never empty while a completion exists). Per request, so that it does not
+# depend on what other requests explored (the automaton-wide memory bound, set_algebra.EXPLORE_MAX_BYTES, only decides
+# when the compile cache compiles the constraint afresh: CompiledConstraint.worn_out).
 EXPLORE_MAX_STATES = 8192
 # States of the frontier's forward set up to which the prefix hint (prefix_forced_token) computes their transitions
 # (a few trie walks; past it only the request's explored states answer)
@@ -415,11 +415,11 @@ class CanvasState:
 
     def _allowed_into(self, c: tuple, positions: list[int], frontier: int | None, o: np.ndarray,
                       done: dict[int, bool], written: dict[int, np.ndarray]) -> None:
-        """The rows, the left frontier's first (exact: every token of every valid completion is allowed there, so the
-        engine always has a position to commit and a wanted token is never lost to the budget), then the other open
-        positions' (sound, possibly missing tokens under the budget) while their backward sets hold at most ROW_WORK
-        states in all: those left after it stay empty this call (sound; `rows_deferred` counts them) and are filled
-        by later calls, whose explored set is larger (in exact mode, without a budget, every row is computed)."""
+        """The rows, the left frontier's first (searched: never empty while a completion exists, so the engine always
+        has a position to commit; every token of every valid completion when the search fits FRONTIER_WORK), then the
+        other open positions' (sound, possibly missing tokens under the budget) while their backward sets hold at most
+        ROW_WORK states in all: those left after it stay empty this call (sound; `rows_deferred` counts them) and are
+        filled by later calls, whose explored set is larger (in exact mode, without a budget, every row is computed)."""
         self._new_budget()
         work_left = None if self._budget is None else self.row_states
         an = self._analyze(c, max(positions) + 1)
@@ -465,15 +465,16 @@ class CanvasState:
                     self._prove(c)
                 done[j] = True
             if p == frontier == 0 and not o[j].any() and c.count(None) == self.n:
-                # the frontier row is exact here, so an empty one on an all-open canvas proves that no output fits:
-                # the fit check of new_canvas_state decides without a search and lets an undecided canvas length in
+                # the frontier row is empty only when the exact one is, so an empty one on an all-open canvas proves
+                # that no output fits: the fit check of new_canvas_state decides without a search and lets an undecided
+                # canvas length in
                 raise ConstraintTooLongError(self.n + 1, self.n)
             done.setdefault(j, True)
 
     def _frontier_sets(self, c: tuple, f: int, an: Analysis) -> tuple[int, int]:
-        """(B[f], B[f+1]) at the left frontier f (canvas_frontier.py): exact but for the can-finish questions right
-        of the last committed position that FINISH_WORK leaves undecided (left out: sound), and exact when that
-        leaves no token."""
+        """(B[f], B[f+1]) at the left frontier f (canvas_frontier.py): exact but for the questions FRONTIER_WORK and
+        FINISH_WORK leave undecided (left out: sound); when that leaves no token, the first witness in the same
+        canonical order, searched without a bound (empty only when the exact row is)."""
         known = [0 if x is None else x for x in an.B]  # sets not computed certify nothing (the search decides)
         search = FrontierSearch(self.alg, self.n, c, known, an.H, self._bounded_memo.for_canvas(c),
                                 self._finish_states(), self.question_states, self.frontier_call_states)
