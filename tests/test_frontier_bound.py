@@ -88,3 +88,29 @@ def test_a_bounded_frontier_row_is_within_the_exact_one_and_empty_only_when_it_i
     got = tight(cc, n, question, call).allowed_tokens(canvas, [f])[0]
     assert not (got & ~want).any()
     assert got.any() == want.any()
+
+
+def repeated_rows(cc, canvas: list[int], times: int) -> list[list[bool]]:
+    st_ = tight(cc, len(canvas), question=1, call=1)
+    return [st_.allowed_tokens(canvas, [canvas.index(MASK)])[0].tolist() for _ in range(times)]
+
+
+def test_asked_again_on_the_same_canvas_the_frontier_row_grows_towards_the_exact_one_the_same_way_cold_or_warm() -> None:
+    rng = random.Random(5)
+    cc = compile_fresh()
+    grew = False
+    for _ in range(30):
+        n = rng.randrange(6, 12)
+        exact_state = cc.new_canvas_state(n, expand_budget=None, timeout_s=None)
+        canvas = [MASK] * n
+        for p in rng.sample(range(1, n), n // 2):
+            canvas[p] = rng.randrange(len(TOKENS) + 1)
+            if not exact_state.is_completable(canvas):
+                canvas[p] = MASK
+        exact = exact_state.allowed_tokens(canvas, [canvas.index(MASK)])[0].tolist()
+        rows = repeated_rows(compile_fresh(), canvas, 6)
+        for a, b in zip(rows, rows[1:] + [exact]):
+            assert all(y or not x for x, y in zip(a, b))  # each row within the next, the last within the exact one
+        grew |= rows[0] != rows[-1]
+        assert repeated_rows(cc, canvas, 6) == rows  # cc: warm, explored by the canvases before
+    assert grew  # some canvas needed the doubled allowance

@@ -107,6 +107,9 @@ FINISH_WORK = 256 * 4096
 # 13,000-15,000 new states (2 s, the call limit, at 128K tokens) in one call; 32 states at 128K (1024 x 4096) left
 # one JSONSchemaBench walk of 36 without its instance's token at 20 retries (docs/measurements.md).
 FRONTIER_WORK = 2048 * 4096
+# A mask call on the canvas of the previous one, whose frontier search the allowance cut, doubles that search's
+# allowance, up to this factor: asked again, the row gets more complete (the proofs found before are memoised too)
+FRONTIER_RETRY_MAX = 8
 # expand_budget's default: EXPAND_WORK at the constraint's vocabulary size
 AUTO = -1
 
@@ -193,6 +196,9 @@ class CanvasState:
         self.exact_fallbacks = 0  # calls that the expansion budget left inconclusive, redone exactly
         self._frontier_memo = FrontierMemo()  # the exact frontier's memo, kept across calls (canvas_frontier.py)
         self._bounded_memo = FrontierMemo()  # the bounded frontier searches' proofs, kept across calls
+        # (canvas, allowance factor) of the last frontier search the allowance cut: asked again on the same canvas, the
+        # search gets twice the allowance, up to FRONTIER_RETRY_MAX times (a function of the request's own calls)
+        self._frontier_retry: tuple[tuple, int] | None = None
         self._fwd: list[int] = [START_BIT]
         self._fwd_ok: list[bool] = [True]
         # the last exact frontier hint: (transitions known then, the committed prefix, its answer)
@@ -476,9 +482,13 @@ class CanvasState:
         FINISH_WORK leave undecided (left out: sound); when that leaves no token, the first witness in the same
         canonical order, searched without a bound (empty only when the exact row is)."""
         known = [0 if x is None else x for x in an.B]  # sets not computed certify nothing (the search decides)
+        retry = self._frontier_retry
+        factor = min(2 * retry[1], FRONTIER_RETRY_MAX) if retry is not None and retry[0] == c else 1
         search = FrontierSearch(self.alg, self.n, c, known, an.H, self._bounded_memo.for_canvas(c),
-                                self._finish_states(), self.question_states, self.frontier_call_states)
+                                self._finish_states(), factor * self.question_states,
+                                factor * self.frontier_call_states)
         bi, bn = search.sets(an.F[f], f)
+        self._frontier_retry = (c, factor) if search.undecided else None
         if search.undecided:
             self.frontier_undecided += 1
             if not (bi and bn):
