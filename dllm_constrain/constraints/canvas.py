@@ -29,9 +29,9 @@ its own explored set K (a bitset of states, set_algebra.Budget) and each call ma
 to it (default: EXPAND_WORK token-steps, 128 states at 4K tokens, 4 at 128K; a set's new members all or none, left to right: the positions next to the committed frontier
 first); the sets follow the token transitions of K's states only. Sets cut short are the states reachable through
 K, a subset of the exact ones, so every allowed token is still part of a valid completion (sound), and
-select_commits verifies in the same system. One state of minimal distance to acceptance is always followed (a
-"spine"). Right of the last committed position "can finish in the positions left" is decided per state without a
-search (set_algebra.finish_cheap). Rows other than the left frontier's are computed while their backward sets hold at
+select_commits verifies in the same system. The states of minimal distance to acceptance are followed past the
+budget while they are at most SPINE_WORK token-steps' worth (a "spine"). Right of the last committed position "can
+finish in the positions left" is decided per state without a search (set_algebra.finish_cheap). Rows other than the left frontier's are computed while their backward sets hold at
 most ROW_WORK token-steps' worth of states in all (the rest stay empty this call: sound, `rows_deferred`). The left frontier (the first open
 position) is decided by a depth-first search for one completion per state whenever the budget cut any set of the
 call (_frontier_sets: at most FRONTIER_WORK token-steps of states per call, in a canonical order; right of the last
