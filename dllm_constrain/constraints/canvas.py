@@ -29,15 +29,15 @@ its own explored set K (a bitset of states, set_algebra.Budget) and each call ma
 to it (default: EXPAND_WORK token-steps, 128 states at 4K tokens, 4 at 128K; a set's new members all or none, left to right: the positions next to the committed frontier
 first); the sets follow the token transitions of K's states only. Sets cut short are the states reachable through
 K, a subset of the exact ones, so every allowed token is still part of a valid completion (sound), and
-select_commits verifies in the same system. One state of minimal distance to acceptance is always followed (a
-"spine"). Right of the last committed position "can finish in the positions left" is decided per state without a
-search (set_algebra.finish_cheap). Rows other than the left frontier's are computed while their backward sets hold at
+select_commits verifies in the same system. The states of minimal distance to acceptance are followed past the
+budget while they are at most SPINE_WORK token-steps' worth (a "spine"). Right of the last committed position "can
+finish in the positions left" is decided per state without a search (set_algebra.finish_cheap). Rows other than the left frontier's are computed while their backward sets hold at
 most ROW_WORK token-steps' worth of states in all (the rest stay empty this call: sound, `rows_deferred`). The left frontier (the first open
 position) is decided by a depth-first search for one completion per state whenever the budget cut any set of the
-call (_frontier_sets; right of the last committed position its can-finish questions expand at most FINISH_WORK
-token-steps of states each, breadth first: a state left undecided is left out, and a row left empty so is decided
-exactly), so the engine always has a position to commit; select_commits / is_completable redo an inconclusive call
-by the same search.
+call (_frontier_sets: at most FRONTIER_WORK token-steps of states per call, in a canonical order; right of the last
+committed position its can-finish questions expand at most FINISH_WORK token-steps of states each, breadth first; a
+state left undecided is left out, and a row left empty gets its first witness unbounded), so the engine always has a
+position to commit; select_commits / is_completable redo an inconclusive call by the same search, exactly.
 
 Reproducibility: every allowance above counts states, and the sets and rows of a call are functions of the
 constraint, the canvas and K, where K grows by the same states on any machine: the automaton's transition cache
@@ -97,6 +97,19 @@ ROW_WORK = 4096 * 4096
 # tokens, 8 at 128K. FRONTIER_S = 8 ms did the same by the clock; without any bound, refuting the states of a nearly
 # closed canvas walked the transitions of 14,000 states (9 s at 128K tokens) in one call.
 FINISH_WORK = 256 * 4096
+# States the left frontier's search may expand in one mask call between the frontier and the last committed position
+# (each before an open position: its token transitions are a trie walk; before a committed one a token step is not
+# counted) and in its can-finish questions right of it (the states their breadth-first searches expand, memoised or
+# not): 2048 at 4K tokens, 64 at 128K. Its questions (does this successor of the frontier's state complete the
+# canvas?) are taken in a canonical order (SetAlgebra.succ_canonical), so what the allowance decides is the same with
+# a cold or a warm automaton; a question left undecided is left out (sound) and a row left empty gets the first witness
+# in the same order, unbounded. Unbounded, refuting the successors that committed tokens further right exclude walked
+# 13,000-15,000 new states (2 s, the call limit, at 128K tokens) in one call; 32 states at 128K (1024 x 4096) left
+# one JSONSchemaBench walk of 36 without its instance's token at 20 retries (docs/measurements.md).
+FRONTIER_WORK = 2048 * 4096
+# A mask call on the canvas of the previous one, whose frontier search the allowance cut, doubles that search's
+# allowance, up to this factor: asked again, the row gets more complete (the proofs found before are memoised too)
+FRONTIER_RETRY_MAX = 8
 # expand_budget's default: EXPAND_WORK at the constraint's vocabulary size
 AUTO = -1
 
@@ -105,10 +118,10 @@ def work_states(work: int, vocab_size: int, least: int) -> int:
     """The states a token-step allowance `work` gives at `vocab_size` tokens (at least `least`)."""
     return max(least, work // max(1, vocab_size))
 # States a request's explored set may hold (set_algebra.Budget.known): past it, calls add no state ahead of what their
-# own answer needs (the left frontier's exact search, the spine, verified commits), and masks come from the explored
-# states (sound subsets; the left frontier stays exact). Per request, so that it does not depend on what other
-# requests explored (the automaton-wide memory bound, set_algebra.EXPLORE_MAX_BYTES, only decides when the compile
-# cache compiles the constraint afresh: CompiledConstraint.worn_out).
+# own answer needs (the left frontier's search, the spine, verified commits), and masks come from the explored states
+# (sound subsets; the left frontier's row is never empty while a completion exists). Per request, so that it does not
+# depend on what other requests explored (the automaton-wide memory bound, set_algebra.EXPLORE_MAX_BYTES, only decides
+# when the compile cache compiles the constraint afresh: CompiledConstraint.worn_out).
 EXPLORE_MAX_STATES = 8192
 # States of the frontier's forward set up to which the prefix hint (prefix_forced_token) computes their transitions
 # (a few trie walks; past it only the request's explored states answer)
@@ -157,12 +170,16 @@ class CanvasState:
         self.expand_budget = work_states(EXPAND_WORK, vocab_size, 4) if expand_budget == AUTO else expand_budget
         self.row_states = work_states(ROW_WORK, vocab_size, 64)  # ROW_WORK at this vocabulary size
         self.finish_states = work_states(FINISH_WORK, vocab_size, 8)  # FINISH_WORK at this vocabulary size
+        # FRONTIER_WORK at this vocabulary size, for the frontier search's call and each of its questions alike (the
+        # first questions in the canonical order, those nearest to acceptance, may take it all)
+        self.frontier_call_states = self.question_states = work_states(FRONTIER_WORK, vocab_size, 16)
         # per call: the last-resort time limit (None = unbounded), see "Time bounds" in docs/constraints.md
         self.timeout_s = timeout_s
         self.kind = kind
         self.deadline_hits = 0  # calls whose deadline fired (each raised ConstraintTimeoutError)
         self.rows_deferred = 0  # open non-frontier rows left empty by a mask call past ROW_WORK
-        self.frontier_undecided = 0  # frontier rows without states FINISH_WORK left undecided (sound, smaller)
+        self.frontier_undecided = 0  # frontier rows the search's allowances left smaller (sound)
+        self.frontier_searched = 0  # of those, rows left empty: their first witness searched without a bound
         self._known = 0  # the request's explored set (set_algebra.Budget.known), carried from call to call
         # sound rows of the last mask call: (canvas, {position: mask row}); a token in one is verified. The rows
         # are bool (allowed_tokens) or packed bitmask bytes (fill_token_bitmask); kernels.bitmask.row_allows reads both
@@ -178,6 +195,10 @@ class CanvasState:
         self._fwd_canvas: tuple | None = None
         self.exact_fallbacks = 0  # calls that the expansion budget left inconclusive, redone exactly
         self._frontier_memo = FrontierMemo()  # the exact frontier's memo, kept across calls (canvas_frontier.py)
+        self._bounded_memo = FrontierMemo()  # the bounded frontier searches' proofs, kept across calls
+        # (canvas, allowance factor) of the last frontier search the allowance cut: asked again on the same canvas, the
+        # search gets twice the allowance, up to FRONTIER_RETRY_MAX times (a function of the request's own calls)
+        self._frontier_retry: tuple[tuple, int] | None = None
         self._fwd: list[int] = [START_BIT]
         self._fwd_ok: list[bool] = [True]
         # the last exact frontier hint: (transitions known then, the committed prefix, its answer)
@@ -400,11 +421,11 @@ class CanvasState:
 
     def _allowed_into(self, c: tuple, positions: list[int], frontier: int | None, o: np.ndarray,
                       done: dict[int, bool], written: dict[int, np.ndarray]) -> None:
-        """The rows, the left frontier's first (exact: every token of every valid completion is allowed there, so the
-        engine always has a position to commit and a wanted token is never lost to the budget), then the other open
-        positions' (sound, possibly missing tokens under the budget) while their backward sets hold at most ROW_WORK
-        states in all: those left after it stay empty this call (sound; `rows_deferred` counts them) and are filled
-        by later calls, whose explored set is larger (in exact mode, without a budget, every row is computed)."""
+        """The rows, the left frontier's first (searched: never empty while a completion exists, so the engine always
+        has a position to commit; every token of every valid completion when the search fits FRONTIER_WORK), then the
+        other open positions' (sound, possibly missing tokens under the budget) while their backward sets hold at most
+        ROW_WORK states in all: those left after it stay empty this call (sound; `rows_deferred` counts them) and are
+        filled by later calls, whose explored set is larger (in exact mode, without a budget, every row is computed)."""
         self._new_budget()
         work_left = None if self._budget is None else self.row_states
         an = self._analyze(c, max(positions) + 1)
@@ -450,26 +471,35 @@ class CanvasState:
                     self._prove(c)
                 done[j] = True
             if p == frontier == 0 and not o[j].any() and c.count(None) == self.n:
-                # the frontier row is exact here, so an empty one on an all-open canvas proves that no output fits:
-                # the fit check of new_canvas_state decides without a search and lets an undecided canvas length in
+                # the frontier row is empty only when the exact one is, so an empty one on an all-open canvas proves
+                # that no output fits: the fit check of new_canvas_state decides without a search and lets an undecided
+                # canvas length in
                 raise ConstraintTooLongError(self.n + 1, self.n)
             done.setdefault(j, True)
 
     def _frontier_sets(self, c: tuple, f: int, an: Analysis) -> tuple[int, int]:
-        """(B[f], B[f+1]) at the left frontier f (canvas_frontier.py): exact but for the can-finish questions right
-        of the last committed position that FINISH_WORK leaves undecided (left out: sound), and exact when that
-        leaves no token."""
+        """(B[f], B[f+1]) at the left frontier f (canvas_frontier.py): exact but for the questions FRONTIER_WORK and
+        FINISH_WORK leave undecided (left out: sound); when that leaves no token, the first witness in the same
+        canonical order, searched without a bound (empty only when the exact row is)."""
         known = [0 if x is None else x for x in an.B]  # sets not computed certify nothing (the search decides)
-        search = FrontierSearch(self.alg, self.n, c, known, an.H, self._frontier_memo.for_canvas(c),
-                                self._finish_states())
+        retry = self._frontier_retry
+        factor = min(2 * retry[1], FRONTIER_RETRY_MAX) if retry is not None and retry[0] == c else 1
+        search = FrontierSearch(self.alg, self.n, c, known, an.H, self._bounded_memo.for_canvas(c),
+                                self._finish_states(), factor * self.question_states,
+                                factor * self.frontier_call_states)
         bi, bn = search.sets(an.F[f], f)
+        self._frontier_retry = (c, factor) if search.undecided else None
         if search.undecided:
             self.frontier_undecided += 1
             if not (bi and bn):
-                # the bound left the frontier without a token: decided exactly (a token of a valid completion is
-                # never missing where the engine must commit), at whatever cost, the call's deadline the last resort
-                exact = FrontierSearch(self.alg, self.n, c, known, an.H, self._frontier_memo.for_canvas(c))
-                bi, bn = exact.sets(an.F[f], f)
+                # the bound left the frontier without a token: the first witness in the same canonical order, searched
+                # without a bound and with exact can-finish answers (the engine must have a token to commit where
+                # one exists; a row of one completion's token is sound, and empty only when no completion exists), at
+                # whatever cost, the call's deadline the last resort
+                self.frontier_searched += 1
+                witness = FrontierSearch(self.alg, self.n, c, known, an.H, self._bounded_memo.for_canvas(c), None,
+                                         UNLIMITED, None)
+                bi, bn = witness.sets(an.F[f], f, first_only=True)
         return bi, bn
 
     def _finish_states(self) -> int | None:

@@ -1,24 +1,30 @@
-"""The exact mask at the left frontier of a regular constraint's canvas, when the expansion budget cut a set.
+"""The mask at the left frontier of a regular constraint's canvas, when the expansion budget cut a set.
 
 Under the per-call expansion budget the backward sets B[i] are subsets of the exact ones (sound, possibly missing
 tokens). At the left frontier f (every position before f committed, so F[f] is exact) the engine must always have
-a position to commit and must never lose a token of a valid completion, so there B[f] and B[f+1] are decided
-exactly: a state w after the frontier's token belongs to B[f+1] iff some completion of c[f+1:] starts from it, a
-depth-first search over (state, position) with exact token transitions that stops at the first witness.
+a position to commit, so there B[f] and B[f+1] are decided by a search: a state w after the frontier's token belongs
+to B[f+1] iff some completion of c[f+1:] starts from it, a depth-first search over (state, position) with exact token
+transitions that stops at the first witness.
 
   * States of the budgeted backward sets are certified (they are subsets of the exact ones).
   * A committed next token prunes the successors that cannot read it.
-  * Right of the last committed position the answer is `SetAlgebra.can_finish` of the positions left.
-  * Answers are memoised by position across calls while c[i:] is unchanged (`FrontierMemo`).
+  * Right of the last committed position the answer is a can-finish question of the positions left.
+  * Answers are memoised by position across calls while c[i:] is unchanged (`FrontierMemo`): proofs only (a witness,
+    or a refutation whose whole subtree was decided).
 
 A state without a completion is refuted only by exhausting what it reaches before the committed tokens stop it:
-at worst the exact forward sets, at best (the frequent case) one path per state. Right of the last committed
-position the refutation is a can-finish search, which near the end of a wide canvas (few positions left, every state
-a nested structure still to close) walked the token transitions of thousands of states (seconds at 128K tokens).
-Under a budget it is `SetAlgebra.finish_bounded`: breadth first, at most `finish_states` states per question, whole
-levels at a time, so its answer is a function of the question and never of the clock, of the order of the states or
-of what other searches learnt; a state it leaves undecided is left out of the row (sound: every token offered is
-part of a valid completion; `undecided` counts them). Without a budget (exact mode) it is exact (`finish3`).
+at worst the exact forward sets, at best one path per state; unbounded, refuting the successors that committed
+tokens further right exclude walked 13,000-15,000 new states (seconds at 128K tokens) in one call. So a mask call's
+search is bounded by work (`question_states` per question, `call_states` in all, counting the states expanded before
+an open position and the states the can-finish questions right of the last commit expand, `SetAlgebra.finish_bounded`,
+breadth first, whole levels). What a bound decides must not depend on what was cached: the questions and each
+state's children are taken in a canonical order (`SetAlgebra.succ_canonical`: distance to acceptance, then the
+smallest token id leading there, never the state numbering, which follows the order in which requests discovered
+the states, nor whether a transition is cached), and the bounded searches keep their own memo (the exact search's
+proofs follow its cache-dependent order). A question the bound stops is left out of the row (sound: every token
+offered is part of a valid completion; `undecided` counts them); a row it leaves empty gets, in the same order and
+unbounded, its first witness (`sets(first_only=True)`: empty only when no completion exists). Without a budget
+(exact mode), and for the exact completability checks, the search is exact (`finish3`), in the fastest order.
 """
 from __future__ import annotations
 
@@ -84,7 +90,8 @@ class FrontierSearch:
     B, H: the call's (budgeted) backward sets and their horizon; memo: `FrontierMemo.for_canvas(c)`."""
 
     def __init__(self, alg: SetAlgebra, n: int, c: tuple, B: list[int], H: int,
-                 memo: dict[int, dict[int, bool]], finish_states: int | None = None) -> None:
+                 memo: dict[int, dict[int, bool]], finish_states: int | None = None,
+                 question_states: int | None = None, call_states: int | None = None) -> None:
         self.alg = alg
         self.ta = alg.ta
         self.dfa = alg.dfa  # its arrays are reallocated as it grows: read dfa.accepting / dfa.dist at each use
@@ -104,6 +111,12 @@ class FrontierSearch:
         # (position, state) pairs found without a completion while some state was left undecided: no proof, so not
         # memoised across calls (the memo holds proofs only), but not explored twice in this search
         self.failed: set[tuple[int, int]] = set()
+        # bounded mode (question_states set): each question of `sets` visits at most question_states states, the
+        # call at most call_states in all, in the canonical order (SetAlgebra.succ_canonical); a question the bound
+        # stops is undecided (left out: sound). The memo given is then the bounded searches' own (proofs they found),
+        # never the exact search's, whose contents follow the automaton's cache through its search order.
+        self.question_states = question_states
+        self.call_left = call_states
 
     def quick(self, v: int, i: int) -> bool | None:
         """Whether state v before position i completes the canvas, when known without searching (else None)."""
@@ -120,12 +133,18 @@ class FrontierSearch:
             if r is not None:
                 return r
         if (i, v) in self.failed:
+            self.undecided += 1  # what it answers is no proof either
             return False
         if i > self.J:
             if self.finish_states is None:
                 r = self.alg.finish3(v, self.n - i)
             else:
-                r = self.alg.finish_bounded(v, self.n - i, self.finish_states)
+                if self.call_left is not None and self.call_left <= 0:
+                    self.undecided += 1
+                    return False  # the call's allowance is spent: left out (sound)
+                r, spent = self.alg.finish_bounded_spent(v, self.n - i, self.finish_states)
+                if self.call_left is not None:
+                    self.call_left -= spent  # what the search expands, whether or not it was memoised
                 if r is None:
                     self.undecided += 1
                     return False  # left out (sound); not memoised: not a proof
@@ -150,7 +169,8 @@ class FrontierSearch:
         if i + 1 <= self.H and sb & B[i + 1]:
             return [(sb & B[i + 1]).bit_length() - 1]  # certified
         m = self.memo.get(i + 1)
-        ws = self.alg.members(sb)
+        bounded = self.question_states is not None
+        ws = self.alg.succ_canonical(v) if bounded else self.alg.members(sb)
         if m:
             hit = next((w for w in ws if m.get(w) is True), None)
             if hit is not None:
@@ -162,19 +182,36 @@ class FrontierSearch:
                 ws = [w for w in ws if dfa.accepting[w]]
             else:
                 ws = [w for w in ws if ta.delta(w, nxt) != DEAD]
+        if bounded:
+            return ws  # already nearest to acceptance first, in an order independent of the state numbering
         # states whose transitions are known first (no trie walk to look further), then nearest to acceptance
         known = ta.succ_bits
         return sorted(ws, key=lambda w: (w not in known, int(dfa.dist[w])))
 
-    def good(self, v0: int, i0: int) -> bool:
-        """Whether state v0 before position i0 completes the canvas: depth first, stopping at the first witness."""
+    def good(self, v0: int, i0: int) -> bool | None:
+        """Whether state v0 before position i0 completes the canvas: depth first, stopping at the first witness
+        (None in bounded mode when the question's allowance ran out first)."""
         r = self.quick(v0, i0)
         if r is not None:
             return r
+        left = None
+        if self.question_states is not None:
+            # every state expanded before an open position counts (its children need its token transitions; before
+            # a committed one a single token step), v0 included
+            left = self.question_states if self.call_left is None else min(self.question_states, self.call_left)
+            if i0 < self.n and self.c[i0] is None:
+                if left <= 0:
+                    self.undecided += 1
+                    return None
+                left -= 1
+                if self.call_left is not None:
+                    self.call_left -= 1
         memo = self.memo
-        stack: list[tuple[int, int, Iterator[int]]] = [(v0, i0, iter(self.children(v0, i0)))]
+        # each frame: (state, position, its children left, `undecided` when it was entered): a refutation is a proof
+        # (memoised) unless its subtree met an undecided state
+        stack: list[tuple[int, int, Iterator[int], int]] = [(v0, i0, iter(self.children(v0, i0)), self.undecided)]
         while stack:
-            v, i, it = stack[-1]
+            v, i, it, u0 = stack[-1]
             res = None
             for w in it:
                 r = self.quick(w, i + 1)
@@ -182,28 +219,37 @@ class FrontierSearch:
                     res = True
                     break
                 if r is None:
+                    if left is not None and self.c[i + 1] is None:  # its children need its token transitions
+                        if left <= 0:
+                            self.undecided += 1
+                            return None  # the allowance ran out: no proof either way (nothing memoised)
+                        left -= 1
+                        if self.call_left is not None:
+                            self.call_left -= 1
                     self.visits += 1
                     if not self.visits & 63:
                         check_active(w, "deciding the left frontier's mask exactly")
-                    stack.append((w, i + 1, iter(self.children(w, i + 1))))
+                    stack.append((w, i + 1, iter(self.children(w, i + 1)), self.undecided))
                     break
             else:
                 res = False
             if res is None:
                 continue  # descended
             if res:
-                for u, k, _ in stack:
+                for u, k, _, _ in stack:
                     memo.setdefault(k, {})[u] = True
                 return True
-            if self.undecided:
+            if self.undecided > u0:
                 self.failed.add((i, v))  # a refutation that met an undecided state is not one
             else:
                 memo.setdefault(i, {})[v] = False
             stack.pop()
         return False
 
-    def sets(self, F_f: int, f: int) -> tuple[int, int]:
-        """Exact (B[f], B[f+1]) from the exact forward set F_f = F[f] at the left frontier f."""
+    def sets(self, F_f: int, f: int, first_only: bool = False) -> tuple[int, int]:
+        """Exact (B[f], B[f+1]) from the exact forward set F_f = F[f] at the left frontier f (in bounded mode
+        without what the allowance left undecided). first_only: stop at the first state of B[f+1] that needs a search
+        (with the certified ones and EOS: a sound row, empty only when the exact one is)."""
         alg, ta, B, eos_tail = self.alg, self.ta, self.B, self.eos_tail
         bi = bn = 0
         for q in alg.members(F_f):
@@ -221,10 +267,17 @@ class FrontierSearch:
             if cert:
                 bn |= cert
                 ok = True
-            for w in alg.members(sb & ~cert):
+            rest = sb & ~cert
+            # bounded mode: the questions in the canonical order, since what one proves (memoised) and spends (the
+            # call's allowance) enters the next ones
+            ws = alg.members(rest) if self.question_states is None else \
+                [w for w in alg.succ_canonical(q) if (rest >> w) & 1]
+            for w in ws:
                 if not (bn >> w) & 1 and self.good(w, f + 1):
                     bn |= 1 << w
                     ok = True
+                    if first_only:
+                        break
             if ok:
                 bi |= 1 << q
         return bi, bn

@@ -65,6 +65,11 @@ class Budget:
 
 
 UNLIMITED = 1 << 62
+# The states a budgeted forward step follows past its allowance to keep a spine (the members of minimal distance to
+# acceptance, all or none), in token-steps: 256 at 4K tokens, 8 at 128K. Unbounded, one mask call walked the token
+# transitions of 397 such states (0.7 s at 128K tokens); past it the step is empty (sound: the left frontier's row is
+# searched, never empty while a completion exists).
+SPINE_WORK = 256 * 4096
 
 
 def checked_chunks(members: list[int], size: int = 256):
@@ -107,7 +112,7 @@ class SetAlgebra:
         # budgeted can-finish sets (finish_cheap): (F, m) -> (the members proven, whether some were left undecided)
         self._fin_cheap: dict[tuple[int, int], tuple[int, bool]] = {}
         # finish_bounded: (state, m, states) -> True / False / None
-        self._fin_bounded: dict[tuple[int, int, int], bool | None] = {}
+        self._fin_bounded: dict[tuple[int, int, int], tuple[bool | None, int]] = {}
         self._back_tok: dict[tuple[int, int, int], int] = {}
         # can-finish memo per state, as int32 arrays indexed by state (Python reads them like lists, the native
         # `finish_split` as buffers): the largest m known not to suffice (-1: none) and the smallest m known to suffice
@@ -120,6 +125,7 @@ class SetAlgebra:
         self._back_tok_walk = native.back_tok_walk if native is not None and hasattr(ta.dfa, "T") else None
         self._fin_sets: dict[tuple[int, int], int] = {}
         self._succ_sorted: dict[int, list[int]] = {}
+        self._succ_canonical: dict[int, list[int]] = {}
         self._greedy: dict[int, int] = {}
         self._greedy_step: dict[int, tuple[int, int]] = {}
         self.explore_max_bytes = EXPLORE_MAX_BYTES  # see EXPLORE_MAX_BYTES
@@ -187,11 +193,12 @@ class SetAlgebra:
             r |= ENDED_BIT  # an accepting member ends with EOS (no token transitions needed)
         if not r:
             # keep a spine: follow the members closest to acceptance even past the allowance (all of them, so that
-            # the choice does not depend on the state numbering)
+            # the choice does not depend on the state numbering), when they are at most SPINE_WORK token-steps' worth
             dist = self.dfa.dist
             d = min(int(dist[q]) for q in outside)
-            for q in outside:
-                if int(dist[q]) == d:
+            spine = [q for q in outside if int(dist[q]) == d]
+            if len(spine) <= max(4, SPINE_WORK // max(1, self.ta.vocab_size)):
+                for q in spine:
                     r |= self.ta.trans(q).succ_bits
         return r
 
@@ -378,27 +385,32 @@ class SetAlgebra:
         more. A function of (q, m, states): no fact learnt by other searches enters it (only `finish_cheap`, a
         function of the state), and whole levels make it independent of the order of the states, hence of the
         automaton's numbering, which follows the order in which requests discovered them. Memoised per argument."""
+        return self.finish_bounded_spent(q, m, states)[0]
+
+    def finish_bounded_spent(self, q: int, m: int, states: int) -> tuple[bool | None, int]:
+        """`finish_bounded` and the states its search expands (a function of the arguments too, memo or not: a caller
+        that counts it in its own allowance stays independent of what was cached)."""
         key = (q, m, states)
-        r = self._fin_bounded.get(key, 0)
-        if r == 0:
+        r = self._fin_bounded.get(key)
+        if r is None:
             r = self._finish_levels(q, m, states)
             if len(self._fin_bounded) > 200_000:
                 self._fin_bounded.clear()
             self._fin_bounded[key] = r
         return r
 
-    def _finish_levels(self, q: int, m: int, states: int) -> bool | None:
+    def _finish_levels(self, q: int, m: int, states: int) -> tuple[bool | None, int]:
         first = self.finish_cheap(q, m)
         if first is not None:
-            return first
+            return first, 0
         frontier = [q]
         seen = {q}
         spent = 0
         k = 0
         while frontier and k < m:
+            if spent + len(frontier) > states:
+                return None, spent
             spent += len(frontier)
-            if spent > states:
-                return None
             k += 1
             nxt = []
             for s in frontier:
@@ -409,11 +421,11 @@ class SetAlgebra:
                     seen.add(u)
                     f = self.finish_cheap(u, m - k)
                     if f is True:
-                        return True
+                        return True, spent
                     if f is None:
                         nxt.append(u)
             frontier = nxt
-        return False
+        return False, spent
 
     def finish3(self, q: int, m: int) -> bool:
         """Exact can-finish: d(q) <= m  with  d(q) = 0 for accepting q, else 1 + min over token successors u of d(u);
@@ -549,6 +561,31 @@ class SetAlgebra:
             dist = self.dfa.dist
             r = sorted(bits_of(sb), key=lambda u: int(dist[u]))
             self._succ_sorted[q] = r
+        return r
+
+    def succ_canonical(self, q: int) -> list[int]:
+        """q's token successors ordered by (byte distance to acceptance, the smallest token id leading there): an
+        order that is a function of the state's language and of the vocabulary, not of the automaton's state
+        numbering (which follows the order in which requests discovered the states), so a search that stops after
+        a bounded number of states in this order gives the same answer with a cold or a warm automaton."""
+        r = self._succ_canonical.get(q)
+        if r is None:
+            tt = self.ta.trans(q)
+            dist = self.dfa.dist
+            allp = self.ta.allp
+            keys = []
+            for u, ids in tt.sparse.items():
+                keys.append((int(dist[u]), int(ids[0]), u))
+            for u, row in tt.dense.items():
+                packed = allp[row]
+                i = int(np.flatnonzero(packed)[0])
+                b = int(packed[i])
+                keys.append((int(dist[u]), i * 8 + (b & -b).bit_length() - 1, u))
+            keys.sort()
+            r = [u for _, _, u in keys]
+            if len(self._succ_canonical) > 200_000:
+                self._succ_canonical.clear()
+            self._succ_canonical[q] = r
         return r
 
     def finishers(self, F: int, m: int, budget: Budget | None = None) -> int:
