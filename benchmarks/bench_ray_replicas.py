@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,13 +31,12 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import openai
+from _server import ROOT, free_port
 
-ROOT = Path(__file__).resolve().parents[1]
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                                            "city": {"type": "string"}}, "required": ["name", "age", "city"]}
 ASK = "Create a record with name Ada Lovelace; age 36; city London."
@@ -54,12 +52,6 @@ class RunResult:
     invalid: int
     models_ms: float  # median GET /v1/models latency
     one_request_ms: float  # median latency of one generation alone
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
@@ -147,11 +139,11 @@ def main() -> None:
     rounds: list[list[RunResult]] = []
     for _ in range(args.rounds):
         results: list[RunResult] = []
-        port = _free_port()
+        port = free_port()
         results.append(_serve([sys.executable, "-m", "dllm_constrain.serve", "--port", str(port), *server_opts],
                               port, env, "plain server", args))
         for count in (int(c) for c in args.replicas.split(",")):
-            port = _free_port()
+            port = free_port()
             command = [sys.executable, "-m", "dllm_constrain.serve.ray", "--replicas", str(count), "--port",
                        str(port), "--num-cpus-per-replica", str(args.num_cpus_per_replica), "--ray-num-cpus",
                        str(args.ray_num_cpus), *server_opts]
