@@ -20,15 +20,15 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_server(app: Any, server: uvicorn.Server | None = None) -> Iterator[str]:
+def running_server(app: Any, server: uvicorn.Server | None = None, *, wait: float = WAIT) -> Iterator[str]:
     """Serve `app` (or run `server`, already configured) in a background thread; yields the base URL (…/v1);
-    stops the server at exit (bounded)."""
+    stops the server at exit. Starting and stopping are each bounded by `wait` seconds."""
     if server is None:
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning",
                                                timeout_graceful_shutdown=5))
     thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
     thread.start()
-    deadline = time.monotonic() + WAIT
+    deadline = time.monotonic() + wait
     while not server.started:
         assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
         time.sleep(0.02)
@@ -36,7 +36,7 @@ def running_server(app: Any, server: uvicorn.Server | None = None) -> Iterator[s
         yield f"http://127.0.0.1:{server.config.port}/v1"
     finally:
         server.should_exit = True
-        thread.join(WAIT)
+        thread.join(wait)
         assert not thread.is_alive(), "the server did not stop"
 
 
