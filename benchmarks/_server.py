@@ -25,6 +25,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until_answers(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    """Polls GET `url` every half second until it answers 200. Raises RuntimeError when `proc` (the server) exits
+    first and TimeoutError when `timeout` seconds pass first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} did not answer within {timeout:g} s")
+        time.sleep(0.5)
+
+
 class ServerProcess:
     """`python -m dllm_constrain.serve --host 127.0.0.1 --port <free> --log-level warning <server_args>`, run
     from `root` (a checkout of the project, imported first through PYTHONPATH when `root` is not this one) with
@@ -40,28 +58,14 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "dllm_constrain.serve", "--host", "127.0.0.1", "--port", str(self.port),
                "--log-level", "warning", *server_args]
         self.proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        self._wait_healthy(startup_timeout)
+        try:
+            wait_until_answers(f"{self.base}/health", self.proc, startup_timeout)
+        except (RuntimeError, TimeoutError) as e:
+            tail = self.tail()
+            self.stop()
+            raise RuntimeError(f"{e}:\n{tail}") from None
         with urllib.request.urlopen(f"{self.base}/v1/models", timeout=5) as r:
             self.model_id = json.load(r)["data"][0]["id"]
-
-    def _wait_healthy(self, startup_timeout: float) -> None:
-        deadline = time.monotonic() + startup_timeout
-        while True:
-            if self.proc.poll() is not None:
-                tail = self.tail()
-                self.stop()
-                raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{tail}")
-            try:
-                with urllib.request.urlopen(f"{self.base}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                tail = self.tail()
-                self.stop()
-                raise RuntimeError(f"the server did not answer /health within {startup_timeout:g} s:\n{tail}")
-            time.sleep(0.5)
 
     @property
     def base(self) -> str:
