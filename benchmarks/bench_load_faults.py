@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from _server import free_port
+
 SECRET = "planted-secret-7c1d"
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
                                           "age": {"type": "integer", "minimum": 0, "maximum": 150}},
@@ -262,12 +264,6 @@ def run_disconnects(port: int, n: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- server
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(port: int, args: argparse.Namespace, cwd: Path) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads),
            "PYTHONPATH": str(Path(__file__).resolve().parents[1])}

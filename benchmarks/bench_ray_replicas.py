@@ -24,21 +24,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import openai
+from _server import ROOT, free_port, wait_until_answers
 
-ROOT = Path(__file__).resolve().parents[1]
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                                            "city": {"type": "string"}}, "required": ["name", "age", "city"]}
 ASK = "Create a record with name Ada Lovelace; age 36; city London."
@@ -54,27 +51,6 @@ class RunResult:
     invalid: int
     models_ms: float  # median GET /v1/models latency
     one_request_ms: float  # median latency of one generation alone
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/models", timeout=2) as reply:
-                if reply.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"{url} did not answer within {timeout:g} s")
 
 
 def _ask(client: Any, seed: int, max_tokens: int) -> tuple[float, bool]:
@@ -115,7 +91,7 @@ def _serve(command: list[str], port: int, env: dict[str, str], name: str, args: 
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}/v1"
     try:
-        _wait_ready(url, proc, timeout=300)
+        wait_until_answers(f"{url}/models", proc, timeout=300)
         return _measure(name, url, args)
     finally:
         proc.terminate()  # SIGTERM: the Ray command deletes its replicas and stops its Ray instance
@@ -147,11 +123,11 @@ def main() -> None:
     rounds: list[list[RunResult]] = []
     for _ in range(args.rounds):
         results: list[RunResult] = []
-        port = _free_port()
+        port = free_port()
         results.append(_serve([sys.executable, "-m", "dllm_constrain.serve", "--port", str(port), *server_opts],
                               port, env, "plain server", args))
         for count in (int(c) for c in args.replicas.split(",")):
-            port = _free_port()
+            port = free_port()
             command = [sys.executable, "-m", "dllm_constrain.serve.ray", "--replicas", str(count), "--port",
                        str(port), "--num-cpus-per-replica", str(args.num_cpus_per_replica), "--ray-num-cpus",
                        str(args.ray_num_cpus), *server_opts]

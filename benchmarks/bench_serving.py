@@ -34,14 +34,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import socket
-import subprocess
-import sys
-import tempfile
 import time
-import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,8 +43,8 @@ from typing import Any
 
 import jsonschema
 import numpy as np
+from _server import ServerProcess
 
-ROOT = Path(__file__).resolve().parents[1]
 HELDOUT_SEED = 10007
 
 
@@ -130,57 +124,10 @@ def check(outcome: Outcome, examples: list[dict[str, Any]], validators: list[Any
 
 
 # ---------------------------------------------------------------------------------------------- server
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
-    """`python -m dllm_constrain.serve` on 127.0.0.1 and a free port, with a bounded start-up wait."""
-
-    def __init__(self, max_batch_size: int, max_queue: int, threads: int, startup_timeout: float) -> None:
-        self.port = free_port()
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="bench_serving_", suffix=".log", delete=False)
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-        cmd = [sys.executable, "-m", "dllm_constrain.serve", "--host", "127.0.0.1", "--port", str(self.port),
-               "--max-batch-size", str(max_batch_size), "--max-queue", str(max_queue), "--log-level", "warning"]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + startup_timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.base}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the server did not answer /health within {startup_timeout:g} s:\n{self.tail()}")
-            time.sleep(0.5)
-        with urllib.request.urlopen(f"{self.base}/v1/models", timeout=5) as r:
-            self.model_id = json.load(r)["data"][0]["id"]
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def tail(self, n: int = 3000) -> str:
-        self.log.flush()
-        return Path(self.log.name).read_text()[-n:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.log.close()
-        os.unlink(self.log.name)
+def start_server(max_batch_size: int, max_queue: int, threads: int, startup_timeout: float) -> ServerProcess:
+    """The server under test, with a bounded start-up wait."""
+    return ServerProcess(["--max-batch-size", str(max_batch_size), "--max-queue", str(max_queue)], threads,
+                         startup_timeout=startup_timeout, log_prefix="bench_serving_")
 
 
 async def _one(client: Any, model_id: str, a: Arrival, e: dict[str, Any], t0: float, max_tokens: int) -> Outcome:
@@ -359,7 +306,7 @@ def main() -> None:
     print(f"{len(examples)} schemas, top-level properties: {sorted(schema_size(e['schema']) for e in examples)}",
           flush=True)
 
-    server = ServerProcess(args.max_batch_size, args.max_queue, args.threads, args.startup_timeout)
+    server = start_server(args.max_batch_size, args.max_queue, args.threads, args.startup_timeout)
     rows: list[tuple[str, str, dict[str, Any]]] = []
     ratio: dict[str, dict[str, Any]] = {}
     try:

@@ -30,17 +30,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from _server import ROOT, ServerProcess
+
 WORDS = ("alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta", "lambda", "zeta")
 
 
@@ -62,12 +60,6 @@ def distinct_schema(i: int) -> dict[str, Any]:
     }
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def rss_mb(pid: int) -> float:
     """Resident memory of process `pid` in MB (VmRSS)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -76,53 +68,12 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
-class Server:
-    """`python -m dllm_constrain.serve` on 127.0.0.1, started with a bounded wait, stopped by `stop()`."""
-
-    def __init__(self, extra_args: list[str], threads: int, root: Path = ROOT, startup_timeout: float = 300.0) -> None:
-        self.port = free_port()
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="bench_soak_", suffix=".log", delete=False)
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-        cmd = [sys.executable, "-m", "dllm_constrain.serve", "--host", "127.0.0.1", "--port", str(self.port),
-               "--log-level", "warning", *extra_args]
-        env["PYTHONPATH"] = str(root)  # `-m` imports the package from `root` (cwd) first
-        self.proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + startup_timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.base}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the server did not answer /health within {startup_timeout:g} s:\n{self.tail()}")
-            time.sleep(0.5)
-        with urllib.request.urlopen(f"{self.base}/v1/models", timeout=5) as r:
-            self.model_id = json.load(r)["data"][0]["id"]
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def tail(self, n: int = 3000) -> str:
-        self.log.flush()
-        return Path(self.log.name).read_text()[-n:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+def start_server(extra_args: list[str], threads: int, root: Path = ROOT) -> ServerProcess:
+    """The server under test, run from the checkout at `root`."""
+    return ServerProcess(extra_args, threads, root=root, log_prefix="bench_soak_")
 
 
-def ask(server: Server, schema: dict[str, Any], max_tokens: int, timeout: float) -> int:
+def ask(server: ServerProcess, schema: dict[str, Any], max_tokens: int, timeout: float) -> int:
     """One constrained chat request: the HTTP status (200, or the error's status)."""
     body = {"model": server.model_id, "max_tokens": max_tokens, "temperature": 0, "seed": 0,
             "messages": [{"role": "user", "content": "Fill in the record."}],
@@ -142,7 +93,7 @@ def soak(args: argparse.Namespace, cache_mb: str) -> tuple[list[tuple[int, float
     """Serve `args.schemas` distinct schemas with the compile-cache budget `cache_mb` ("default": the server's);
     [(schemas served, resident MB)] and the count of each status."""
     extra = [] if cache_mb == "default" else ["--compile-cache-memory", f"{float(cache_mb):g}MB"]
-    server = Server(extra, args.threads, Path(args.server_root))
+    server = start_server(extra, args.threads, Path(args.server_root))
     samples: list[tuple[int, float]] = []
     statuses: dict[int, int] = {}
     t_end = time.monotonic() + args.max_seconds

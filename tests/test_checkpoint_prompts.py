@@ -19,20 +19,7 @@ from checkpoints import build_dream_instruct, build_llada, build_llada_instruct
 from dllm_constrain.cli import main
 from dllm_constrain.errors import InvalidRequestError
 from dllm_constrain.serve.chat import ChatFormatter
-
-
-@pytest.fixture(scope="module")
-def llada(tmp_path_factory: pytest.TempPathFactory) -> dc.LLM:
-    folder = tmp_path_factory.mktemp("llada_instruct")
-    build_llada_instruct(folder, seed=3)
-    return dc.LLM(folder, freeze_gc_heap=False)
-
-
-@pytest.fixture(scope="module")
-def dream(tmp_path_factory: pytest.TempPathFactory) -> dc.LLM:
-    folder = tmp_path_factory.mktemp("dream_instruct")
-    build_dream_instruct(folder, seed=5)
-    return dc.LLM(folder, freeze_gc_heap=False)
+from llm_fixtures import dream, llada  # noqa: F401 - module-scoped fixtures, used by name
 
 
 def _id(llm: dc.LLM, token: str) -> int:

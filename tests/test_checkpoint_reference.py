@@ -30,7 +30,8 @@ from hypothesis import strategies as st
 
 import dllm_constrain as dc
 from dllm_constrain.engine.policies import linspace_count
-from checkpoints import build_dream_instruct, build_llada_instruct
+from checkpoints import build_dream_instruct
+from llm_fixtures import dream, llada  # noqa: F401 - module-scoped fixtures, used by name
 
 
 def _banned(llm: dc.LLM) -> torch.Tensor:
@@ -99,20 +100,6 @@ def _until_stop(ids: list[int], stops: set[int]) -> list[int]:
 
 def _stops(llm: dc.LLM) -> set[int]:
     return {llm.model.special.eos_id, *llm.defaults.stop_token_ids}
-
-
-@pytest.fixture(scope="module")
-def llada(tmp_path_factory: pytest.TempPathFactory) -> dc.LLM:
-    folder = tmp_path_factory.mktemp("llada_instruct")
-    build_llada_instruct(folder, seed=3)
-    return dc.LLM(folder, freeze_gc_heap=False)
-
-
-@pytest.fixture(scope="module")
-def dream(tmp_path_factory: pytest.TempPathFactory) -> dc.LLM:
-    folder = tmp_path_factory.mktemp("dream_instruct")
-    build_dream_instruct(folder, seed=5)
-    return dc.LLM(folder, freeze_gc_heap=False)
 
 
 @pytest.mark.parametrize(("prompt", "gen_length", "block_length", "steps"),

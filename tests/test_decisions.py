@@ -11,22 +11,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import dllm_constrain as dc
 from dllm_constrain.decisions import MAX_JOINT_QUESTIONS, Question, question_from_dict, regex_literal
 from dllm_constrain.engine.state import POLICY_NAMES
 from dllm_constrain.errors import InvalidRequestError
+from llm_fixtures import bundled, tiny  # noqa: F401 - module-scoped fixtures, used by name
 
 WORDS = ["yes", "no", "red", "green", "blue", "New York", "a", "ab", "abc", "7"]
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_llada, tiny_tokenizer):
-    return dc.LLM.from_model(tiny_llada, tiny_tokenizer, freeze_gc_heap=False)
-
-
-@pytest.fixture(scope="module")
-def bundled():
-    return dc.LLM()
 
 
 questions_st = st.lists(

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import dllm_constrain as dc
 from dllm_constrain.engine.llm_engine import LLMEngine
 from dllm_constrain.engine.state import POLICY_NAMES, Request, SamplingParams
 from dllm_constrain.errors import InvalidRequestError, PinnedTokenError
 from dllm_constrain.templates import TemplateError, parse_template
+from llm_fixtures import bundled, tiny  # noqa: F401 - module-scoped fixtures, used by name
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -24,16 +24,6 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
 ASK = "Create a record with name Ada Lovelace; age 36; city London."
 CODE = r"[a-c]{2}-[0-9]{3}"  # one fixed-length shape: a 6-byte canvas holds exactly one answer
 SLOW = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_llada, tiny_tokenizer):
-    return dc.LLM.from_model(tiny_llada, tiny_tokenizer, freeze_gc_heap=False)
-
-
-@pytest.fixture(scope="module")
-def bundled():
-    return dc.LLM()
 
 
 # ------------------------------------------------------------------------------------------- pins hold

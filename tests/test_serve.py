@@ -7,9 +7,7 @@ templates, the worker's queue) are tested without HTTP.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -24,8 +22,6 @@ pytest.importorskip("uvicorn", reason="the server needs uvicorn (pip install fas
 openai = pytest.importorskip("openai", reason="the server tests drive it with the openai client (pip install openai)")
 jsonschema = pytest.importorskip("jsonschema")
 
-import uvicorn  # noqa: E402
-
 from dllm_constrain.serve.app import build_app  # noqa: E402
 from dllm_constrain.serve.backend import (  # noqa: E402
     ConstraintSpec,
@@ -35,6 +31,7 @@ from dllm_constrain.serve.backend import (  # noqa: E402
 )
 from dllm_constrain.serve.chat import ChatFormatter  # noqa: E402
 from dllm_constrain.serve.streaming import CommittedText  # noqa: E402
+from serve_support import running_server  # noqa: E402
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
           "required": ["name", "age"]}
@@ -43,32 +40,6 @@ WAIT = 30.0  # bound on every wait in this module
 
 
 # ---------------------------------------------------------------------------------------------- fixtures
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def running_server(app: Any) -> Iterator[str]:
-    """Serve `app` on a free port in a background thread; yields the base URL; stops the server at exit."""
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           timeout_graceful_shutdown=5))
-    thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + WAIT
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(WAIT)
-        assert not thread.is_alive(), "the server did not stop"
-
-
 def _client(base_url: str) -> Any:
     return openai.OpenAI(base_url=base_url, api_key="x", timeout=WAIT, max_retries=0)
 

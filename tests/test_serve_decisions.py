@@ -6,9 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +22,7 @@ jsonschema = pytest.importorskip("jsonschema")
 
 from dllm_constrain.serve.app import build_app  # noqa: E402
 from dllm_constrain.serve.backend import EngineBackend  # noqa: E402
+import serve_support  # noqa: E402
 
 WAIT = 60.0  # bound on every wait in this module
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
@@ -33,26 +31,9 @@ ASK = "Create a record with name Ada Lovelace; age 36; city London."
 TEMPLATE = '{"name":"Ada","age":<hole:2>,"city":"<hole:..6>'  # compact: the server compiles compact JSON
 
 
-@contextlib.contextmanager
-def running_server(app: Any) -> Iterator[str]:
+def running_server(app: Any) -> contextlib.AbstractContextManager[str]:
     """Serve `app` on a free 127.0.0.1 port in a background thread; yields the base URL; stops at exit."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           timeout_graceful_shutdown=5))
-    thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + WAIT
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(WAIT)
-        assert not thread.is_alive(), "the server did not stop"
+    return serve_support.running_server(app, wait=WAIT)
 
 
 @pytest.fixture(scope="module")

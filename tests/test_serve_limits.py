@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -27,8 +26,6 @@ pytest.importorskip("uvicorn", reason="the server needs uvicorn (pip install fas
 from dllm_constrain.serve.admission import Drain  # noqa: E402
 from dllm_constrain.serve.app import build_app  # noqa: E402
 from dllm_constrain.serve.backend import (  # noqa: E402
-    Completion,
-    Done,
     EngineBackend,
     Failed,
     GenerationRequest,
@@ -37,7 +34,7 @@ from dllm_constrain.serve.backend import (  # noqa: E402
 from dllm_constrain.serve.errors import RequestAbortedError  # noqa: E402
 from dllm_constrain.serve.limits import MAX_JSON_DEPTH, ServeLimits  # noqa: E402
 from dllm_constrain.serve.shutdown import ShutdownPlan, make_server  # noqa: E402
-from serve_support import WAIT, free_port, post, running_server  # noqa: E402
+from serve_support import WAIT, InstantBackend, free_port, post, running_server  # noqa: E402
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
           "required": ["name", "age"]}
@@ -50,30 +47,7 @@ def llm() -> Any:
     return dc.LLM()
 
 
-class _InstantBackend:
-    """Answers every request at once with "7" and remembers what it was asked (no model)."""
-
-    model_id = "instant"
-
-    def __init__(self) -> None:
-        self.requests: list[GenerationRequest] = []
-
-    def start(self) -> None:
-        pass
-
-    def close(self, timeout: float = 10.0) -> None:
-        pass
-
-    def submit(self, request: GenerationRequest) -> RequestHandle:
-        self.requests.append(request)
-        handle = RequestHandle(f"i-{len(self.requests)}", request, asyncio.get_running_loop())
-        result = SimpleNamespace(nfe=0, forced_tokens=0, remasks=0, backtracks=0, steps=0, tokens_per_forward=0.0,
-                                 wall_time=0.0, finish_reason="eos")
-        handle.publish(Done(Completion("7", "stop", 1, 1, result)))  # type: ignore[arg-type]
-        return handle
-
-
-class _HangingBackend(_InstantBackend):
+class _HangingBackend(InstantBackend):
     """Takes requests into its 'engine' at once and never finishes them; `close` fails them as a shutdown does."""
 
     model_id = "hanging"
@@ -104,7 +78,7 @@ def _error(text: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------- bodies
 def test_a_body_over_the_limit_is_413_whether_declared_or_chunked() -> None:
-    backend = _InstantBackend()
+    backend = InstantBackend()
     with running_server(build_app(backend, limits=ServeLimits(max_body_bytes=2000))) as url:
         big = {"prompt": "x" * 5000, "max_tokens": 8}
         for chunked in (False, True):
@@ -116,7 +90,7 @@ def test_a_body_over_the_limit_is_413_whether_declared_or_chunked() -> None:
 
 
 def test_a_body_that_is_not_declared_json_is_415_and_an_undeclared_one_is_read_as_json() -> None:
-    backend = _InstantBackend()
+    backend = InstantBackend()
     body = json.dumps({"prompt": "x", "max_tokens": 8}).encode()
     with running_server(build_app(backend)) as url:
         for content_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
@@ -137,7 +111,7 @@ def test_a_body_that_is_not_declared_json_is_415_and_an_undeclared_one_is_read_a
     b'"just a string"',
 ], ids=["deep-array", "deep-field", "huge-integer", "bad-utf8", "truncated", "empty", "not-an-object"])
 def test_a_malformed_body_is_a_400(raw: bytes) -> None:
-    backend = _InstantBackend()
+    backend = InstantBackend()
     with running_server(build_app(backend)) as url:
         status, _, text = post(url + "/completions", raw, headers={"Content-Type": "application/json"})
     assert status == 400 and _error(text)["code"] == "invalid_request", text
@@ -145,7 +119,7 @@ def test_a_malformed_body_is_a_400(raw: bytes) -> None:
 
 
 def test_neutral_values_of_unimplemented_fields_are_accepted() -> None:
-    backend = _InstantBackend()
+    backend = InstantBackend()
     neutral = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "ignore_eos": False, "stop_token_ids": [],
                "min_tokens": 0, "logprobs": False, "top_logprobs": 0, "top_p": 1, "user": "someone"}
     with running_server(build_app(backend)) as url:
@@ -158,7 +132,7 @@ def test_neutral_values_of_unimplemented_fields_are_accepted() -> None:
                                          ("min_p", 0.1), ("repetition_penalty", 1.2), ("ignore_eos", True),
                                          ("stop_token_ids", [3]), ("min_tokens", 4)])
 def test_an_output_changing_field_the_server_does_not_implement_is_a_400(field: str, value: Any) -> None:
-    backend = _InstantBackend()
+    backend = InstantBackend()
     with running_server(build_app(backend)) as url:
         status, _, text = post(url + "/chat/completions", {"messages": [{"role": "user", "content": "x"}], field: value})
     assert status == 400 and _error(text)["param"] == field, text
@@ -167,7 +141,7 @@ def test_an_output_changing_field_the_server_does_not_implement_is_a_400(field: 
 
 # ---------------------------------------------------------------------------------------------- prompt length
 def test_a_prompt_longer_than_any_that_fits_is_refused_before_it_reaches_the_backend() -> None:
-    backend = _InstantBackend()
+    backend = InstantBackend()
     with running_server(build_app(backend, limits=ServeLimits(max_prompt_chars=1000))) as url:
         status, _, text = post(url + "/completions", {"prompt": "x" * 1001, "max_tokens": 8})
         assert status == 400 and _error(text)["code"] == "context_length_exceeded", text
@@ -237,7 +211,7 @@ def test_a_draining_server_refuses_requests_and_reports_draining_on_health_with_
 
     drain = Drain()
     drain.begin()
-    backend = _InstantBackend()
+    backend = InstantBackend()
     with running_server(build_app(backend, drain=drain)) as url:
         status, headers, text = post(url + "/completions", {"prompt": "x", "max_tokens": 8})
         assert status == 503 and _error(text)["code"] == "server_shutting_down" and "retry-after" in headers

@@ -7,7 +7,6 @@ not). The Python API's `load_grammar(path)` still reads files (its caller is the
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from pathlib import Path
@@ -21,10 +20,9 @@ from dllm_constrain.constraints.cfg import load_spec  # noqa: E402
 from dllm_constrain.errors import InvalidGrammarError  # noqa: E402
 from dllm_constrain.grammars import load_grammar  # noqa: E402
 from dllm_constrain.serve.app import build_app  # noqa: E402
-from dllm_constrain.serve.backend import Done, GenerationRequest, RequestHandle  # noqa: E402
 from dllm_constrain.serve.errors import GrammarNotAllowed  # noqa: E402
 from dllm_constrain.serve.grammar_access import GrammarAccess  # noqa: E402
-from serve_support import post, running_server  # noqa: E402
+from serve_support import InstantBackend, post, running_server  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -130,40 +128,13 @@ def test_the_python_api_reads_files_and_refuses_binary_ones_with_a_typed_error(h
 
 
 # ---------------------------------------------------------------------------------------------- over HTTP
-class _RecordingBackend:
-    """Answers every request at once with an empty completion and remembers what it was asked (no model)."""
-
-    model_id = "recording"
-
-    def __init__(self) -> None:
-        self.requests: list[GenerationRequest] = []
-
-    def start(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def submit(self, request: GenerationRequest) -> RequestHandle:
-        from types import SimpleNamespace
-
-        from dllm_constrain.serve.backend import Completion
-
-        self.requests.append(request)
-        handle = RequestHandle(f"rec-{len(self.requests)}", request, asyncio.get_running_loop())
-        result = SimpleNamespace(nfe=0, forced_tokens=0, remasks=0, backtracks=0, steps=0, tokens_per_forward=0.0,
-                                 wall_time=0.0, finish_reason="eos")
-        handle.publish(Done(Completion("7", "stop", 1, 1, result)))  # type: ignore[arg-type]
-        return handle
-
-
 def _post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     status, _, text = post(url + "/completions", body)
     return status, json.loads(text)
 
 
 def test_path_attacks_over_http_are_400s_without_file_content(host_files: dict[str, Path]) -> None:
-    backend = _RecordingBackend()
+    backend = InstantBackend()
     app = build_app(backend, grammars=GrammarAccess(host_files["allowed"]))
     with running_server(app) as url:
         for attack in _path_attacks(host_files):
