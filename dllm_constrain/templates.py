@@ -26,6 +26,9 @@ from dllm_constrain.engine.state import SamplingParams
 from dllm_constrain.errors import InvalidRequestError
 
 HOLE_MARKER = re.compile(r"<hole(?::(\.\.)?([0-9]+))?>")
+# the most open positions a template's holes may ask for together: checked before the canvas is built (a longer
+# canvas than any model's context is refused later anyway, but `<hole:1000000000>` must not allocate first)
+MAX_HOLE_TOKENS = 1 << 16
 
 
 class TemplateError(InvalidRequestError):
@@ -71,6 +74,9 @@ def parse_template(text: str, hole_length: int = 8) -> list[str | Hole]:
         if isinstance(p, str) and "<hole" in p:
             raise TemplateError(f"template: {p[p.index('<hole'):][:16]!r} is not a hole marker; write <hole>, "
                                 "<hole:N> or <hole:..N> (or give seed_canvas / pinned token ids)")
+    total = sum(p.length for p in parts if isinstance(p, Hole))
+    if total > MAX_HOLE_TOKENS:
+        raise TemplateError(f"template: its holes ask for {total} tokens; at most {MAX_HOLE_TOKENS} are allowed")
     if not any(isinstance(p, Hole) for p in parts):
         raise TemplateError("template has no hole (<hole>, <hole:N> or <hole:..N>): nothing to generate")
     for i, p in enumerate(parts[:-1]):

@@ -388,10 +388,8 @@ class RequestState:
 
     def first_stop(self, eos_id: int) -> int | None:
         """The first committed position holding EOS or one of the request's stop ids, or None."""
-        stops = (self.canvas == eos_id)
-        for tok in self.params.stop_token_ids:
-            stops |= self.canvas == tok
-        at = (stops & self.committed).nonzero()
+        stop_ids = torch.tensor((eos_id, *self.params.stop_token_ids), dtype=self.canvas.dtype)
+        at = (torch.isin(self.canvas, stop_ids) & self.committed).nonzero()
         return int(at[0, 0]) if at.numel() else None
 
     def commit(self, positions: list[int], tokens: list[int]) -> None:

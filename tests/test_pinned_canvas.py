@@ -211,3 +211,12 @@ def test_a_record_template_is_refused_exactly_when_no_fill_of_its_hole_is_schema
             engine.add_request(request)
         # everything left of the changed character is the valid record: the first unfit pin is not before it
         assert not engine.has_unfinished() and err.value.position >= at
+
+
+def test_holes_asking_for_more_tokens_than_any_canvas_are_refused_before_a_canvas_is_built() -> None:
+    from dllm_constrain.templates import MAX_HOLE_TOKENS
+
+    with pytest.raises(TemplateError, match="at most"):
+        parse_template('{"a": <hole:1000000000>}')
+    with pytest.raises(TemplateError, match="at most"):
+        parse_template("<hole> and <hole>", hole_length=MAX_HOLE_TOKENS)

@@ -290,3 +290,13 @@ def _wait_until_up(url: str, proc: subprocess.Popen) -> None:
                 return
         except OSError:
             time.sleep(0.2)
+
+
+def test_the_prompt_bound_counts_the_characters_of_chat_messages_together() -> None:
+    """Messages handed to a checkpoint's own chat template are bounded by their contents, not by how many there are."""
+    from dllm_constrain.errors import PromptTooLongError
+
+    limits = ServeLimits(max_prompt_chars=100)
+    limits.check_prompt([{"role": "user", "content": "x" * 60}, {"role": "assistant", "content": None}])
+    with pytest.raises(PromptTooLongError):
+        limits.check_prompt([{"role": "system", "content": "x" * 60}, {"role": "user", "content": "y" * 41}])

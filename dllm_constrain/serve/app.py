@@ -182,7 +182,7 @@ def build_app(backend: Backend, *, chat: ChatFormatter | None = None, request_ti
     async def completions(request: Request) -> Any:
         return await serve(request, "text")
 
-    register_decisions_route(app, backend)
+    register_decisions_route(app, backend, limits)
     return app
 
 

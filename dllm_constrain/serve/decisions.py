@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from dllm_constrain.decisions import Decision, DecisionResult, Question
 from dllm_constrain.serve.errors import ModelNotFound, QueueFullError, error_info
+from dllm_constrain.serve.limits import ServeLimits
 from dllm_constrain.serve.protocol import parse_body
 
 MAX_CONCURRENT = 4
@@ -139,8 +140,9 @@ def response_body(model_id: str, result: DecisionResult) -> dict[str, Any]:
     }
 
 
-def register_decisions_route(app: FastAPI, backend: Any) -> None:
-    """Serve `POST /v1/decisions` on `app` (501 when `backend` has no LLM to answer with)."""
+def register_decisions_route(app: FastAPI, backend: Any, limits: ServeLimits | None = None) -> None:
+    """Serve `POST /v1/decisions` on `app` (501 when `backend` has no LLM to answer with); `limits` bounds the input
+    text as it bounds a completion's prompt."""
     slots = threading.BoundedSemaphore(MAX_CONCURRENT)
 
     @app.post("/v1/decisions")
@@ -154,21 +156,26 @@ def register_decisions_route(app: FastAPI, backend: Any) -> None:
             if body.model is not None and body.model != backend.model_id:
                 raise ModelNotFound(f"the model {body.model!r} does not exist; this server serves "
                                     f"{backend.model_id!r}", param="model")
+            options: dict[str, Any] = {"seed": body.seed}
+            if body.temperature is not None:
+                options["temperature"] = body.temperature
+            questions = [to_question(q) for q in body.questions]
+            text = input_text(body.input)
+            if limits is not None:
+                limits.check_prompt(text)
             if not slots.acquire(blocking=False):
                 raise QueueFullError(f"{MAX_CONCURRENT} decision calls are running; retry later")
             try:
-                options: dict[str, Any] = {"seed": body.seed}
-                if body.temperature is not None:
-                    options["temperature"] = body.temperature
-                questions = [to_question(q) for q in body.questions]
-                result = await asyncio.get_running_loop().run_in_executor(
-                    None, lambda: backend.llm.decide(input_text(body.input), questions, joint=body.joint,
-                                                     **options))
-            finally:
+                work = asyncio.get_running_loop().run_in_executor(
+                    None, lambda: backend.llm.decide(text, questions, joint=body.joint, **options))
+            except BaseException:
                 slots.release()
+                raise
+            # the slot is free when the call ends, not when a client that hung up stops waiting for it
+            work.add_done_callback(lambda _: slots.release())
+            result = await work
             return JSONResponse(response_body(backend.model_id, result))
         except Exception as exc:
             info = error_info(exc, constraint_param="questions", prompt_param="input")
-            headers = {"Retry-After": "1"} if info.status == 429 else None
-            return JSONResponse(info.body(), status_code=info.status, headers=headers)
+            return JSONResponse(info.body(), status_code=info.status, headers=info.headers())
 

@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,11 +42,15 @@ class ServeLimits:
         if self.max_queue_time is not None and self.max_queue_time <= 0:
             raise ValueError("max_queue_time must be > 0")
 
-    def check_prompt(self, text: str) -> None:
-        """PromptTooLongError when `text` has more characters than any prompt that fits the context."""
-        if self.max_prompt_chars is not None and len(text) > self.max_prompt_chars:
+    def check_prompt(self, prompt: str | Sequence[Mapping[str, Any]]) -> None:
+        """PromptTooLongError when `prompt` (text, or chat messages for the checkpoint's own template: their contents
+        counted together) has more characters than any prompt that fits the context."""
+        if self.max_prompt_chars is None:
+            return
+        n = len(prompt) if isinstance(prompt, str) else sum(len(str(m.get("content") or "")) for m in prompt)
+        if n > self.max_prompt_chars:
             raise PromptTooLongError(
-                f"the prompt has {len(text)} characters; no prompt over {self.max_prompt_chars} characters fits the "
+                f"the prompt has {n} characters; no prompt over {self.max_prompt_chars} characters fits the "
                 "model's context with this tokenizer")
 
 
