@@ -131,7 +131,9 @@ class ChatTemplate:
         try:
             return self._template.render(messages=plain, add_generation_prompt=add_generation_prompt,
                                          **self.special_tokens)
-        except TemplateError as exc:
+        except (TemplateError, TypeError, ValueError, KeyError, IndexError) as exc:
+            # the template's own raise_exception, or its code tripping over what a message holds (a field of an
+            # unexpected type): either way these messages, not the server, are at fault
             raise InvalidRequestError(f"the checkpoint's chat template refused the messages: {exc}") from None
 
     def end_of_turn_tokens(self) -> tuple[str, ...]:

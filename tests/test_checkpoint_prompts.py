@@ -154,3 +154,11 @@ def test_the_reference_preset_is_refused_for_a_family_without_a_reference_loop(t
     llm = dc.LLM(build_diffusion_gemma(tmp_path), freeze_gc_heap=False)
     with pytest.raises(InvalidRequestError, match="diffusion_gemma"):
         llm.generate("Hi", max_new_tokens=8, preset="reference")
+
+
+def test_a_template_that_trips_over_a_message_is_a_typed_error_not_a_crash() -> None:
+    from dllm_constrain.chat_template import ChatTemplate
+
+    template = ChatTemplate("{% for m in messages %}{{ m['content'] + 1 }}{% endfor %}")
+    with pytest.raises(InvalidRequestError, match="chat template refused"):
+        template.render([{"role": "user", "content": "Hi"}])
