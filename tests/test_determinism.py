@@ -187,3 +187,19 @@ def test_masks_on_a_worker_thread_give_the_serial_tokens_when_no_token_is_forced
     for job in JOBS:
         job = dict(job, forced_tokens=False)
         assert _engine_run(llm, job, mask_workers=1) == _engine_run(llm, job, mask_workers=0)
+
+
+def test_a_work_limit_refusal_is_cached_since_the_same_constraint_meets_it_again(info, monkeypatch) -> None:
+    from dllm_constrain.constraints import compiler as compiler_mod
+    from dllm_constrain.constraints.compile_cache import CompileCache
+
+    big = {"type": "object", "properties": {f"k{i}": {"type": "string", "maxLength": 20} for i in range(30)}}
+    monkeypatch.setattr(compiler_mod, "COMPILE_WORK", 5)
+    cache = CompileCache()
+    compiler = ConstraintCompiler(info, cache=cache)
+    messages = []
+    for _ in range(2):
+        with pytest.raises(CompilationWorkLimitError) as e:
+            compiler.compile_json_schema(big)
+        messages.append(str(e.value))
+    assert messages[0] == messages[1] and len(cache) == 1 and cache.misses == 1

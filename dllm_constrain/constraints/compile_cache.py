@@ -15,7 +15,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import CompilationTimeoutError, ConstraintError, InvalidRequestError
+from ..errors import CompilationTimeoutError, CompilationWorkLimitError, ConstraintError, InvalidRequestError
 from .byte_lru import ByteLRU, deep_size
 from .deadline import pause_point
 
@@ -155,6 +155,8 @@ def _build_or_refusal(build: Callable[[], Any]) -> Any:
     try:
         gc.disable()  # compilation allocates many small acyclic objects: skip the cyclic collector
         return build()
+    except CompilationWorkLimitError as e:
+        return e  # the work limit is a constant: the same constraint meets it again, so the refusal is cached
     except CompilationTimeoutError:
         raise  # not cached: a later call with more time compiles again
     except ConstraintError as e:
