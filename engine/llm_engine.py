@@ -988,7 +988,7 @@ class LLMEngine:
         """Stop if the answer has ended (fill the tail with EOS); otherwise move past completed blocks."""
         eos = self.special.eos_id
         while not s.done:
-            first = s.first_stop(eos)  # EOS or a stop id (the answer ends there; the tail becomes EOS)
+            first = self._answer_end(s)  # EOS or a stop id (the answer ends there; the tail becomes EOS)
             if first is not None and bool(s.committed[:first].all()):
                 s.canvas[first:] = eos
                 s.committed[first:] = True
@@ -1002,6 +1002,19 @@ class LLMEngine:
             s.block += 1
             s.block_step = 0
             s.schedule_step = 0
+
+    def _answer_end(self, s: RequestState) -> int | None:
+        """The first committed EOS or stop id that ends the answer. Under a constraint a stop id other than EOS ends
+        it only where the constraint accepts the text before it as a whole output; elsewhere it is content (a stop
+        id the constraint allows mid-answer must not cut the answer into an invalid one)."""
+        eos = self.special.eos_id
+        for p in s.stop_positions(eos):
+            if s.constraint is None or int(s.canvas[p]) == eos:
+                return p
+            ended = s.canvas_view(self.special.mask_id)[:p] + [eos] * (s.canvas_len - p)
+            if s.constraint.is_completable(ended):
+                return p
+        return None
 
     # ------------------------------------------------------------------ outputs
     def _event(self, states: list[RequestState]) -> StepEvent:

@@ -386,11 +386,10 @@ class RequestState:
         """The canvas as constraints see it: committed ids, mask_id at every open position."""
         return torch.where(self.committed, self.canvas, torch.full_like(self.canvas, mask_id)).tolist()
 
-    def first_stop(self, eos_id: int) -> int | None:
-        """The first committed position holding EOS or one of the request's stop ids, or None."""
+    def stop_positions(self, eos_id: int) -> list[int]:
+        """The committed positions holding EOS or one of the request's stop ids, in canvas order."""
         stop_ids = torch.tensor((eos_id, *self.params.stop_token_ids), dtype=self.canvas.dtype)
-        at = (torch.isin(self.canvas, stop_ids) & self.committed).nonzero()
-        return int(at[0, 0]) if at.numel() else None
+        return (torch.isin(self.canvas, stop_ids) & self.committed).nonzero().flatten().tolist()
 
     def commit(self, positions: list[int], tokens: list[int]) -> None:
         for pos, tok in zip(positions, tokens):

@@ -19,7 +19,7 @@ from checkpoints import build_dream_instruct, build_llada, build_llada_instruct
 from dllm_constrain.cli import main
 from dllm_constrain.errors import InvalidRequestError
 from dllm_constrain.serve.chat import ChatFormatter
-from llm_fixtures import dream, llada  # noqa: F401 - module-scoped fixtures, used by name
+from llm_fixtures import bundled, dream, llada  # noqa: F401 - module-scoped fixtures, used by name
 
 
 def _id(llm: dc.LLM, token: str) -> int:
@@ -162,3 +162,13 @@ def test_a_template_that_trips_over_a_message_is_a_typed_error_not_a_crash() -> 
     template = ChatTemplate("{% for m in messages %}{{ m['content'] + 1 }}{% endfor %}")
     with pytest.raises(InvalidRequestError, match="chat template refused"):
         template.render([{"role": "user", "content": "Hi"}])
+
+
+def test_under_a_constraint_a_stop_id_that_is_content_does_not_cut_the_answer(bundled: dc.LLM) -> None:
+    """A stop id ends a constrained answer only where the constraint accepts what stands before it: the answer's
+    first token, given as a stop id, is content there (cutting at it would leave an invalid, empty answer)."""
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    prompt = "Create a record with name Ada Lovelace."
+    [full] = bundled.generate(prompt, schema=schema, seed=0)
+    [same] = bundled.generate(prompt, schema=schema, seed=0, stop_token_ids=[full.token_ids[0]])
+    assert same.text == full.text and json.loads(same.text) == json.loads(full.text)
