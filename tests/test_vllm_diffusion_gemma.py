@@ -165,7 +165,8 @@ def test_admission_claims_a_diffusion_models_constraint_only_when_enabled(monkey
 
     hf_tok = PreTrainedTokenizerFast(tokenizer_object=build_tiny_tokenizer(), eos_token="<|eos|>")
     config = SimpleNamespace(logits_processors=None, is_diffusion=True, tokenizer="tiny-test-diffusion",
-                             tokenizer_revision=None, get_vocab_size=lambda: 260)
+                             tokenizer_revision=None, get_vocab_size=lambda: 260,
+                             architectures=["DiffusionGemmaForBlockDiffusion"])
 
     def request() -> SimpleNamespace:
         return SimpleNamespace(structured_outputs=SimpleNamespace(json=PERSON, json_object=None, regex=None,
@@ -186,6 +187,10 @@ def test_admission_claims_a_diffusion_models_constraint_only_when_enabled(monkey
     spec = claim(params, config, hf_tok)
     assert params.structured_outputs is None and params.extra_args[EXTRA_KEY] == spec
     assert json.loads(spec["source"]) == PERSON
+    other = SimpleNamespace(**{**vars(config), "architectures": ["AnotherDiffusionModel"]})
+    assert not is_enabled_for(other)  # no sampler of ours there: its constraint would go unapplied
+    with pytest.raises(refusals, match="constrains only"):
+        claim(request(), other, hf_tok)
 
 
 # ---------------------------------------------------------------------------------------------- vLLM's classes

@@ -56,12 +56,18 @@ def is_enabled_for(model_config: Any) -> bool:
     constrained sampler (`diffusion_enabled`; vLLM's V2 runner, which diffusion models need, loads no V1 logits
     processor, so there the environment is the switch)."""
     if getattr(model_config, "is_diffusion", False) and diffusion_enabled():
-        return True
+        return _has_our_sampler(model_config)
     for lp in getattr(model_config, "logits_processors", None) or ():
         name = lp if isinstance(lp, str) else f"{getattr(lp, '__module__', '')}:{getattr(lp, '__qualname__', '')}"
         if name.startswith(PROCESSOR_MODULE):
             return True
     return False
+
+
+def _has_our_sampler(model_config: Any) -> bool:
+    """Only DiffusionGemma's architecture is registered with our sampler: another diffusion model would take a
+    constraint and never apply it."""
+    return DIFFUSION_ARCH in (getattr(model_config, "architectures", None) or ())
 
 
 def _validation_error(message: str):
@@ -91,6 +97,10 @@ def claim(params: Any, model_config: Any = None, tokenizer: Any = None) -> dict 
         return (getattr(params, "extra_args", None) or {}).get(EXTRA_KEY)
     if model_config is not None and getattr(model_config, "is_diffusion", False) and not diffusion_enabled():
         raise _validation_error(DIFFUSION_REFUSAL)
+    if model_config is not None and getattr(model_config, "is_diffusion", False) and not _has_our_sampler(model_config):
+        raise _validation_error(f"dllm_constrain constrains only {DIFFUSION_ARCH} among vLLM's diffusion models; this "
+                                f"model is {list(getattr(model_config, 'architectures', None) or ())}: remove "
+                                "response_format, or serve it with dllm-constrain's own server (docs/vllm.md)")
     if model_config is not None and tokenizer is not None:
         from ..errors import ConstraintError
 
