@@ -242,6 +242,11 @@ class Scheduler:
     def _overdue(self, entry: SeqEntry) -> bool:
         return entry.waited(self.step_count) >= self.config.max_wait_steps
 
+    def _starved(self, entry: SeqEntry) -> bool:
+        """A running request that has not taken a step for the wait bound (since its admission or its last step)."""
+        served = max(entry.last_served, entry.admitted_at if entry.admitted_at is not None else -1)
+        return self.step_count - served > self.config.max_wait_steps
+
     def schedule(self, cost: PhaseCost | None = None) -> list[SeqEntry]:
         """Plan this step: admit waiting requests and pick the running requests that take the forward
         (`scheduled`, in the step's order). `cost(request_id)` is a running request's phase cost for this step
@@ -287,19 +292,32 @@ class Scheduler:
                 room[0] -= tokens
 
         costs: dict[int, int] = {}
-        admitted = self._admit(room, overdue_only=True, costs=costs)
-        chosen = list(admitted)
-        for entry in sorted(self.running, key=SeqEntry.order_key):
-            if entry in admitted:
-                continue
+        chosen: list[SeqEntry] = []
+        deferred: list[SeqEntry] = []
+
+        def serve(entry: SeqEntry) -> None:
             c = max(0, int(cost(entry.request_id)))
             if fits(c):
                 take(c)
                 costs[entry.request_id] = c
                 chosen.append(entry)
             else:
-                entry.deferred += 1
-                self.stats.deferrals += 1
+                deferred.append(entry)
+
+        running = sorted(self.running, key=SeqEntry.order_key)
+        # a running request unserved for the wait bound goes even before overdue arrivals, so that a stream of
+        # them can never hold it back for good
+        starved = [e for e in running if self._starved(e)]
+        for entry in starved:
+            serve(entry)
+        admitted = self._admit(room, overdue_only=True, costs=costs)
+        chosen += admitted
+        for entry in running:
+            if entry not in starved:
+                serve(entry)
+        for entry in deferred:
+            entry.deferred += 1
+            self.stats.deferrals += 1
         more = self._admit(room, costs=costs)
         self.scheduled = chosen + more
         self._step_costs = costs

@@ -124,6 +124,23 @@ def test_an_overdue_arrival_goes_before_the_running_requests_on_the_step_budget(
     assert sched.scheduled[0].request_id == a  # the deferred request goes first at the next step
 
 
+def test_a_stream_of_overdue_arrivals_cannot_hold_a_running_request_back_past_the_wait_bound() -> None:
+    """Every step a new arrival turns overdue and would fill the step budget on its own: the running request still
+    takes a step at least once every max_wait_steps + 1 steps."""
+    sched = Scheduler(SchedulerConfig(max_num_seqs=None, max_wait_steps=2, max_step_tokens=100))
+    a = sched.add(60)
+    sched.schedule()
+    refresh = lambda rid: 60  # noqa: E731  (every request refreshes every step: two never fit together)
+    served = []
+    for step in range(40):
+        sched.add(60)
+        sched.schedule(refresh)
+        if a in {e.request_id for e in sched.scheduled}:
+            served.append(step)
+    gaps = [b - a_ for a_, b in zip([-1] + served, served)]
+    assert served and max(gaps) <= 3 and 40 - served[-1] <= 3
+
+
 def test_a_burst_of_refreshes_is_staggered_and_running_reuse_steps_go_on() -> None:
     """Four running requests in Reuse (8 tokens each) and a burst of six 100-token arrivals under a 300-token step
     budget: every step serves the running ones and admits only the Refreshes that fit (2 per step)."""
