@@ -46,7 +46,13 @@ import torch
 from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.gil_share import loop_activity
 from dllm_constrain.engine.kv_cache import KVCache
-from dllm_constrain.engine.models.base import default_position_ids
+from dllm_constrain.engine.models.base import (
+    NeighborTokensLM,
+    RequestStateLM,
+    ScriptableLM,
+    default_position_ids,
+    packs_rows,
+)
 from dllm_constrain.engine.models.layers import bidirectional_attention
 from dllm_constrain.engine.core_split import CoreSplit
 from dllm_constrain.engine.models.scripted_forward import FULL, REFRESH, REUSE, ScriptedWeights, start_span_forward
@@ -61,17 +67,17 @@ MIN_PACKED_ROWS = 4
 
 def supports_packed_forward(model: Any) -> bool:
     """Families with a span forward (LLaDA, Dream); models with per-request state never pack."""
-    return callable(getattr(model, "hidden_states_cached", None)) and not getattr(model, "uses_request_state", False)
+    return packs_rows(model)
 
 
 def supports_kv_cache(model: Any) -> bool:
-    """Families with a cached forward (LLaDA, Dream); models with per-request state never use the cache."""
-    return callable(getattr(model, "hidden_states_kv", None)) and supports_packed_forward(model)
+    """The Refresh/Reuse cache needs only the span forward (the runner supplies every layer's attention)."""
+    return packs_rows(model)
 
 
 def supports_gil_free_forward(model: Any) -> bool:
     """Families whose packed forward has a TorchScript twin that runs without the GIL (LLaDA, Dream)."""
-    return callable(getattr(model, "scripted_weights", None)) and supports_packed_forward(model)
+    return isinstance(model, ScriptableLM) and packs_rows(model)
 
 
 def model_device(model: Any) -> torch.device:
@@ -133,10 +139,12 @@ class ModelRunner:
         self.pad_id = pad_id
         self.config = config
         self.device = model_device(model)
-        self.shift = int(getattr(model, "kv_query_shift", 0))
         self.packed = supports_packed_forward(model)
-        self.neighbors = bool(getattr(model, "uses_neighbor_tokens", False))
-        self.neighbor_offsets: tuple[int, ...] = tuple(getattr(model, "neighbor_offsets", (-1, 1)))
+        self.shift = int(model.kv_query_shift) if self.packed else 0
+        # each row's neighbour ids for models whose input mixes them in (LLaDA's input token shift)
+        self.neighbor_offsets: tuple[int, ...] = (tuple(model.neighbor_offsets)
+                                                  if isinstance(model, NeighborTokensLM) else ())
+        self.neighbors = bool(self.neighbor_offsets)
         self.cached = config.kv_cache == "dual" and supports_kv_cache(model)
         self.cache: KVCache | None = KVCache(config.keep_ratio, config.backend) if self.cached else None
         self.meta: dict[int, RowMeta] = {}
@@ -203,7 +211,7 @@ class ModelRunner:
         width = max(len(s.prompt_ids) + s.canvas_len for s in states)
         ids, kpm, offsets = self._rows(states, width)
         kwargs: dict[str, Any] = {}
-        if getattr(self.model, "uses_request_state", False):
+        if isinstance(self.model, RequestStateLM):
             kwargs["request_states"] = list(states)
         kpm_d = kpm.to(self.device)
         hidden = self.model.hidden_states(ids.to(self.device), position_ids=default_position_ids(kpm_d),

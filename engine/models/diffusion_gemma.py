@@ -53,7 +53,7 @@ import torch
 from torch import nn
 
 from dllm_constrain.errors import CheckpointError
-from dllm_constrain.engine.models.base import SpecialTokens, default_position_ids
+from dllm_constrain.engine.models.base import BlockDiffusionLM, SpecialTokens, default_position_ids
 
 
 @dataclass
@@ -91,7 +91,7 @@ class DenoiseOutput:
     logits: torch.Tensor
 
 
-class DiffusionGemmaAdapter(nn.Module):
+class DiffusionGemmaAdapter(nn.Module, BlockDiffusionLM):
     """A loaded `DiffusionGemmaForBlockDiffusion` with the calls our loop makes (see the module docstring)."""
 
     family = "diffusion_gemma"

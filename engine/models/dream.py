@@ -24,7 +24,13 @@ import torch
 from torch import nn
 
 from dllm_constrain.errors import CheckpointError
-from dllm_constrain.engine.models.base import SpecialTokens, default_position_ids, parse_config_fields
+from dllm_constrain.engine.models.base import (
+    LinearHeadLM,
+    ScriptableLM,
+    SpecialTokens,
+    default_position_ids,
+    parse_config_fields,
+)
 from dllm_constrain.engine.models.layers import (
     RMSNorm,
     apply_rope,
@@ -164,8 +170,9 @@ class DreamBlock(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class DreamModel(nn.Module):
-    """Dream with the released parameter names; implements the engine's DiffusionLM contract (shift included)."""
+class DreamModel(nn.Module, LinearHeadLM, ScriptableLM):
+    """Dream with the released parameter names: a DiffusionLM (shift included) with a linear head, a span forward and
+    its TorchScript twin (engine.models.base protocols)."""
 
     family = "dream"
 

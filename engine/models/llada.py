@@ -27,7 +27,14 @@ import torch
 from torch import nn
 
 from dllm_constrain.errors import CheckpointError
-from dllm_constrain.engine.models.base import SpecialTokens, default_position_ids, parse_config_fields
+from dllm_constrain.engine.models.base import (
+    LinearHeadLM,
+    NeighborTokensLM,
+    ScriptableLM,
+    SpecialTokens,
+    default_position_ids,
+    parse_config_fields,
+)
 from dllm_constrain.engine.models.layers import (
     RMSNorm,
     apply_rope,
@@ -189,8 +196,9 @@ class LLaDABlock(nn.Module):
         return x + self.ff_out(swiglu(self.ff_proj(h), self.up_proj(h)))
 
 
-class LLaDAModel(nn.Module):
-    """LLaDA with the released parameter names; implements the engine's DiffusionLM contract."""
+class LLaDAModel(nn.Module, LinearHeadLM, NeighborTokensLM, ScriptableLM):
+    """LLaDA with the released parameter names: a DiffusionLM with a linear head, a span forward (with neighbour
+    ids under the input token shift) and its TorchScript twin (engine.models.base protocols)."""
 
     family = "llada"
 
@@ -219,11 +227,6 @@ class LLaDAModel(nn.Module):
     @property
     def transformer(self) -> nn.ModuleDict:
         return self.model.transformer
-
-    @property
-    def uses_neighbor_tokens(self) -> bool:
-        """Whether a span forward needs its boundary neighbours (`neighbor_ids` of `hidden_states_cached`)."""
-        return self.config.input_token_shift
 
     @property
     def neighbor_offsets(self) -> tuple[int, ...]:
