@@ -219,7 +219,7 @@ def test_a_prefix_forced_token_is_the_frontier_mask_whole(data):
     opens = [i for i, c in enumerate(canvas) if c == mask_id]
     state.allowed_tokens(canvas, opens)  # the transitions the hint reads are known after a mask call
     for i in range(len(canvas)):
-        hint = state.prefix_forced_token(canvas, i)
+        hint = state.prefix_hint(canvas, i)
         if i != (opens[0] if opens else None):
             assert hint is None
         elif hint is not None:
@@ -244,13 +244,13 @@ def test_a_repeated_prefix_hint_answers_as_a_state_that_never_asked(data, seed):
     canvas = [m] * n
     while m in canvas:
         frontier = canvas.index(m)
-        fresh = cc.new_canvas_state(n, expand_budget=None, timeout_s=None).prefix_forced_token(canvas, frontier)
-        assert state.prefix_forced_token(canvas, frontier) == fresh
+        fresh = cc.new_canvas_state(n, expand_budget=None, timeout_s=None).prefix_hint(canvas, frontier)
+        assert state.prefix_hint(canvas, frontier) == fresh
         opens = [i for i, c in enumerate(canvas) if c == m]
         if rnd.random() < 0.5:  # learn transitions, then ask again
             state.allowed_tokens(canvas, opens)
-            fresh = cc.new_canvas_state(n, expand_budget=None, timeout_s=None).prefix_forced_token(canvas, frontier)
-            assert state.prefix_forced_token(canvas, frontier) == fresh
+            fresh = cc.new_canvas_state(n, expand_budget=None, timeout_s=None).prefix_hint(canvas, frontier)
+            assert state.prefix_hint(canvas, frontier) == fresh
         # commit right of the frontier when there is room (the prefix stays put), else at it
         pos = rnd.choice(opens[1:] or opens)
         ids = torch.nonzero(state.allowed_tokens(canvas, [pos])[0]).flatten().tolist()
@@ -264,13 +264,13 @@ def test_the_prefix_forced_token_follows_the_committed_prefix_only():
     m, eos = info.mask_id, info.eos_id
     state = cc.new_canvas_state(4, expand_budget=None, timeout_s=None)
     state.allowed_tokens([m] * 4, [0, 1, 2, 3])
-    assert state.prefix_forced_token([m, m, m, m], 0) == 0  # "a"
-    assert state.prefix_forced_token([0, m, m, m], 1) == 1  # "b" after "a"
-    assert state.prefix_forced_token([0, 1, m, m], 2) is None  # "c" or "d"
-    assert state.prefix_forced_token([0, 1, m, m], 3) is None  # not the frontier
-    assert state.prefix_forced_token([0, 1, 2, m], 3) == eos  # the text is whole: only EOS
+    assert state.prefix_hint([m, m, m, m], 0) == 0  # "a"
+    assert state.prefix_hint([0, m, m, m], 1) == 1  # "b" after "a"
+    assert state.prefix_hint([0, 1, m, m], 2) is None  # "c" or "d"
+    assert state.prefix_hint([0, 1, m, m], 3) is None  # not the frontier
+    assert state.prefix_hint([0, 1, 2, m], 3) == eos  # the text is whole: only EOS
     # forced by a committed token to its right, not by the prefix: not reported (the masks find it)
-    assert state.prefix_forced_token([0, 1, m, eos], 2) is None
+    assert state.prefix_hint([0, 1, m, eos], 2) is None
 
 
 @settings(max_examples=40, deadline=None)

@@ -610,7 +610,18 @@ class CanvasState:
                 out[i] = tok
         return out
 
-    def prefix_forced_token(self, canvas: Sequence[int], position: int) -> int | None:
+    # ------------------------------------------------------------------ CanvasConstraint (protocol.py)
+    @property
+    def canvas_len(self) -> int:
+        return self.n
+
+    offers_prefix_hint = True
+
+    def shared_state(self) -> SetAlgebra:
+        """The compiled constraint's set algebra (its automaton and memo tables), shared by its requests."""
+        return self.alg
+
+    def prefix_hint(self, canvas: Sequence[int], position: int) -> int | None:
         """The token the committed prefix alone forces at `position` when it is the left frontier (the first open
         position): the only token of the left-to-right prefix row there (EOS included), from transitions already
         known; None when the prefix allows several tokens, when `position` is not the frontier, or when deciding it
@@ -645,6 +656,8 @@ class CanvasState:
         if self._fwd_ok[position]:
             self._hint_memo = (known, prefix, token)
         return token
+
+    prefix_forced_token = prefix_hint  # the name the engine looks up while it still probes for the hint
 
     def _single_prefix_token(self, F: int, known: int | None) -> int | None:
         """The only token the states of forward set F allow next by their transitions (EOS when one of them

@@ -8,8 +8,8 @@ twice costs a dictionary lookup. Refusals are cached too (raised afresh each tim
 later try may have more time). `compile_regex`, `compile_json_schema` and `compile_grammar` are the same entry for one kind;
 `ConstraintCompiler(info, cache=False)` compiles afresh every time (benchmarks, deadline tests).
 
-Both compiled kinds (`CompiledConstraint`: regular languages; `cfg.CompiledGrammar`: Lark grammars) satisfy
-the `Compiled` protocol; `new_request_state(compiled, canvas_len, timeout_s)` makes a request's canvas state,
+Both compiled kinds (`CompiledConstraint`: regular languages; `cfg.CompiledGrammar`: Lark grammars) implement
+`protocol.Compiled` (re-exported here); `new_request_state(compiled, canvas_len, timeout_s)` makes a request's canvas state,
 the canvas length given once (the engine passes the request's `SamplingParams.max_new_tokens`).
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
@@ -41,6 +41,7 @@ from .compile_cache import (  # noqa: F401  (the cache's names, re-exported: `co
 )
 from .deadline import CallDeadline, Deadline, activate
 from .deriv import DEAD, START, DerivDFA
+from .protocol import CanvasConstraint, Compiled
 from .bounds import INF
 from .regex_parser import parse_regex
 from .token_automaton import TokenAutomaton
@@ -278,32 +279,18 @@ class LeftToRightMatcher:
 
 
 # ---------------------------------------------------------------------------------- one compiled type
-@runtime_checkable
-class Compiled(Protocol):
-    """What the engine needs of every compiled constraint (`CompiledConstraint` and `cfg.CompiledGrammar`): the
-    fewest tokens of an accepted text, and a request's canvas state for a canvas length. Both kinds also offer
-    `tokenizer_info`, `accepts_text(text)` and `accepts_tokens(ids)`."""
-
-    def min_tokens(self) -> int: ...
-
-    def new_canvas_state(self, canvas_len: int) -> Any: ...
-
-
-def new_request_state(compiled: Any, canvas_len: int, timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S) -> Any:
-    """A request's canvas constraint for `canvas_len` positions (the request's max_new_tokens), refused with
-    ConstraintTooLongError when even the shortest accepted text does not fit. timeout_s bounds every call of
-    the state, regular or grammar (a grammar's min_tokens is bounded by its own search budget)."""
-    from .cfg import CompiledGrammar
-
-    regular = isinstance(compiled, CompiledConstraint)
-    # a regular constraint whose shortest text fits by its bytes needs no search for the fewest tokens (a
-    # breadth-first walk over token transitions, milliseconds per state at 128K tokens)
-    if not (regular and compiled.fits_by_bytes(canvas_len)):
-        min_tokens = int(compiled.min_tokens(timeout_s=timeout_s) if regular else compiled.min_tokens())
+def new_request_state(compiled: Compiled, canvas_len: int,
+                      timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S) -> CanvasConstraint:
+    """A request's canvas constraint for `canvas_len` positions (the request's max_new_tokens), whatever the kind
+    (protocol.Compiled): refused with ConstraintTooLongError when even the shortest accepted text does not fit.
+    The fewest-token search decides what a kind's own fit check may leave undecided, so a request too long is refused
+    here, not at its first mask call; a shortest text that fits by its bytes needs no search (a breadth-first walk
+    over token transitions, milliseconds per state at 128K tokens). timeout_s bounds every call of the state."""
+    if not compiled.fits_by_bytes(canvas_len):
+        min_tokens = int(compiled.min_tokens(timeout_s))
         if min_tokens > canvas_len:
             raise ConstraintTooLongError(min_tokens, canvas_len)
-    limit = {"timeout_s": timeout_s} if regular or isinstance(compiled, CompiledGrammar) else {}
-    return compiled.new_canvas_state(canvas_len, **limit)
+    return compiled.new_canvas_state(canvas_len, timeout_s=timeout_s)
 
 
 def compile_constraint(builder: Any, fingerprint: str, cache: CompileCache | None, *, schema: Any = None,

@@ -1,21 +1,25 @@
-"""The contract between the denoising loop and the constraint layer.
+"""The seams between the engine and the constraint layer: what the engine calls, and nothing else.
 
-The engine owns the canvas; a constraint only answers questions about it. The canvas passed in is the
-answer region only (length = max_new_tokens), as a list of token ids where `mask_id` marks an open position.
-Validity means: the tokens up to the first EOS decode to a string the constraint accepts, and every
-position after the first EOS is EOS (the EOS-padded tail). A canvas is *completable* when some assignment
-of its open positions makes it valid.
+  Compiled            a compiled constraint (regex, JSON Schema or Lark grammar): one interface for every kind
+  CanvasConstraint    a request's canvas state, made by `Compiled.new_canvas_state` for one canvas length
+  RowMaskConstraint   the smaller protocol a caller's own constraint may implement; `as_canvas_constraint` adapts it
+  fill_token_bitmask  `as_canvas_constraint(c).fill_token_bitmask(...)`, for callers holding either kind
+  first_unfit_pin     the admission check of a pinned canvas (one protocol method, `is_completable`)
 
-Masks travel in one format from the constraint to the kernels: xgrammar's packed token bitmask, int32
-[rows, ceil(vocab / 32)] with bit t % 32 of word t // 32 allowing token t (`dllm_constrain.kernels.bitmask`).
-The engine allocates it, the constraint fills it in place (`fill_token_bitmask`), and the same tensor is ANDed
-with the engine's own restrictions and handed to the masked row-statistics kernels without conversion.
-`allowed_tokens` answers the same question as bool rows, for tests, tools and per-row samplers (the vLLM plugin).
+The canvas passed to a state is the answer region only (length = canvas_len), token ids with `mask_id` at every
+open position. Valid: the tokens up to the first EOS decode to an accepted string and every later position is EOS.
+Completable: some assignment of the open positions makes the canvas valid.
+
+Masks travel in one format, xgrammar's packed token bitmask: int32 [rows, ceil(vocab / 32)], bit t % 32 of word
+t // 32 allowing token t (`dllm_constrain.kernels.bitmask`). The engine allocates it, the state fills it in place,
+and the engine ANDs its own restrictions into the same tensor before the kernels read it.
+Every member below is implemented by every state and compiled constraint of this package, so the engine calls
+them directly (no optional attributes): a capability a kind lacks answers None / False as its docstring says.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -24,17 +28,31 @@ from dllm_constrain.kernels.bitmask import bitmask_bytes, pack_bool_mask
 
 @runtime_checkable
 class CanvasConstraint(Protocol):
-    """Per-request constraint state (created by a compiled constraint for one canvas length)."""
+    """One request's constraint state for a canvas of `canvas_len` positions. Used by one thread at a time; states
+    of one compiled constraint share its lazily grown structures (`shared_state`)."""
+
+    @property
+    def canvas_len(self) -> int | None:
+        """The canvas length the state was made for (None: any length, a caller's own constraint)."""
+        ...
+
+    @property
+    def offers_prefix_hint(self) -> bool:
+        """Whether `prefix_hint` answers from the committed prefix alone, without computing a mask. When False it
+        always answers None and the engine probes the frontier's mask row instead."""
+        ...
+
+    def shared_state(self) -> object:
+        """The mutable compiled structure this state shares with the other states of its compiled constraint (a
+        regular constraint's set algebra, a grammar's compiled grammar; a caller's own constraint: itself). The
+        engine gives the states sharing one such object to the same mask worker, in the loop's order."""
+        ...
 
     def fill_token_bitmask(self, canvas: Sequence[int], positions: Sequence[int], out: torch.Tensor) -> None:
         """Write the mask of positions[j] into row j of `out` (a CPU int32 bitmask [>= len(positions), W], rows
         contiguous): token t allowed iff committing it alone keeps the canvas completable (exact for regular
         constraints; sound over-approximation elsewhere). Every word of rows 0..len(positions)-1 is written; tokens
         at or past the constraint's vocabulary are 0, tokens past 32 W are dropped. Other rows are left alone."""
-        ...
-
-    def allowed_tokens(self, canvas: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
-        """Bool [len(positions), vocab_size]: the masks of `fill_token_bitmask` as bool rows (True = allowed)."""
         ...
 
     def select_commits(
@@ -49,30 +67,123 @@ class CanvasConstraint(Protocol):
         """True when some assignment of the open positions makes the canvas valid."""
         ...
 
-    def forced_tokens(self, canvas: Sequence[int]) -> dict[int, int]:
-        """Open positions whose allowed set has exactly one token: position -> token."""
+    def prefix_hint(self, canvas: Sequence[int], position: int) -> int | None:
+        """The one token the committed prefix alone allows at `position`, the first open position of a completable
+        canvas (a superset of its mask row, so a single token is the position's only allowed token); None when the
+        prefix allows more than one, or when the state offers no such hint (`offers_prefix_hint` False)."""
         ...
 
 
-def fill_token_bitmask(constraint: object, canvas: Sequence[int], positions: Sequence[int],
-                       out: torch.Tensor) -> None:
-    """`constraint.fill_token_bitmask(canvas, positions, out)`; a constraint written before the bitmask (one that
-    answers `allowed_tokens` only, such as a user's own CanvasConstraint) has its bool rows packed into `out`, so
-    callers have one way to ask for masks whatever the constraint implements."""
-    fill = getattr(constraint, "fill_token_bitmask", None)
-    if callable(fill):
-        fill(canvas, positions, out)
-        return
-    n = len(positions)
-    rows = torch.as_tensor(constraint.allowed_tokens(canvas, positions), dtype=torch.bool)  # type: ignore[attr-defined]
-    dst = bitmask_bytes(out[:n])
-    packed = bitmask_bytes(pack_bool_mask(rows))
-    k = min(dst.shape[1], packed.shape[1])
-    dst[:, :k] = packed[:, :k]
-    dst[:, k:] = 0
+@runtime_checkable
+class Compiled(Protocol):
+    """A constraint compiled against one tokenizer, whatever its kind: what `ConstraintCompiler.compile` returns.
+    Thread-safe to share between requests; cached by the process's compile cache."""
+
+    kind: str  # "regex", "json_schema", "grammar" or "ast"
+
+    @property
+    def tokenizer_info(self) -> Any:
+        """The `TokenizerInfo` the constraint was compiled against."""
+        ...
+
+    def min_tokens(self, timeout_s: float | None = ...) -> int:
+        """Fewest tokens of an accepted text (EOS not counted), or a bound of it that never refuses a request that
+        fits; memoised. timeout_s: the last-resort limit of the search (None: unbounded)."""
+        ...
+
+    def fits_by_bytes(self, canvas_len: int) -> bool:
+        """True when an accepted text provably fits `canvas_len` tokens without a search; False: not decided."""
+        ...
+
+    def new_canvas_state(self, canvas_len: int, *, timeout_s: float | None = ...) -> CanvasConstraint:
+        """A request's canvas state for `canvas_len` positions; ConstraintTooLongError when the kind's own fit check
+        proves no accepted text fits (`compiler.new_request_state` adds the fewest-token check of admission).
+        timeout_s bounds every call of the state (None: unbounded)."""
+        ...
+
+    def memory_bytes(self) -> int:
+        """An estimate of the memory held (what the compile cache charges); grows as requests explore it."""
+        ...
+
+    def worn_out(self) -> bool:
+        """Whether the compile cache should compile the constraint afresh for the next request (its shared
+        structures have grown near their bound)."""
+        ...
+
+    def accepts_text(self, text: str) -> bool:
+        """Whether `text` is an accepted output."""
+        ...
+
+    def accepts_tokens(self, ids: Sequence[int]) -> bool:
+        """Whether the tokens up to the first EOS spell an accepted output."""
+        ...
 
 
-def first_unfit_pin(constraint: CanvasConstraint, canvas_len: int, pins: dict[int, int], mask_id: int) -> int | None:
+@runtime_checkable
+class RowMaskConstraint(Protocol):
+    """The least a caller's own constraint implements (tests, tools, outside constraint libraries): bool mask rows,
+    joint verification and completability, with `CanvasConstraint`'s meanings."""
+
+    def allowed_tokens(self, canvas: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
+        """Bool [len(positions), vocab_size]: row j allows the tokens of positions[j] (True = allowed)."""
+        ...
+
+    def select_commits(
+        self, canvas: Sequence[int], proposals: Sequence[tuple[int, int, float]]
+    ) -> list[tuple[int, int]]: ...
+
+    def is_completable(self, canvas: Sequence[int]) -> bool: ...
+
+
+class RowMaskAdapter:
+    """A `CanvasConstraint` over a `RowMaskConstraint`: its bool rows packed into the bitmask, no prefix hint,
+    any canvas length, shared state the wrapped object itself."""
+
+    def __init__(self, rows: RowMaskConstraint) -> None:
+        self.rows = rows
+
+    canvas_len = None
+    offers_prefix_hint = False
+
+    def shared_state(self) -> object:
+        return self.rows
+
+    def fill_token_bitmask(self, canvas: Sequence[int], positions: Sequence[int], out: torch.Tensor) -> None:
+        n = len(positions)
+        rows = torch.as_tensor(self.rows.allowed_tokens(canvas, positions), dtype=torch.bool)
+        dst = bitmask_bytes(out[:n])
+        packed = bitmask_bytes(pack_bool_mask(rows))
+        k = min(dst.shape[1], packed.shape[1])
+        dst[:, :k] = packed[:, :k]
+        dst[:, k:] = 0
+
+    def select_commits(self, canvas: Sequence[int],
+                       proposals: Sequence[tuple[int, int, float]]) -> list[tuple[int, int]]:
+        return self.rows.select_commits(canvas, proposals)
+
+    def is_completable(self, canvas: Sequence[int]) -> bool:
+        return self.rows.is_completable(canvas)
+
+    def prefix_hint(self, canvas: Sequence[int], position: int) -> int | None:
+        return None
+
+
+def as_canvas_constraint(constraint: CanvasConstraint | RowMaskConstraint) -> CanvasConstraint:
+    """`constraint` itself when it implements `CanvasConstraint`, else a `RowMaskAdapter` over it: the one place
+    where a caller's own constraint is told apart (the engine adapts a request's constraint once, on admission)."""
+    if isinstance(constraint, CanvasConstraint):
+        return constraint
+    return RowMaskAdapter(constraint)
+
+
+def fill_token_bitmask(constraint: CanvasConstraint | RowMaskConstraint, canvas: Sequence[int],
+                       positions: Sequence[int], out: torch.Tensor) -> None:
+    """`as_canvas_constraint(constraint).fill_token_bitmask(canvas, positions, out)`."""
+    as_canvas_constraint(constraint).fill_token_bitmask(canvas, positions, out)
+
+
+def first_unfit_pin(constraint: CanvasConstraint | RowMaskConstraint, canvas_len: int, pins: dict[int, int],
+                    mask_id: int) -> int | None:
     """The first pinned position (in position order) that no valid output can hold together with the pins left of
     it, or None when the pinned canvas is completable: the admission check of a template (pinned tokens are the
     canvas's committed tokens at step 0).
@@ -80,7 +191,7 @@ def first_unfit_pin(constraint: CanvasConstraint, canvas_len: int, pins: dict[in
     One completability call when the pins fit (the common case); otherwise a binary search over position-ordered
     prefixes of the pins (completability is monotone: a canvas with more committed tokens has no more completions),
     so O(log pins) calls name the position. None also when no output fits the bare canvas (a length problem, which
-the constraint reports itself)."""
+    the constraint reports itself)."""
     order = sorted(pins)
 
     def fits(k: int) -> bool:

@@ -211,6 +211,21 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
         return all(x is None or x == y for x, y in zip(c, w))
 
     # ------------------------------------------------------------------ protocol
+    # ------------------------------------------------------------------ CanvasConstraint (protocol.py)
+    @property
+    def canvas_len(self) -> int:
+        return self.n
+
+    offers_prefix_hint = False  # its prefix parse costs a mask row's work: the engine probes the frontier instead
+
+    def shared_state(self) -> CompiledGrammar:
+        """The compiled grammar (its lexer, parser and memo tables), shared by its requests."""
+        return self.cg
+
+    def prefix_hint(self, canvas: Sequence[int], position: int) -> int | None:
+        """None: no cheap prefix hint (`offers_prefix_hint` is False)."""
+        return None
+
     def is_completable(self, canvas: Sequence[int]) -> bool:
         c = self._norm(canvas)
         self._cold_left = self.cold_walks

@@ -25,6 +25,7 @@ import numpy as np
 
 from ...errors import InvalidGrammarError
 from ..bounds import INF
+from ..canvas import DEFAULT_CALL_TIMEOUT_S
 from ..deadline import Deadline, check_active
 from ..tokenizer_info import TokenizerInfo
 from .approx import Approx
@@ -57,6 +58,10 @@ def _continuations(lx: Lexer, q: int) -> Iterator[tuple[int, int]]:
 MEMO_ENTRY_BYTES = 320
 
 class CompiledGrammar:
+    """A Lark grammar compiled against one tokenizer (protocol.Compiled). Thread-safe to share between requests."""
+
+    kind = "grammar"
+
     def __init__(self, spec: GrammarSpec, tok: TokenizerInfo, name: str = "grammar",
                  deadline: Deadline | None = None):
         """deadline: the compilation's time limit (None: unbounded), checked between the construction phases
@@ -511,8 +516,9 @@ class CompiledGrammar:
             best = min(best, len(u) + c)
         return best
 
-    def min_tokens(self) -> int:
-        """Tokens of the shortest concrete output (an upper bound of the true minimum; EOS not counted)."""
+    def min_tokens(self, timeout_s: float | None = None) -> int:
+        """Tokens of the shortest concrete output (an upper bound of the true minimum; EOS not counted). Bounded by
+        its own search budget (3,000 configurations), so `timeout_s` (protocol.Compiled) has nothing to bound."""
         if self._min_tokens is None:
             toks = self.complete_tokens(self.initial)
             m = INF if toks is None else len(toks)
@@ -549,5 +555,17 @@ class CompiledGrammar:
         except Exception:  # noqa: BLE001 - any Lark failure means "does not parse"
             return False
 
-    def new_canvas_state(self, canvas_len: int, **kwargs) -> GrammarCanvasState:
-        return GrammarCanvasState(self, int(canvas_len), **kwargs)
+    def fits_by_bytes(self, canvas_len: int) -> bool:
+        """False: not decided without a search (protocol.Compiled); `min_tokens` decides."""
+        return False
+
+    def worn_out(self) -> bool:
+        """False: the compile cache keeps a grammar until it is evicted (its memos grow with the requests' work, and
+        the cache charges them through `memory_bytes`)."""
+        return False
+
+    def new_canvas_state(self, canvas_len: int, *, timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S,
+                         **options) -> GrammarCanvasState:
+        """A request's canvas state for `canvas_len` positions; ConstraintTooLongError when no output found fits.
+        timeout_s bounds every call of the state; `options`: GrammarCanvasState's."""
+        return GrammarCanvasState(self, int(canvas_len), timeout_s=timeout_s, **options)
