@@ -46,7 +46,7 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 from dllm_constrain.constraints import TokenizerInfo  # noqa: E402
-from dllm_constrain.constraints.cfg import GrammarCompiler, clear_cache  # noqa: E402
+from dllm_constrain.constraints.compiler import GrammarCompiler, clear_cache  # noqa: E402
 from dllm_constrain.constraints.cfg.canvas import GrammarCanvasState  # noqa: E402
 from dllm_constrain.constraints.cfg.sample import random_sentence  # noqa: E402
 from dllm_constrain.errors import DllmConstrainError  # noqa: E402

@@ -210,7 +210,7 @@ def run_lark(args, rng: random.Random) -> Tally | None:
     except ImportError:
         print("lark: the lark package is not installed; skipped", file=sys.stderr)
         return None
-    from dllm_constrain.constraints.cfg import GrammarCompiler
+    from dllm_constrain.constraints.compiler import GrammarCompiler
     from dllm_constrain.constraints.cfg.sample import render_sentence
 
     gc_ = GrammarCompiler(byte_info())

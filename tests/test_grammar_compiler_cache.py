@@ -1,4 +1,4 @@
-"""`cfg.GrammarCompiler` is a door onto `ConstraintCompiler`'s grammar path: one compile cache per process
+"""`compiler.GrammarCompiler` is a door onto `ConstraintCompiler`'s grammar path: one compile cache per process
 (`COMPILE_CACHE`), so a grammar compiled through either door is compiled once and refusals are shared."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from conftest import build_tiny_tokenizer
 from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo
-from dllm_constrain.constraints.cfg import GrammarCompiler, clear_cache, compile_grammar
+from dllm_constrain.constraints.compiler import GrammarCompiler, clear_cache, compile_grammar
 from dllm_constrain.constraints.compiler import COMPILE_CACHE, ConstraintKey
 from dllm_constrain.errors import InvalidGrammarError
 

@@ -5,7 +5,8 @@ import lark
 import pytest
 
 from dllm_constrain.constraints import TokenizerInfo
-from dllm_constrain.constraints.cfg import GrammarCompiler, load_spec
+from dllm_constrain.constraints.cfg import load_spec
+from dllm_constrain.constraints.compiler import GrammarCompiler
 from dllm_constrain.errors import ConstraintTooLongError, InvalidGrammarError
 from dllm_constrain.grammars import examples, list_grammars, load_grammar
 

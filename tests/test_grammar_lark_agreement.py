@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from lark_reference import lark_accepts
 
 from dllm_constrain.constraints import TokenizerInfo
-from dllm_constrain.constraints.cfg import GrammarCompiler
+from dllm_constrain.constraints.compiler import GrammarCompiler
 from dllm_constrain.constraints.cfg.pike import PikeDFA, PikeNFA
 from dllm_constrain.errors import InvalidGrammarError
 

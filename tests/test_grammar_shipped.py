@@ -23,7 +23,7 @@ from lark_reference import lark_accepts
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from dllm_constrain.constraints import TokenizerInfo
-from dllm_constrain.constraints.cfg import GrammarCompiler
+from dllm_constrain.constraints.compiler import GrammarCompiler
 from dllm_constrain.constraints.cfg.sample import random_sentence
 from dllm_constrain.grammars import examples, list_grammars, load_grammar
 

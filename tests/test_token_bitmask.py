@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo
-from dllm_constrain.constraints.cfg import GrammarCompiler
+from dllm_constrain.constraints.compiler import GrammarCompiler
 from dllm_constrain.constraints.protocol import fill_token_bitmask
 from dllm_constrain.kernels import masked_row_stats as mrs
 from dllm_constrain.kernels import bitmask as bitmask_module

@@ -11,7 +11,7 @@ See docs/constraints.md.
 """
 from .protocol import CanvasConstraint
 from .tokenizer_info import TokenizerInfo
-from .compiler import CompiledConstraint, ConstraintCompiler, LeftToRightMatcher, clear_cache
+from .compiler import CompiledConstraint, ConstraintCompiler, GrammarCompiler, LeftToRightMatcher, clear_cache
 from .canvas import CanvasState
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "CanvasState",
     "CompiledConstraint",
     "ConstraintCompiler",
+    "GrammarCompiler",
     "LeftToRightMatcher",
     "TokenizerInfo",
     "clear_cache",

@@ -17,10 +17,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from ._cwalk import PreorderTrie
-from .token_automaton import packed_row_bytes
 
 # printable ASCII but the quote and the backslash: the bytes a JSON string's characters loop on
 LOOP_CLASS = bytes(b for b in range(0x20, 0x7F) if b not in (0x22, 0x5C))
+
+
+def packed_row_bytes(vocab_size: int) -> int:
+    """Bytes of a packed token row (token t = bit t % 8 of byte t // 8), padded to whole uint64 words: the width of
+    the class rows here, and of every row the token automaton keeps and ORs them into (token_automaton.py)."""
+    return ((vocab_size + 63) // 64) * 8
 
 
 class ClassSplit:

@@ -30,6 +30,7 @@ from ..errors import (
 )
 from . import regex_ast as A
 from .canvas import AUTO, DEFAULT_CALL_TIMEOUT_S, CanvasState, SetAlgebra
+from .cfg import CompiledGrammar, load_spec
 from .compile_cache import (  # noqa: F401  (the cache's names, re-exported: `compiler.COMPILE_CACHE` and kin)
     COMPILE_CACHE,
     DEFAULT_CACHE_BYTES,
@@ -415,8 +416,6 @@ class ConstraintCompiler:
 
     def _build_grammar(self, grammar: str, start: str = "start", name: str | None = None, *,
                        timeout_s: Any = _COMPILER_DEFAULT) -> Compiled:
-        from .cfg import CompiledGrammar, load_spec
-
         label = name or grammar.strip()[:40] or "grammar"
         deadline = Deadline(self._timeout(timeout_s), "compiling the grammar", work=COMPILE_WORK)
         spec = load_spec(grammar, start)  # Lark's own LALR construction: checked once it returns
@@ -426,3 +425,25 @@ class ConstraintCompiler:
     def compile_ast(self, node: A.Node, name: str = "ast") -> CompiledConstraint:
         """Compile a regex AST directly (no caching)."""
         return CompiledConstraint("ast", name, node, self.tokenizer_info, Deadline(self.timeout_s, work=COMPILE_WORK))
+
+
+class GrammarCompiler:
+    """The grammar-only door onto `ConstraintCompiler`: Lark grammars compiled against one tokenizer, results (and
+    refusals) cached per (tokenizer, grammar, start) in the process's one compile cache, shared with
+    `ConstraintCompiler.compile(grammar=...)`, so a grammar compiled through either is compiled once."""
+
+    def __init__(self, tokenizer_info: TokenizerInfo):
+        self._compiler = ConstraintCompiler(tokenizer_info)
+        self.tokenizer_info = self._compiler.tokenizer_info
+
+    def compile(self, grammar: str, start: str = "start", name: str | None = None) -> CompiledGrammar:
+        """`grammar` is Lark grammar text (use dllm_constrain.grammars.load_grammar for names and paths); `name`
+        labels the compiled grammar (its repr) when this call is the one that compiles it."""
+        if not isinstance(grammar, str):  # None too: a grammar error, not compile()'s "exactly one of" refusal
+            raise InvalidGrammarError(f"grammar must be a string, got {type(grammar).__name__}")
+        return self._compiler.compile_grammar(grammar, start, name=name)  # type: ignore[return-value]
+
+
+def compile_grammar(grammar: str, tokenizer_info: TokenizerInfo, start: str = "start") -> CompiledGrammar:
+    """`GrammarCompiler(tokenizer_info).compile(grammar, start)`."""
+    return GrammarCompiler(tokenizer_info).compile(grammar, start)

@@ -18,6 +18,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from .class_split import packed_row_bytes
 from .deadline import check_active
 from .deriv import DEAD, DerivDFA
 from .tokenizer_info import TokenizerInfo
@@ -26,12 +27,6 @@ DENSE_MIN = 2048  # groups larger than this are stored as packed bitsets
 SMALL = 32  # states allowing more tokens than this also keep a packed row of all of them
 # memory a known state costs beyond its arrays (its objects, the set-level memos over it): see footprint_bytes
 STATE_OVERHEAD_BYTES = 3072
-
-
-def packed_row_bytes(vocab_size: int) -> int:
-    """Bytes of a packed token row (token t = bit t % 8 of byte t // 8), padded to whole uint64 words: the width of
-    every row the automaton keeps, and of the class rows it ORs into them (class_split.py)."""
-    return ((vocab_size + 63) // 64) * 8
 
 
 class TokTrans:

@@ -23,6 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import _cwalk
+from ._cwalk import PreorderTrie
+from .class_split import ClassSplit
+
 
 @functools.lru_cache(maxsize=1)
 def gpt2_byte_decoder() -> dict[str, int]:
@@ -234,8 +238,6 @@ class TokenizerInfo:
         if self._pre is None:
             with self._lock:
                 if self._pre is None:
-                    from ._cwalk import PreorderTrie
-
                     self._pre = PreorderTrie(self.token_bytes, self.vocab_size)
         return self._pre
 
@@ -245,8 +247,6 @@ class TokenizerInfo:
         first request that needs each table. Returns self."""
         self.trie()
         self.is_token_prefix(b"")  # the sorted token bytes (and the set of them)
-        from . import _cwalk
-
         if _cwalk.load() is not None:
             self.preorder_trie()
             self.class_split()
@@ -257,8 +257,6 @@ class TokenizerInfo:
         if self._split is None:
             with self._lock:
                 if self._split is None:
-                    from .class_split import ClassSplit
-
                     self._split = ClassSplit(self.token_bytes, self.vocab_size)
         return self._split
 

@@ -17,6 +17,7 @@ Importing this package does not import vLLM. See docs/vllm.md for what is proven
 from __future__ import annotations
 
 from .core import CACHE, EXTRA_KEY, ConstraintCache, RequestConstraint, spec_from_structured_outputs
+from .routing import register
 
 __all__ = [
     "CACHE",
@@ -27,18 +28,6 @@ __all__ = [
     "register",
     "spec_from_structured_outputs",
 ]
-
-
-def register() -> None:
-    """vLLM general-plugin entry point: safe to call many times, a no-op without vLLM."""
-    try:
-        import vllm.sampling_params  # noqa: F401
-    except ImportError:
-        return
-    from .routing import install, register_diffusion_model
-
-    install()
-    register_diffusion_model()
 
 
 def __getattr__(name: str):

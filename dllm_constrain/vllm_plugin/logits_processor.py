@@ -28,7 +28,7 @@ from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 from ..kernels.bitmask import (allocate_token_bitmask, apply_token_bitmask_inplace, bitmask_bytes, packed_width,
                                set_token)
 from .core import CACHE, EXTRA_KEY, RequestConstraint, SpecError, check_spec, logger, spec_digest
-from .routing import claim, model_tokenizer_info
+from .routing import claim, model_tokenizer_info, register
 
 MASK_THREAD_ENV = "DLLM_CONSTRAIN_VLLM_MASK_THREAD"
 
@@ -184,6 +184,4 @@ class DllmConstrainLogitsProcessor(LogitsProcessor):
 # Loaded by --logits-processors in the frontend (for validate_params) and in the worker: install the
 # admission hook here too, so later requests are claimed before vLLM's own checks even when the
 # general plugin entry point is not registered.
-from . import register as _register  # noqa: E402
-
-_register()
+register()

@@ -147,3 +147,14 @@ def install() -> bool:
     SamplingParams.verify = verify
     _INSTALLED = True
     return True
+
+
+def register() -> None:
+    """vLLM general-plugin entry point (`dllm_constrain.vllm_plugin:register`): the admission hook and, when enabled,
+    the constrained DiffusionGemma. Safe to call many times, a no-op without vLLM."""
+    try:
+        import vllm.sampling_params  # noqa: F401
+    except ImportError:
+        return
+    install()
+    register_diffusion_model()
