@@ -1,43 +1,20 @@
 """Typed decisions: questions (predicate, choice, score) answered as constrained slots of a dLLM canvas, with
 per-label probabilities. The Python side of `POST /v1/decisions` (dllm_constrain.serve.decisions), in the shape
-vLLM 0.33 serves.
+vLLM 0.33 serves; the reference, with what the probabilities mean: docs/decisions.md.
 
 Each question is a slot: a span of canvas positions whose text must be exactly one of the question's labels
 (predicate: "yes" / "no"; choice: its options, as text; score: its level labels). Labels may be several tokens.
   - one request per question (joint=False): the canvas is the slot alone, constrained by the regex alternation
     of the labels; a label shorter than the slot ends with EOS (the canvas convention).
   - joint=True: every question of the call on ONE canvas, a template whose pinned text is the questions
-    (`Q1: <instructions>\\nA: `) with one slot per answer; the constraint is one regex over the whole canvas, the
-    pinned text literally and each slot the alternation of its own labels (padded with spaces to the slot's
-    length), so every slot is masked to its own labels at every step and the answers are denoised together: a
-    slot committed later reads the answers committed before it.
-The answer is the label the canvas committed: always exactly one of the question's labels (the constraint admits
-nothing else; a slot that does not read as a label after stripping its padding is a ConstraintError, never an
-answer).
+    (`Q1: <instructions>\\nA: `) with one slot per answer; the constraint is one regex over the whole canvas, so
+    every slot is masked to its own labels at every step and a slot committed later reads the answers before it.
+The answer is the label the canvas committed: always exactly one of the question's labels (a slot that does not
+read as a label after stripping its padding is a ConstraintError, never an answer). Its probabilities are read
+at the forward that decided the slot, at no extra forward (`_probabilities`).
 
-Label probabilities (what `probabilities` means). A slot is read at the forward that decided it: the first
-forward whose commits touch the part of the slot where its labels differ (the engine keeps that forward's
-log-probabilities there, SamplingParams.read_slots; no extra forward is spent). Positions where every label has the
-same token are a factor common to all labels and are skipped, as are positions committed without the model before
-that forward (forced: every label still possible shares their token); and the context is what was committed by then: the pinned text, and, joint, the answers decided
-before. A label l fills the slot with its canonical tokens, then padding (spaces, or EOS at the canvas end):
-f_1..f_L. Its probability is the model's product of marginals over the slot, renormalised over the labels:
-
-    P(l) = prod_j p_j(f_j(l)) / sum_l' prod_j p_j(f_j(l'))
-
-p_j being the model's distribution at slot position j in that forward (temperature 1). Masking each position to
-the tokens some label has there (the masked distribution the engine samples from) scales every label's product by
-the same factor, so P is the same whether read from the masked or the full distribution. Why this reading: a
-masked dLLM predicts the positions of one forward independently, so the product of marginals is the probability it
-gives a whole filling in one forward; read at the forward that committed the slot it is the distribution the
-answer was drawn from, costs nothing extra (a chain-rule reading needs a forward per label-token prefix), covers
-multi-token labels exactly (every token of every label is read), and sums to 1 over exactly the labels by
-construction. With one-token labels and temperature 0 the committed label is the most probable one (greedy on the
-same masked distribution); a multi-token slot committed over several forwards may end on another label than the
-first forward's favourite (later tokens see the first ones): the committed label is the answer, the reading says
-how sure the model was when it started on it. `confidence` is the committed label's product probability over the
-whole vocabulary (P(answer) x the labels' total mass, as vLLM's confidence is the label's probability over the
-vocabulary). A slot whose positions were all forced has one possible label: probability 1.
+Map: Question / Decision / DecisionResult (the types), `decide` (the entry), `_joint_layout` and `_prompt` (the
+canvas), `_read_slot` / `_probabilities` (the reading), `_decide_joint` / `_decide_each` (the two ways).
 """
 from __future__ import annotations
 
@@ -236,7 +213,17 @@ def _probabilities(slot: _Slot, read: torch.Tensor | None, committed: int) -> tu
     """The labels' renormalised product-of-marginals probabilities from the slot's reading, and the labels' total
     mass over the vocabulary (positions not read, committed without the model, are skipped: a factor every label
     still possible shares). Without a reading (every position of the slot was forced) the committed label is the
-    only one the constraint allowed: probability 1."""
+    only one the constraint allowed: probability 1.
+
+    The reading is the first forward whose commits touch the part of the slot where the labels differ
+    (SamplingParams.read_slots keeps its log-probabilities). A label l fills the slot with its canonical tokens
+    and padding, f_1..f_L, and P(l) = prod_j p_j(f_j(l)) / sum_l' prod_j p_j(f_j(l')), p_j the model's
+    distribution at slot position j in that forward (temperature 1). Masking a position to the tokens some label
+    has there scales every product alike, so P is the same from the masked or the full distribution. Why: a
+    masked dLLM predicts one forward's positions independently, so the product of marginals is the probability
+    it gives a whole filling in that forward, the distribution the answer was drawn from; it covers multi-token
+    labels exactly and sums to 1 over the labels. The confidence (second value's use) is the committed label's
+    product probability over the whole vocabulary, as vLLM's is."""
     if read is None:
         return [1.0 if i == committed else 0.0 for i in range(len(slot.fills))], 1.0
     a, b = _distinct_span(slot)

@@ -3,14 +3,10 @@
 Why: on the CPU the GIL-free forward (engine.models.scripted_forward) runs on a torch inter-op thread while the mask
 workers and the compile thread run Python beside it. The loop thread wakes those helpers just after it starts the
 forward, while it still runs itself, so the scheduler has no idle core for them and queues one behind the forward's
-thread. At its next tick (every 4 ms at HZ=250) the kernel hands that core to the helper, for up to a tick, while the
-other core has gone idle (the loop thread has gone on to wait for the forward): its load balancer leaves a task that
-ran there a moment ago (a cache-hot one) where it is. A kernel scheduler trace (`perf sched`) of a cold constrained
-request on two cores showed exactly that, and the forward thread waited 1.6-2.3 ms for its core over a 29 ms first
-forward, against 0.3-0.6 ms for the same forward of a warm request; a lower priority for the helpers (nice 19, or
-SCHED_IDLE) cut the wait only by a third, since a task at any priority gets the core when the running one is past
-its fair share at a tick. Keeping the helpers off the forward's cores removes the wait: 0.05-0.17 ms
-(docs/constraints.md, "What a schema costs per forward").
+thread; at its next tick the kernel hands that core to the helper while the other core has gone idle (its load
+balancer leaves a cache-hot task where it is). A lower priority for the helpers cuts the forward's wait only by a
+third; keeping them off the forward's cores removes it (the scheduler trace and figures: docs/constraints.md,
+"What a schema costs per forward").
 
 So when the forward runs on torch's inter-op pool on the CPU and the process may use more cores than torch's
 intra-op threads need, `plan_core_split` keeps the last usable core for the helper threads (the mask workers, the

@@ -3,10 +3,8 @@
 Why: the loop thread's step is many small torch calls, and each one releases the GIL and takes it back. A thread
 running pure Python beside it (a schema compiling on the LLM's compile thread) takes the GIL at every release and
 keeps it until the interpreter's switch interval (5 ms by default) makes it hand the GIL back: every torch call of
-the loop then waits up to that long (a convoy). Measured with `benchmarks/bench_compile_beside_loop.py` on the
-bundled model, an unconstrained request while schemas compile back to back beside it: 3.2 s instead of 0.21 s;
-with the interval at 0.2 ms while a compilation runs, 0.54 s; with the pauses below too, 0.30 s (the compilations
-going on at 11.4 a second instead of 17.5).
+the loop then waits up to that long (a convoy). `benchmarks/bench_compile_beside_loop.py` measures the cost and
+both remedies (figures: docs/measurements.md).
 
 The switch interval belongs to the process, so one object guards it (`compiling_beside`): the first compilation
 to start lowers it (never raises it), the last to end puts back the value it found, unless something else changed

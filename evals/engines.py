@@ -10,15 +10,12 @@
     adapter.error_kind(exc) -> (kind, keyword)  # how a refusal is reported
     adapter.extra_checks(compiled, text, ids, walk_accepted) -> dict   # optional engine-specific checks
 
-Built in: "ours" (this package's constraint layer, left-to-right over the same token automaton the
-canvas masks use), "llguidance", "xgrammar", "outlines" (outlines-core). The last three are
-benchmark-only extras, imported only when asked for (`pip install llguidance xgrammar`).
-A custom adapter is "package.module:factory" or "path/to/file.py:factory", factory(tokenizer_dir, timeout_s).
-
-The configurations of the other engines follow ../shared/tools/anchors_mask_bench.py (the harness the
-anchor tables were measured with): xgrammar strict_mode=False / any_whitespace=True (JSON-Schema
-semantics: additional properties allowed unless the schema forbids them), llguidance defaults, outlines-core
-build_regex_from_schema + Index over the byte-level vocabulary. Compilation is never cached across schemas.
+Built in: "ours" (this package's constraint layer, left-to-right over the same token automaton the canvas masks
+use), "llguidance", "xgrammar", "outlines" (outlines-core): benchmark-only extras, imported only when asked for
+(`pip install llguidance xgrammar`). A custom adapter is "package.module:factory" or "path/to/file.py:factory",
+factory(tokenizer_dir, timeout_s). The other engines are configured as ../shared/tools/anchors_mask_bench.py
+does (xgrammar strict_mode=False / any_whitespace=True, llguidance defaults, outlines-core
+build_regex_from_schema + Index over the byte-level vocabulary); compilation is never cached across schemas.
 """
 from __future__ import annotations
 

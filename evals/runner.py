@@ -8,6 +8,7 @@ import os
 import platform
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,21 @@ def _row(suite: str, engine: str, tokname: str, rec: dict[str, Any], msg: dict[s
     return row
 
 
+@dataclass
+class _Walk:
+    """What one run is walking: the planned (engine spec, label, records to do), caches shared across engines,
+    and the run's record in meta.json."""
+    suite: str
+    tokname: str
+    plan: list[tuple[str, str, list[dict[str, Any]]]]
+    code: dict[str, Any]
+    this_run: dict[str, Any]
+    bar: Any = None
+    failed: list[str] = field(default_factory=list)
+    label_cache: dict[str, list[bool | None]] = field(default_factory=dict)
+    alt_cache: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+
 def run(suite: str, records: list[dict[str, Any]], engines: list[str], tokdir: Path, tokname: str,
         out_dir: Path, *, timeout: float = 30.0, max_tokens: int = 10000, mem_limit_gb: float = 6.0,
         generate: bool = False, model: str | None = None, gen_params: dict[str, Any] | None = None,
@@ -139,21 +155,55 @@ def run(suite: str, records: list[dict[str, Any]], engines: list[str], tokdir: P
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     res_path = out_dir / "results.jsonl"
-    ids = {r["id"] for r in records}
-    old = read_rows(res_path)
-    done = {(r["engine"], r["tokenizer"], r["id"]) for r in old}
     meta_path = out_dir / "meta.json"
+    code = code_info()
+    meta = _read_meta(meta_path, meta_extra, tokname, tokdir, len(records), timeout, max_tokens)
+    this_run: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), **code, "computed": {}}
+    t_start = time.time()
+    walk = _Walk(suite, tokname, _plan(records, engines, tokname, read_rows(res_path), meta, res_path, log),
+                 code, this_run)
+    total = sum(len(t) for _, _, t in walk.plan)
+    if progress and total:
+        from tqdm import tqdm
+
+        walk.bar = tqdm(total=total, unit="case" if suite == "test-suite" else "schema", dynamic_ncols=True,
+                        file=sys.stderr, mininterval=0.5)
+    worker_cls = WorkerProcess if isolate else InProcessWorker
+    worker_args = dict(timeout=timeout, max_tokens=max_tokens, mem_limit_gb=mem_limit_gb, model=model,
+                       gen_params=gen_params, gen_timeout=gen_timeout, generate=generate)
+    with open(res_path, "a", encoding="utf-8") as f:
+        for spec, name, todo in walk.plan:
+            if todo:
+                _walk_engine(walk, spec, name, todo, worker_cls, str(tokdir), worker_args, meta, f, log)
+    if walk.bar is not None:
+        walk.bar.close()
+    this_run["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    this_run["wall_s"] = round(time.time() - t_start, 1)
+    if this_run["computed"]:
+        meta.setdefault("runs", []).append(this_run)
+    meta_path.write_text(json.dumps(meta, indent=1))
+    rows = _latest_rows(read_rows(res_path), records, engines, tokname)
+    return write_reports(suite, rows, meta, out_dir, plots=plots) | {"rows": rows, "meta": meta,
+                                                                     "failed_engines": walk.failed}
+
+
+def _read_meta(meta_path: Path, meta_extra: dict[str, Any] | None, tokname: str, tokdir: Path, n_records: int,
+               timeout: float, max_tokens: int) -> dict[str, Any]:
+    """meta.json as this run starts: what was there, this machine, this run's settings."""
     meta: dict[str, Any] = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     meta.update(meta_extra or {})
     meta.update(machine_info())
-    code = code_info()
     for k in ("code", "constraints_sha256", "started", "finished", "wall_s"):  # per run now, see meta["runs"]
         meta.pop(k, None)
-    meta.update(tokenizer=f"{tokname} ({tokdir})", n_records=len(records), timeout_s=timeout, max_tokens=max_tokens)
+    meta.update(tokenizer=f"{tokname} ({tokdir})", n_records=n_records, timeout_s=timeout, max_tokens=max_tokens)
     meta.setdefault("engines", {})
-    this_run: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), **code, "computed": {}}
-    t_start = time.time()
+    return meta
 
+
+def _plan(records: list[dict[str, Any]], engines: list[str], tokname: str, old: list[dict[str, Any]],
+          meta: dict[str, Any], res_path: Path, log) -> list[tuple[str, str, list[dict[str, Any]]]]:
+    """Per installed engine, the records without a row yet (an engine that is not installed is noted in meta)."""
+    done = {(r["engine"], r["tokenizer"], r["id"]) for r in old}
     plan = []
     for spec in engines:
         name = engine_label(spec)
@@ -162,81 +212,73 @@ def run(suite: str, records: list[dict[str, Any]], engines: list[str], tokdir: P
             log(f"[evals] skipping engine {name}: {why}")
             meta["engines"][name] = f"skipped: {why}"
             continue
-        todo = [r for r in records if (name, tokname, r["id"]) not in done]
-        plan.append((spec, name, todo))
-    total = sum(len(t) for _, _, t in plan)
-    skipped = len(records) * len(plan) - total
+        plan.append((spec, name, [r for r in records if (name, tokname, r["id"]) not in done]))
+    skipped = len(records) * len(plan) - sum(len(t) for _, _, t in plan)
     if skipped:
         log(f"[evals] resuming: {skipped} (engine, schema) results already in {res_path}")
+    return plan
 
-    bar = None
-    if progress and total:
-        from tqdm import tqdm
 
-        bar = tqdm(total=total, unit="case" if suite == "test-suite" else "schema", dynamic_ncols=True,
-                   file=sys.stderr, mininterval=0.5)
-    failed: list[str] = []
-    label_cache: dict[str, list[bool | None]] = {}
-    alt_cache: dict[str, list[dict[str, Any]]] = {}
-    with open(res_path, "a", encoding="utf-8") as f:
-        for spec, name, todo in plan:
-            if not todo:
-                continue
-            do_gen = generate and canonical_name(spec) == "ours"
-            cls = WorkerProcess if isolate else InProcessWorker
-            w = cls(spec, str(tokdir), timeout, max_tokens=max_tokens, mem_limit_gb=mem_limit_gb,
-                    model=model if do_gen else None, gen_params=gen_params, gen_timeout=gen_timeout)
-            try:
-                info = w.start()
-            except WorkerError as e:
-                log(f"[evals] engine {name} cannot start: {e}")
-                meta["engines"][name] = f"failed to start: {e}"
-                failed.append(name)
-                if bar is not None:
-                    bar.update(len(todo))
-                continue
-            meta["engines"][name] = info["version"]
-            if bar is not None:
-                bar.set_description(name)
-            try:
-                for rec in todo:
-                    if rec["id"] not in alt_cache:
-                        alt_cache[rec["id"]] = _schema_ordered(rec)
-                    task = {"id": rec["id"], "schema": rec["schema"], "instances": alt_cache[rec["id"]],
-                            "generate": do_gen, "prompt": GEN_PROMPT}
-                    try:
-                        msg = w.run(task)
-                    except WorkerError as e:  # could not restart after a kill
-                        msg = {"outcome": "crash", "phase": "start", "compile_s": None}
-                        log(f"[evals] {name}: {e}")
-                    if rec["id"] not in label_cache:
-                        label_cache[rec["id"]] = _labels(rec)
-                    row = _row(suite, name, tokname, rec, msg, label_cache[rec["id"]])
-                    if canonical_name(spec) == "ours":  # the constraint layer changes between runs: say which one
-                        row["code"] = f"{code.get('code', '?')} sha {code['constraints_sha256']}"
-                    this_run["computed"][name] = this_run["computed"].get(name, 0) + 1
-                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
-                    f.flush()
-                    if bar is not None:
-                        bar.update(1)
-            finally:
-                w.close()
-                if getattr(w, "restarts", 0):
-                    meta.setdefault("worker_restarts", {})[name] = w.restarts
-    if bar is not None:
-        bar.close()
-    this_run["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    this_run["wall_s"] = round(time.time() - t_start, 1)
-    if this_run["computed"]:
-        meta.setdefault("runs", []).append(this_run)
-    meta_path.write_text(json.dumps(meta, indent=1))
-    rows = [r for r in read_rows(res_path) if r["tokenizer"] == tokname and r["id"] in ids
-            and r["engine"] in {engine_label(s) for s in engines}]
-    # one row per (engine, id): the last one written wins
+def _walk_engine(walk: _Walk, spec: str, name: str, todo: list[dict[str, Any]], worker_cls, tokdir: str,
+                 worker_args: dict[str, Any], meta: dict[str, Any], f, log) -> None:
+    """One engine over its records in one worker: a row per record appended to `f` as soon as it is known."""
+    args = dict(worker_args)
+    do_gen = args.pop("generate") and canonical_name(spec) == "ours"
+    if not do_gen:
+        args["model"] = None
+    w = worker_cls(spec, tokdir, args.pop("timeout"), **args)
+    try:
+        info = w.start()
+    except WorkerError as e:
+        log(f"[evals] engine {name} cannot start: {e}")
+        meta["engines"][name] = f"failed to start: {e}"
+        walk.failed.append(name)
+        if walk.bar is not None:
+            walk.bar.update(len(todo))
+        return
+    meta["engines"][name] = info["version"]
+    if walk.bar is not None:
+        walk.bar.set_description(name)
+    try:
+        for rec in todo:
+            f.write(json.dumps(_walk_record(walk, w, spec, name, rec, do_gen, log), ensure_ascii=False) + "\n")
+            f.flush()
+            if walk.bar is not None:
+                walk.bar.update(1)
+    finally:
+        w.close()
+        if w.restarts:
+            meta.setdefault("worker_restarts", {})[name] = w.restarts
+
+
+def _walk_record(walk: _Walk, w, spec: str, name: str, rec: dict[str, Any], do_gen: bool, log) -> dict[str, Any]:
+    if rec["id"] not in walk.alt_cache:
+        walk.alt_cache[rec["id"]] = _schema_ordered(rec)
+    task = {"id": rec["id"], "schema": rec["schema"], "instances": walk.alt_cache[rec["id"]],
+            "generate": do_gen, "prompt": GEN_PROMPT}
+    try:
+        msg = w.run(task)
+    except WorkerError as e:  # could not restart after a kill
+        msg = {"outcome": "crash", "phase": "start", "compile_s": None}
+        log(f"[evals] {name}: {e}")
+    if rec["id"] not in walk.label_cache:
+        walk.label_cache[rec["id"]] = _labels(rec)
+    row = _row(walk.suite, name, walk.tokname, rec, msg, walk.label_cache[rec["id"]])
+    if canonical_name(spec) == "ours":  # the constraint layer changes between runs: say which one
+        row["code"] = f"{walk.code.get('code', '?')} sha {walk.code['constraints_sha256']}"
+    walk.this_run["computed"][name] = walk.this_run["computed"].get(name, 0) + 1
+    return row
+
+
+def _latest_rows(rows: list[dict[str, Any]], records: list[dict[str, Any]], engines: list[str],
+                 tokname: str) -> list[dict[str, Any]]:
+    """This run's rows, one per (engine, id) (the last one written wins), in engine then record order."""
+    ids = {r["id"] for r in records}
+    labels = {engine_label(s) for s in engines}
     uniq: dict[tuple[str, str], dict[str, Any]] = {}
     for r in rows:
-        uniq[(r["engine"], r["id"])] = r
+        if r["tokenizer"] == tokname and r["id"] in ids and r["engine"] in labels:
+            uniq[(r["engine"], r["id"])] = r
     order = {r["id"]: k for k, r in enumerate(records)}
     eng_order = {engine_label(s): k for k, s in enumerate(engines)}
-    rows = sorted(uniq.values(), key=lambda r: (eng_order.get(r["engine"], 99), order.get(r["id"], 0)))
-    return write_reports(suite, rows, meta, out_dir, plots=plots) | {"rows": rows, "meta": meta, "failed_engines": failed}
+    return sorted(uniq.values(), key=lambda r: (eng_order.get(r["engine"], 99), order.get(r["id"], 0)))

@@ -221,6 +221,8 @@ class InProcessWorker:
     """The same interface as WorkerProcess, in this process: no time or memory limit beyond the compiler's
     own deadline (for debugging, and for small trusted runs such as the test fixtures)."""
 
+    restarts = 0  # nothing is killed in process, so nothing restarts
+
     def __init__(self, engine: str, tokdir: str, timeout: float, max_tokens: int = 10000, model: str | None = None,
                  gen_params: dict | None = None, **_: Any):
         self.engine, self.tokdir, self.timeout, self.max_tokens = engine, str(tokdir), timeout, max_tokens

@@ -12,14 +12,10 @@ are the real ones) and returns, for each open position of a request's active blo
     forward number, so it does not depend on batch-mates) with mean `tokens_per_forward`; the other answer
     positions get 0.5 and EOS positions 0.99.
 
-Under the threshold policy (Fast-dLLM's confidence-aware parallel decoding, threshold 0.9) a forward then commits
-k answer tokens (at least one) plus the EOS tail of the block, and the engine's EOS exit ends the request once its
-answer is committed. A constraint narrows the logits before the statistics, so constrained positions with few
-allowed tokens pass the threshold sooner and forced tokens need no forward, as in the real engine.
-
-Every step's work (each segment's rows, keys, phase and projected rows) is appended to `work_log`, which the
-harness prices on its virtual clock. `RecordingRunner` does the same around a real model's forward (the CPU
-calibration and the CPU simulation with the bundled model deciding the tokens).
+Under the threshold policy (threshold 0.9) a forward then commits k answer tokens (at least one) plus the block's
+EOS tail; a constraint narrows the logits first, so constrained positions pass sooner and forced tokens need no
+forward, as in the real engine. Every step's work is appended to `work_log`, which the harness prices on its
+virtual clock; `RecordingRunner` does the same around a real model's forward (the CPU calibration).
 """
 from __future__ import annotations
 

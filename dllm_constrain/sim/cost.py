@@ -5,16 +5,13 @@ A step is the list of its forward's segments (engine.model_runner.Segment: a Ref
 sequence, a Reuse its query span against its cached keys/values) plus the open rows each request projects through
 the LM head. Its cost has three parts:
 
-  device   max(FLOPs / (peak * compute_efficiency), bytes / (bandwidth * bandwidth_efficiency)) for the step:
-           FLOPs of the linear layers (2 * weights per row), of attention (4 * rows * keys * heads * head_dim per
-           layer: QK^T and PV), and of the LM head over the projected rows; bytes of the weights (read once per
-           step), of every request's KV cache (a Reuse reads its whole sequence's keys/values, a Refresh writes
-           them), and of the LM head, which the engine reads once per request per step (engine.logits projects
-           each request's rows apart);
-  launch   the kernels the engine issues, counted from the code: per layer ~41 ops for the packed projections, norms,
-           RoPE and MLP plus 4 per request for its attention (engine.model_runner's `attend` loops over requests
-           in Python), and ~8 per request for its logits chunk and row statistics; eager PyTorch issues them from
-           the host, so a step takes at least launches * launch_s;
+  device   max(FLOPs / (peak * compute_efficiency), bytes / (bandwidth * bandwidth_efficiency)): FLOPs of the
+           linear layers (2 * weights per row), of attention (4 * rows * keys * heads * head_dim per layer) and
+           of the LM head over the projected rows; bytes of the weights (once per step), of every request's KV
+           cache (a Reuse reads its sequence's keys/values, a Refresh writes them) and of the LM head (once per
+           request per step: engine.logits projects each request's rows apart);
+  launch   the kernels the engine issues, counted from the code (`OPS_PER_*` below); eager PyTorch issues them
+           from the host, so a step takes at least launches * launch_s;
   host     per request per step, the engine's Python (policy, commits, bookkeeping), after the forward.
 
 A step's time is max(device, launch) + host. `RooflineCost` is this model for a GPU; `LinearCost` is the CPU model

@@ -2,27 +2,20 @@
 
 python -m dllm_constrain.train.heldout [--model DIR] [--n 200] [--seed 10007] [--schema-constrained]
     [--block-length N] [--phrasing heldout|train]
-python -m dllm_constrain.train.heldout --demos
-python -m dllm_constrain.train.heldout --copy-probe [--n 60]
+python -m dllm_constrain.train.heldout --demos | --copy-probe [--n 60] | --loss [--loss-batches 16]
 python -m dllm_constrain.train.heldout --prompt-fit ../shared/data/jsonschemabench [--max-new-tokens 256]
-python -m dllm_constrain.train.heldout --loss [--loss-batches 16]
 
 Held-out requests come from the generator's held-out split (phrasings the training split never produces) at a
-seed training never used, so every stated value is new too. Reports: valid-JSON rate and schema-valid rate
-(jsonschema Draft 2020-12 with its format checker), field-value recall (share of values stated in the request
-that appear, exactly, under the right key in the answer), mean NFE, tokens committed per forward, seconds per
-sample. Unconstrained: the prompt carries the schema's field sketch, as in training, and nothing constrains
-the output; `--schema-constrained` passes each schema as the constraint.
-
-`--copy-probe` asks whether the model can copy at all, apart from decoding order: for each stated string or
-number of a held-out request, the reference answer goes in whole except that value's tokens (masked), and one
-forward's argmax must give them back; it reports the share of value tokens and of whole values recovered.
-
-`--demos` runs the README's examples (schema, regex, grammars) and prints each answer. `--prompt-fit` counts
-the JSONSchemaBench schemas whose prompt (a short request and the schema's field sketch) plus a canvas of
-`--max-new-tokens` fits the model's context, i.e. that `generate(prompt, schema=s, max_new_tokens=...)` does not
-refuse with PromptTooLongError. `--loss` prints the checkpoint's held-out diffusion loss (the training's held-out
-measure, LLaDA noise only, over `--loss-batches` fixed batches of 32; training evaluates the first 4 of them).
+seed training never used, so every stated value is new too. Reports: valid-JSON and schema-valid rates (Draft
+2020-12 with its format checker), field-value recall (stated values that appear, exactly, under the right key),
+mean NFE, tokens committed per forward, seconds per sample. Unconstrained: the prompt carries the schema's field
+sketch, as in training, and nothing constrains the output; `--schema-constrained` passes each schema as the
+constraint. `--copy-probe`: for each stated value of a held-out request the reference answer goes in whole but
+that value's tokens (masked), and one forward's argmax must give them back. `--demos` prints the README
+examples' answers; `--prompt-fit` counts the JSONSchemaBench schemas whose prompt plus a canvas of
+`--max-new-tokens` fits the context (no PromptTooLongError); `--loss` prints the held-out diffusion loss (LLaDA
+noise only, over `--loss-batches` fixed batches of 32; training evaluates the first 4). Figures:
+docs/bundled_model.md.
 """
 from __future__ import annotations
 
