@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import torch
 
 from dllm_constrain.engine.sampling import RowStats, gumbel_noise
-from dllm_constrain.engine.state import RequestState, SamplingParams
 from dllm_constrain.errors import InvalidRequestError
+
+if TYPE_CHECKING:  # annotations only: engine.state validates policy names against this module's registry
+    from dllm_constrain.engine.state import RequestState, SamplingParams
 
 
 @dataclass
@@ -41,7 +43,14 @@ class Selection:
 
 
 class CommitPolicy(Protocol):
+    """name: the registry's name (`SamplingParams.policy`); spends_step_budget: whether it commits on the block's
+    step budget (a quota policy: a block that forced tokens close saves the rest of its budget) or adaptively."""
+
     name: str
+    spends_step_budget: ClassVar[bool]
+
+    @classmethod
+    def from_params(cls, params: SamplingParams) -> CommitPolicy: ...
 
     def select(self, stats: RowStats, state: RequestState) -> Selection: ...
 
@@ -97,6 +106,11 @@ class QuotaPolicy:
     """Commit the `commit_count` highest-scoring open positions of the block (the request's schedule)."""
 
     name = "quota"
+    spends_step_budget: ClassVar[bool] = True
+
+    @classmethod
+    def from_params(cls, params: SamplingParams) -> QuotaPolicy:
+        return cls()
 
     def score(self, stats: RowStats) -> torch.Tensor:
         raise NotImplementedError
@@ -154,6 +168,11 @@ class ConfidenceThreshold:
 
     tau: float = 0.9
     name: str = "threshold"
+    spends_step_budget: ClassVar[bool] = False
+
+    @classmethod
+    def from_params(cls, params: SamplingParams) -> ConfidenceThreshold:
+        return cls(tau=params.threshold)
 
     def select(self, stats: RowStats, state: RequestState) -> Selection:
         ok = _committable(stats)
@@ -175,6 +194,11 @@ class EntropyBound:
 
     gamma: float = 0.1
     name: str = "entropy_bound"
+    spends_step_budget: ClassVar[bool] = False
+
+    @classmethod
+    def from_params(cls, params: SamplingParams) -> EntropyBound:
+        return cls(gamma=params.entropy_bound)
 
     def select(self, stats: RowStats, state: RequestState) -> Selection:
         ok = _committable(stats)
@@ -191,16 +215,20 @@ class EntropyBound:
         return Selection(commit=commit.tolist(), scores=(-sorted_h[:k]).tolist(), renoise=renoise)
 
 
+# the policies by name (`SamplingParams.policy`); each makes itself from the request's parameters (`from_params`)
+POLICIES: dict[str, type[CommitPolicy]] = {
+    "quota": LowConfidenceQuota,
+    "threshold": ConfidenceThreshold,
+    "entropy": EntropyOrder,
+    "margin": MarginOrder,
+    "entropy_bound": EntropyBound,
+}
+POLICY_NAMES = tuple(POLICIES)
+
+
 def make_policy(params: SamplingParams) -> CommitPolicy:
-    """The policy object for `params.policy`."""
-    if params.policy == "quota":
-        return LowConfidenceQuota()
-    if params.policy == "threshold":
-        return ConfidenceThreshold(tau=params.threshold)
-    if params.policy == "entropy":
-        return EntropyOrder()
-    if params.policy == "margin":
-        return MarginOrder()
-    if params.policy == "entropy_bound":
-        return EntropyBound(gamma=params.entropy_bound)
-    raise InvalidRequestError(f"unknown policy {params.policy!r}")
+    """The policy object for `params.policy` (from `POLICIES`)."""
+    policy = POLICIES.get(params.policy)
+    if policy is None:
+        raise InvalidRequestError(f"unknown policy {params.policy!r}")
+    return policy.from_params(params)
