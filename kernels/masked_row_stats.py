@@ -70,6 +70,11 @@ class RowStats:
     def __len__(self) -> int:
         return int(self.token.shape[0])
 
+    def span(self, start: int, stop: int) -> "RowStats":
+        """Rows start .. stop - 1 (views)."""
+        return RowStats(self.token[start:stop], self.prob[start:stop], self.entropy[start:stop],
+                        self.margin[start:stop])
+
     def take(self, index: torch.Tensor | list[int]) -> "RowStats":
         """The rows at `index`, in that order."""
         idx = torch.as_tensor(index, dtype=torch.long, device=self.token.device)
@@ -174,6 +179,53 @@ def gumbel_noise(shape: tuple[int, ...], generator: torch.Generator | None, devi
     return -torch.log(-torch.log(u))
 
 
+_M32 = 0xFFFFFFFF
+_M64 = 0xFFFFFFFFFFFFFFFF
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser (a bijection on 64-bit integers with full avalanche), on Python ints."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def noise_row_key(seed: int, step: int) -> int:
+    """The 64-bit key of one request's noise at one of its steps (`noise_key` adds the position)."""
+    return _mix64(_mix64((seed & _M64) ^ 0x9E3779B97F4A7C15) ^ (step & _M64))
+
+
+def noise_key(row_key: int, position: int) -> int:
+    """The 32-bit key of the noise of one canvas position (Python ints: the host computes a step's keys)."""
+    return _mix64(row_key ^ (position & _M64)) & _M32
+
+
+def _fmix32_(h: torch.Tensor) -> torch.Tensor:
+    """murmur3's 32-bit finaliser in place on an int64 tensor of 32-bit values (products wrap; the mask keeps the
+    low 32 bits, so the result is the same on every device)."""
+    h.bitwise_xor_(h >> 16)
+    h.mul_(0x85EBCA6B).bitwise_and_(_M32)
+    h.bitwise_xor_(h >> 13)
+    h.mul_(0xC2B2AE35).bitwise_and_(_M32)
+    return h.bitwise_xor_(h >> 16)
+
+
+def hashed_gumbel_noise(keys: torch.Tensor, vocab: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Standard Gumbel noise [rows, vocab] as a function of (row key, token) alone: a counter-based hash (murmur3's
+    finaliser of the key xor the token's odd-multiplied index) made uniform in (0, 1), then -log(-log u). A fixed
+    number of torch ops for any number of rows, on the keys' device, so the noise of a row never depends on the
+    other rows of its batch. float64 (the CPU default, `noise_dtype`) takes 32 bits of the hash, float32 24 bits
+    (exact in float32, so u < 1)."""
+    dtype = noise_dtype(keys.device) if dtype is None else dtype
+    token = torch.arange(vocab, dtype=torch.int64, device=keys.device).mul_(0x9E3779B1).bitwise_and_(_M32)
+    h = _fmix32_(torch.bitwise_xor(keys.to(torch.int64)[:, None], token[None, :]))
+    if dtype == torch.float64:
+        u = h.to(dtype).add_(0.5).mul_(2.0 ** -32)
+    else:
+        u = h.bitwise_right_shift_(8).to(dtype).add_(0.5).mul_(2.0 ** -24)
+    return u.log_().neg_().log_().neg_()
+
+
 def _gumbel_noise_into(out: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """`gumbel_noise` written into `out` (its device and dtype): same draws from the generator, bit-identical."""
     torch.rand(tuple(out.shape), generator=generator, dtype=out.dtype, device=out.device, out=out)
@@ -255,11 +307,11 @@ def _torch_stats(x: torch.Tensor, allowed: torch.Tensor | None, temperature: flo
     t = (z if allowed is not None else z.clamp_min_(torch.finfo(torch.float32).min)).mul_(e).sum(-1)
     entropy = torch.log(s) - t / s
     empty = (s == 0) | nothing_allowed.squeeze(-1)
-    if bool(empty.any()):
-        token = token.masked_fill(empty, -1)
-        prob = prob.masked_fill(empty, 0.0)
-        entropy = entropy.masked_fill(empty, float("inf"))
-        margin = margin.masked_fill(empty, 0.0)
+    # unconditionally (a few [rows] ops): asking whether any row is empty would read the device
+    token = token.masked_fill(empty, -1)
+    prob = prob.masked_fill(empty, 0.0)
+    entropy = entropy.masked_fill(empty, float("inf"))
+    margin = margin.masked_fill(empty, 0.0)
     return RowStats(token=token, prob=prob, entropy=entropy, margin=margin)
 
 
