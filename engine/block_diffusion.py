@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from dllm_constrain.engine.models.base import BlockDiffusionLM
 from dllm_constrain.engine.outputs import ProgressCallback
 from dllm_constrain.engine.policies import CommitPolicy
 from dllm_constrain.engine.state import RequestState
@@ -27,9 +28,9 @@ __all__ = ["generate_blocks", "is_block_diffusion", "noised_block"]
 
 
 def is_block_diffusion(model: Any) -> bool:
-    """Models with a prompt cache and a separate canvas decoder (DiffusionGemma) run `generate_blocks`."""
-    return all(callable(getattr(model, name, None))
-               for name in ("encode_prompt", "init_canvas", "denoise_step", "advance", "extend_prompt", "noise"))
+    """Models with a prompt cache and a separate canvas decoder (DiffusionGemma, `BlockDiffusionLM`) run
+    `generate_blocks`."""
+    return isinstance(model, BlockDiffusionLM)
 
 
 def generate_blocks(engine: LLMEngine, states: list[RequestState], policies: list[CommitPolicy],

@@ -35,7 +35,7 @@ from dllm_constrain.engine.host_sync import to_host
 from dllm_constrain.engine.logits import HeadJob, LogitsPath, gather_rows, head_pass
 from dllm_constrain.engine.mask_workers import ForwardWindow, MaskItem, MaskResult, MaskTiming, MaskWorkers
 from dllm_constrain.engine.model_runner import ForwardStats, ModelRunner, Row
-from dllm_constrain.engine.models.base import DiffusionLM
+from dllm_constrain.engine.models.base import DiffusionLM, RenoisingLM, RequestStateLM
 from dllm_constrain.engine.outputs import (
     CanvasSnapshot,
     GenerationResult,
@@ -57,7 +57,12 @@ from dllm_constrain.engine.scheduler import (
     kv_bytes_per_token,
 )
 from dllm_constrain.engine.state import Request, RequestPhase, RequestState
-from dllm_constrain.engine.structured_output import Forwarded, StructuredOutputManager, check_step_bound
+from dllm_constrain.engine.structured_output import (
+    Forwarded,
+    StructuredOutputManager,
+    check_step_bound,
+    engine_constraint,
+)
 from dllm_constrain.errors import (
     ConstraintError,
     ConstraintTooLongError,
@@ -271,12 +276,11 @@ class LLMEngine:
         else:
             # a template's pins are checked against the constraint before any forward, so its compilation is waited
             # for here (it cannot run beside the first forward)
-            state.constraint = request.constraint_state()  # made for this canvas (max_new_tokens)
+            state.constraint = engine_constraint(request.constraint_state())  # made for this canvas (max_new_tokens)
         if pins:
             self._pin(state, pins)
-        hook = getattr(self.model, "init_request_state", None)
-        if callable(hook):
-            hook(state)
+        if isinstance(self.model, RequestStateLM):
+            self.model.init_request_state(state)
         return state
 
     def _pin(self, s: RequestState, pins: dict[int, int]) -> None:
@@ -645,8 +649,8 @@ class LLMEngine:
         """Open positions get the mask token, or what a uniform-state model's hook says."""
         if not positions:
             return
-        hook = getattr(self.model, "renoise_tokens", None)
-        tokens = hook(s, positions) if callable(hook) else [self.special.mask_id] * len(positions)
+        tokens = (self.model.renoise_tokens(s, positions) if isinstance(self.model, RenoisingLM)
+                  else [self.special.mask_id] * len(positions))
         for pos, tok in zip(positions, tokens):
             if not bool(s.committed[pos]):
                 s.canvas[pos] = tok

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from dllm_constrain.engine.host_sync import to_host
+from dllm_constrain.engine.models.base import LinearHeadLM
 from dllm_constrain.engine.sampling import RowStats
 from dllm_constrain.kernels import masked_row_stats as mrs
 
@@ -80,8 +81,7 @@ def default_logits_budget(device: torch.device | str = "cpu") -> int:
 
 def lm_head_weight(model: Any) -> torch.Tensor | None:
     """The [V, D] LM head weight when the model exposes it (logits = hidden @ W^T, nothing else), else None."""
-    fn = getattr(model, "lm_head_weight", None)
-    return fn() if callable(fn) else None
+    return model.lm_head_weight() if isinstance(model, LinearHeadLM) else None
 
 
 def _engine_dtypes(stats: RowStats) -> RowStats:

@@ -31,10 +31,9 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any
-
 import torch
 
+from dllm_constrain.constraints.protocol import CanvasConstraint
 from dllm_constrain.engine.state import RequestState
 
 __all__ = ["ForwardWindow", "MaskBatch", "MaskItem", "MaskResult", "MaskTiming", "MaskWorkers", "shared_key"]
@@ -143,15 +142,11 @@ class MaskResult:
         return self.allowed is None and self.error is None
 
 
-def shared_key(constraint: Any) -> int:
-    """Requests whose constraints share mutable compiled structures get the same key: a regular constraint's
-    canvas state shares its compiled set algebra (`alg`), a grammar's its compiled grammar (`cg`); any other
-    constraint object is keyed by itself (two requests handed the same object share it)."""
-    for name in ("alg", "cg"):
-        shared = getattr(constraint, name, None)
-        if shared is not None:
-            return id(shared)
-    return id(constraint)
+def shared_key(constraint: CanvasConstraint | None) -> int:
+    """Requests whose constraints share mutable compiled structures get the same key (`shared_state`: a regular
+    constraint's compiled set algebra, a grammar's compiled grammar, a caller's own constraint itself); requests
+    whose constraint still compiles (None) share one."""
+    return id(constraint.shared_state() if constraint is not None else None)
 
 
 Compute = Callable[[RequestState, list[int], list[int]], torch.Tensor]

@@ -12,7 +12,7 @@ The request loop (engine.llm_engine) asks this stage, per request and step:
   `unpark` / `wait_parked`   a parked request whose compilation ended; waiting when nothing else can run.
 A request's `RequestState.phase` (COMPILING, PARKED, MASKS_AFTER, READY, DONE) says where it stands; only this
 stage moves it between the first four. docs/engine.md explains masks beside the forward, forced tokens and the
-first forward; `EngineConstraint` below is what the stage reads from a constraint.
+first forward; `engine_constraint` says what the stage reads from a constraint.
 """
 from __future__ import annotations
 
@@ -21,11 +21,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
 import torch
 
-from dllm_constrain.constraints.protocol import CanvasConstraint, fill_token_bitmask
+from dllm_constrain.constraints.protocol import CanvasConstraint, RowMaskConstraint, as_canvas_constraint
 from dllm_constrain.engine.gil_share import loop_activity
 from dllm_constrain.engine.mask_workers import ForwardWindow, MaskResult, MaskTiming
 from dllm_constrain.engine.models.base import SpecialTokens
@@ -40,22 +39,17 @@ from dllm_constrain.kernels.bitmask import (
     single_tokens,
 )
 
-__all__ = ["EngineConstraint", "Forwarded", "PrefixHinting", "StructuredOutputManager"]
+__all__ = ["Forwarded", "StructuredOutputManager", "engine_constraint"]
 
 # the phases whose step masks are computed after the forward when no worker computed them beside it
 _MASKS_AFTER = (RequestPhase.COMPILING, RequestPhase.PARKED, RequestPhase.MASKS_AFTER)
 
 
-class EngineConstraint(CanvasConstraint, Protocol):
-    """What the engine reads from a request's constraint: the canvas protocol (masks through `fill_token_bitmask`,
-    `select_commits`, `is_completable`); `PrefixHinting` is optional."""
-
-
-@runtime_checkable
-class PrefixHinting(Protocol):
-    """A constraint's cheap hint: the token the committed prefix alone forces at `position` (None: no single one)."""
-
-    def prefix_forced_token(self, canvas: Sequence[int], position: int) -> int | None: ...
+def engine_constraint(constraint: CanvasConstraint | RowMaskConstraint | None) -> CanvasConstraint | None:
+    """What the stage reads from a request's constraint: the `CanvasConstraint` protocol (masks filled into the
+    engine's bitmask, joint verification, completability, the optional prefix hint); a caller's own
+    `RowMaskConstraint` is adapted to it once, on admission."""
+    return None if constraint is None else as_canvas_constraint(constraint)
 
 
 @dataclass
@@ -91,7 +85,7 @@ class StructuredOutputManager:
             allowed = self.base_bitmask.expand(len(positions), -1).clone()
         else:
             allowed = allocate_token_bitmask(len(positions), self.vocab_size)
-            fill_token_bitmask(s.constraint, view, positions, allowed)
+            s.constraint.fill_token_bitmask(view, positions, allowed)
             allowed &= self.base_bitmask
         for j, pos in enumerate(positions):
             for bpos, btok in s.banned:
@@ -129,7 +123,7 @@ class StructuredOutputManager:
     def resolve_pending(s: RequestState) -> None:
         """Make a compiled pending constraint the request's canvas state (its compilation or fit error is raised)."""
         if s.pending is not None:
-            s.constraint, s.pending = s.pending.constraint_state(), None
+            s.constraint, s.pending = engine_constraint(s.pending.constraint_state()), None
 
     # ------------------------------------------------------------------ before the forward
     def prepare(self, s: RequestState, timing: MaskTiming | None = None, workers: bool = False,
@@ -183,7 +177,7 @@ class StructuredOutputManager:
         and the constraint's cheap prefix hint, the hint's chain decides; else the active block's masks are
         computed, and unless every row is forced they stay in `allowed_cache` for after the forward."""
         saved = (s.canvas.clone(), s.committed.clone(), s.block, s.block_step, s.forced_tokens, s.forwards_saved)
-        if workers and isinstance(s.constraint, PrefixHinting):
+        if workers and s.constraint.offers_prefix_hint:
             self._commit_prefix_forced(s, timing)
         else:
             positions = s.open_in_block()
@@ -200,19 +194,19 @@ class StructuredOutputManager:
 
     def _commit_prefix_forced(self, s: RequestState, timing: MaskTiming | None) -> bool | None:
         """With mask workers: commit, before the forward, the chain of tokens the committed prefix alone forces at
-        the left frontier (the constraint's cheap `prefix_forced_token` hint: no mask is computed), moving to the
+        the left frontier (the constraint's cheap `prefix_hint`: no mask is computed), moving to the
         next block when one closes (a block closed this way costs no forward). Returns whether the step's masks
         go to the workers (False: the request ended), or None when the constraint offers no hint (the caller
         probes the frontier's mask instead). Safe: the canvas is completable and the prefix row is a superset of
         the frontier's mask, so a single prefix token is the frontier's only allowed token."""
         constraint = s.constraint
-        if not isinstance(constraint, PrefixHinting):
+        if not constraint.offers_prefix_hint:
             return None
         while not s.done:
             positions = s.open_in_block()
             view = s.canvas_view(self.mask_id)
             start = time.perf_counter()
-            token = constraint.prefix_forced_token(view, positions[0])
+            token = constraint.prefix_hint(view, positions[0])
             if timing is not None:
                 timing.add_mask(start, time.perf_counter(), probe=True)
             if token is None or (positions[0], token) in s.banned or not self.base_allows(token):
