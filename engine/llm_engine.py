@@ -26,13 +26,11 @@ from typing import Any
 
 import torch
 
-from dllm_constrain.constraints.protocol import first_unfit_pin
 from dllm_constrain.engine.block_diffusion import generate_blocks, is_block_diffusion
 from dllm_constrain.engine.config import DEFAULT_STEP_TOKENS, EngineConfig
 from dllm_constrain.engine.core_split import CoreSplit, pin_current_thread, plan_core_split
 from dllm_constrain.engine.gil_share import loop_activity
-from dllm_constrain.engine.host_sync import to_host
-from dllm_constrain.engine.logits import HeadJob, LogitsPath, gather_rows, head_pass
+from dllm_constrain.engine.logits import HeadJob, LogitsPath, read_slots
 from dllm_constrain.engine.mask_workers import ForwardWindow, MaskItem, MaskResult, MaskTiming, MaskWorkers
 from dllm_constrain.engine.model_runner import ForwardStats, ModelRunner, Row
 from dllm_constrain.engine.models.base import DiffusionLM, RenoisingLM, RequestStateLM
@@ -57,9 +55,11 @@ from dllm_constrain.engine.scheduler import (
     kv_bytes_per_token,
 )
 from dllm_constrain.engine.state import Request, RequestPhase, RequestState
+from dllm_constrain.engine.step_faults import forward_rows, head_stats, start_rows
 from dllm_constrain.engine.structured_output import (
     Forwarded,
     StructuredOutputManager,
+    base_allowed,
     check_step_bound,
     engine_constraint,
 )
@@ -68,21 +68,13 @@ from dllm_constrain.errors import (
     ConstraintTooLongError,
     DllmConstrainError,
     InvalidRequestError,
-    PinnedTokenError,
     PromptTooLongError,
-    StepFailedError,
 )
-from dllm_constrain.kernels.masked_row_stats import RowStats, noise_row_key
+from dllm_constrain.kernels.hashed_noise import noise_row_key
+from dllm_constrain.kernels.masked_row_stats import RowStats
 
 __all__ = ["LLMEngine", "GenerationResult", "RequestOutput", "StreamUpdate", "StepEvent", "CanvasSnapshot",
            "ProgressCallback", "SchedulerConfig", "is_block_diffusion"]
-
-
-def is_out_of_memory(err: BaseException) -> bool:
-    """An allocation failure of the device or the host (torch's OutOfMemoryError, MemoryError, or a RuntimeError
-    saying "out of memory")."""
-    return isinstance(err, (torch.cuda.OutOfMemoryError, MemoryError)) or (
-        isinstance(err, RuntimeError) and "out of memory" in str(err).lower())
 
 
 @dataclass
@@ -136,7 +128,8 @@ class LLMEngine:
         self.special = model.special
         self.vocab_size = int(model.vocab_size)
         # the constraint stage: masks, forced tokens, compilations beside the loop (engine.structured_output)
-        self.structured = StructuredOutputManager(self.special, self._base_allowed(), self.place_helper_thread)
+        self.structured = StructuredOutputManager(self.special, base_allowed(self.special, self.vocab_size, tokenizer),
+                                                 self.place_helper_thread)
         # uniform-state (block) diffusion re-noises open positions, with the masked distribution's samples under a
         # constraint (`_commit`); masked diffusion re-masks them and has no use for the samples
         self.noised_blocks = is_block_diffusion(model)
@@ -220,23 +213,6 @@ class LLMEngine:
             pin_current_thread(self._cpus)
 
     # ------------------------------------------------------------------ set-up
-    def _base_allowed(self) -> torch.Tensor:
-        """Tokens any canvas position may take: never MASK, nor BOS/PAD (when distinct from EOS), nor the
-        padded embedding rows past the tokenizer's vocabulary."""
-        allowed = torch.ones(self.vocab_size, dtype=torch.bool)
-        sp = self.special
-        for tok in (sp.mask_id, sp.bos_id, sp.pad_id):
-            if tok is not None and tok != sp.eos_id and 0 <= tok < self.vocab_size:
-                allowed[tok] = False
-        tok_vocab = None
-        if self.tokenizer is not None:
-            tok_vocab = getattr(self.tokenizer, "vocab_size", None)
-            if callable(getattr(self.tokenizer, "get_vocab_size", None)):
-                tok_vocab = self.tokenizer.get_vocab_size()
-        if isinstance(tok_vocab, int) and 0 < tok_vocab < self.vocab_size:
-            allowed[tok_vocab:] = False
-        return allowed
-
     def _new_state(self, index: int, request: Request, defer: bool = False) -> RequestState:
         """The request's state, its constraint's canvas state made for its canvas; with `defer`, a constraint still
         compiling is left pending (`RequestState.pending`, resolved by the request loop after the first forward)."""
@@ -278,40 +254,10 @@ class LLMEngine:
             # for here (it cannot run beside the first forward)
             state.constraint = engine_constraint(request.constraint_state())  # made for this canvas (max_new_tokens)
         if pins:
-            self._pin(state, pins)
+            self.structured.pin(state, pins, self.decode if self.tokenizer is not None else None)
         if isinstance(self.model, RequestStateLM):
             self.model.init_request_state(state)
         return state
-
-    def _pin(self, s: RequestState, pins: dict[int, int]) -> None:
-        """Commit a template's pinned tokens (before the first step), after checking that some valid output holds
-        them: tokens the model may write at all, EOS only followed by EOS (the canvas conventions), and under a
-        constraint a completable pinned canvas (`first_unfit_pin`). Raises PinnedTokenError naming the first
-        position that cannot be part of any valid output."""
-        special = next((p for p, t in pins.items() if not self.structured.base_allows(t)), None)
-        if s.constraint is not None:
-            # validity under a constraint includes the EOS tail; the pins left of a special are searched
-            bad = first_unfit_pin(s.constraint, s.canvas_len, {p: t for p, t in pins.items()
-                                                                 if special is None or p < special},
-                                  self.special.mask_id)
-            if bad is not None:
-                text = self.decode([pins[bad]]) if self.tokenizer is not None else ""
-                raise PinnedTokenError(
-                    f"pinned token {pins[bad]} ({text!r}) at canvas position {bad} cannot be part of any output the "
-                    f"constraint accepts (given the pins left of it)", position=bad, token=pins[bad])
-        else:
-            eos = self.special.eos_id
-            eos_at = next((p for p, t in pins.items() if t == eos), None)
-            after = next((p for p, t in pins.items() if eos_at is not None and p > eos_at and t != eos), None)
-            if after is not None and (special is None or after < special):
-                raise PinnedTokenError(f"pinned token {pins[after]} at canvas position {after} follows the pinned "
-                                       f"EOS at position {eos_at}: after EOS only EOS is valid",
-                                       position=after, token=pins[after])
-        if special is not None:
-            raise PinnedTokenError(f"pinned token {pins[special]} at canvas position {special} is not one the model "
-                                   f"may write (a special such as MASK/BOS/PAD, or past the vocabulary)",
-                                   position=special, token=pins[special])
-        s.commit(list(pins), list(pins.values()))
 
     def _add(self, loop: _Loop, request: Request, request_id: int | None = None) -> int:
         """Validate a request and queue it in `loop` (typed errors: InvalidRequestError, PromptTooLongError)."""
@@ -466,7 +412,7 @@ class LLMEngine:
         try:
             # the forward starts first: with the GIL-free forward it runs on its own thread from here on, and the mask
             # jobs' Python does not hold up the Python that prepares its inputs
-            finish = self._start_rows(loop, live)
+            started = start_rows(loop.runner, live)
             # every constraint call of the loop thread is done for this step until the join: the workers own the
             # constraints of the requests they were handed (engine.mask_workers)
             batch = loop.masks.submit(beside) if beside and loop.masks is not None else None
@@ -476,7 +422,7 @@ class LLMEngine:
                 request = s.pending
                 if request is not None:
                     request.constraint.start(self.place_helper_thread)
-            rows = self._finish_rows(loop, live, finish)
+            rows = forward_rows(loop.runner, loop.scheduler, live, started)
         except BaseException:
             loop.forward_running.close()
             if batch is not None:
@@ -487,35 +433,6 @@ class LLMEngine:
         if live:
             loop.timing.add_forward(start, end, refresh=loop.runner.stats.refresh_rows > refreshed_before)
         return rows, (batch.join(loop.timing, (start, end)) if batch is not None else {})
-
-    @staticmethod
-    def _start_rows(loop: _Loop, live: list[RequestState]) -> Callable[[], list[Row]] | Exception:
-        """`ModelRunner.start_rows`, or the exception it raised (`_finish_rows` retries without the culprit)."""
-        try:
-            return loop.runner.start_rows(live)
-        except Exception as err:  # noqa: BLE001 - a fault of the model: `_finish_rows` isolates it
-            return err
-
-    def _finish_rows(self, loop: _Loop, live: list[RequestState],
-                     finish: Callable[[], list[Row]] | Exception) -> list[Row]:
-        """The forward's rows. A forward that raised is run again on each half of `live` (an out-of-memory halves
-        the scheduler's step budget first), so the fault ends only the requests it follows: a request alone that
-        still fails ends with StepFailedError; each row computes what it computes alone, so the others' answers
-        do not change."""
-        try:
-            if isinstance(finish, Exception):
-                raise finish
-            return finish()
-        except Exception as err:  # noqa: BLE001 - see the docstring
-            if is_out_of_memory(err):
-                loop.scheduler.shrink_step_budget()
-            if len(live) == 1:
-                live[0].fail(StepFailedError(f"request {live[0].index}: its forward failed: {err!r}"))
-                loop.runner.release(live[0].index)
-                return []
-            mid = len(live) // 2
-            return [row for part in (live[:mid], live[mid:])
-                    for row in self._finish_rows(loop, part, self._start_rows(loop, part))]
 
     def prepare_request(self, s: RequestState) -> None:
         """The forward-free part of a lockstep step (engine.block_diffusion): serially, no mask workers; a request's
@@ -544,7 +461,7 @@ class LLMEngine:
                                      float(s.params.temperature), noise_row_key(s.seed, s.nfe)), policies[s.index]))
         if not jobs:
             return
-        stats = self._head([job for job, _ in jobs], logits_path)
+        stats = head_stats(logits_path, [job for job, _ in jobs], self.runner.device)
         slot_reads: list[tuple[HeadJob, set[int]]] = []
         for (job, policy), part in zip(jobs, stats):
             if part is not None:
@@ -552,21 +469,7 @@ class LLMEngine:
                 if committed and job.state.params.read_slots:
                     slot_reads.append((job, committed))
         if slot_reads:
-            self._read_slots(slot_reads)
-
-    def _head(self, jobs: list[HeadJob], logits_path: LogitsPath) -> list[RowStats | None]:
-        """`head_pass` over `jobs`; one that raises is run again on each half of them (an out-of-memory halves the
-        logits budget first), so a fault ends only the requests it follows (StepFailedError; None stats)."""
-        try:
-            return head_pass(logits_path, jobs)
-        except Exception as err:  # noqa: BLE001 - a fault of the model's head: isolated below
-            if is_out_of_memory(err):
-                logits_path.halve_budget(self.runner.device)
-            if len(jobs) == 1:
-                jobs[0].state.fail(StepFailedError(f"request {jobs[0].state.index}: its head pass failed: {err!r}"))
-                return [None]
-            mid = len(jobs) // 2
-            return self._head(jobs[:mid], logits_path) + self._head(jobs[mid:], logits_path)
+            read_slots(self.model, slot_reads)
 
     def _commit(self, job: HeadJob, policy: CommitPolicy, stats: RowStats) -> set[int]:
         """One request's decisions from its host statistics: the policy's picks, verified jointly by the constraint
@@ -608,34 +511,6 @@ class LLMEngine:
             raise ConstraintTooLongError(s.canvas_len + 1, s.canvas_len)
         raise ConstraintError(f"request {s.index}: no open position of block {s.block} has an allowed token; "
                               "the canvas is not completable")
-
-    def _read_slots(self, reads: list[tuple[HeadJob, set[int]]]) -> None:
-        """Keep the reading of every slot (SamplingParams.read_slots) this step's commits touched first: the
-        log-probabilities of the slot's ids at its positions that were open at this forward (the others, committed
-        before without the model, stay NaN). One LM-head projection and one host read for all of the step's."""
-        wanted: list[tuple[RequestState, int, list[int]]] = []
-        rows: list[HeadJob] = []
-        for job, committed in reads:
-            s, open_rows = job.state, set(job.positions)
-            for k, (start, end, _ids) in enumerate(s.params.read_slots or ()):
-                if k in s.slot_reads or not any(start <= p < end for p in committed):
-                    continue
-                positions = [p for p in range(start, end) if p in open_rows]
-                wanted.append((s, k, positions))
-                rows.append(replace(job, positions=positions))
-        if not wanted:
-            return
-        logp = (torch.log_softmax(self.model.logits(gather_rows(rows)).float(), dim=-1)
-                if any(positions for _, _, positions in wanted) else None)
-        (host,) = to_host(logp) if logp is not None else (None,)
-        first = 0
-        for s, k, positions in wanted:
-            start, end, ids = s.params.read_slots[k]
-            read = torch.full((end - start, len(ids)), float("nan"))
-            if positions:
-                read[[p - start for p in positions]] = host[first:first + len(positions)][:, list(ids)]
-            s.slot_reads[k] = read
-            first += len(positions)
 
     def _undo(self, s: RequestState, commits: list[tuple[int, int]]) -> None:
         """Reopen this step's commits and ban them at their positions (approximate masks let them in)."""

@@ -1,32 +1,24 @@
-"""The budgeted logits path: commit statistics for a request's open block positions, never [batch, canvas, vocab].
+"""The budgeted logits path and the step's one head pass: commit statistics, never [batch, canvas, vocab].
 
-For one request and one step the engine hands over the hidden states of the rows it may commit (the open positions
-of the active block) and their allowed-token masks. `LogitsPath.row_stats` projects them in row chunks whose
-transient workspace fits a byte budget, applies the masks inside each chunk and reduces it at once to token,
-probability, entropy and top-2 margin (`dllm_constrain.kernels.masked_row_stats`: the fused Triton kernel over
-hidden states and the LM head on CUDA, where the logits tile never leaves registers; the torch reference with one
-reused workspace on CPU), then moves on; the chunk's logits are overwritten by the next chunk.
-
-Models that expose their LM head (`lm_head_weight()`: LLaDA, Dream) take the fused hidden x head path; any other
-model (e.g. DiffusionGemma's soft-capped head, test doubles) has `model.logits(chunk)` called per chunk and the
-chunk reduced by the same masked-row-statistics dispatcher.
-
-Noise at T > 0 is drawn from the request's generator chunk after chunk in row order, on the model's device (the
-generator lives there: `LLMEngine` creates it with the model's device), so no noise is drawn on the host and copied.
-On the CPU it is float64 and torch's CPU generator yields the same stream as one [rows, vocab] draw, so the chunking
-never changes a sample; on CUDA it is float32 and the Philox stream depends on the chunk sizes, so a seed reproduces
-on the same device with the same logits budget. Results for a seed are reproducible per device, not across devices
-(as in vLLM).
-
-The default budget (`default_logits_budget`): on CUDA a quarter of the free device memory
-(`torch.cuda.mem_get_info`), on CPU 1/16 of the available RAM (psutil if installed, else MemAvailable from
-/proc/meminfo, else sysconf's available pages), clamped to [16 MiB, 4 GiB].
+  `head_pass`            every request's open rows of a step gathered from its hidden states (`gather_rows`: one
+                         index_select), reduced in ONE `LogitsPath.row_stats` call, read to the host in ONE
+                         `to_host` (engine.host_sync); each request's host statistics come back;
+  `LogitsPath.row_stats` rows projected in chunks whose transient workspace fits a byte budget, each chunk masked
+                         and reduced at once to token, probability, entropy and top-2 margin
+                         (kernels.masked_row_stats: the fused Triton kernel over hidden states and the LM head on
+                         CUDA, the torch reference with one reused workspace on the CPU); per-row temperatures, and
+                         noise hashed from per-row keys (kernels.hashed_noise) or drawn from a generator;
+  `read_slots`           the log-probabilities of SamplingParams.read_slots, one projection for a step.
+Models with a linear LM head (`LinearHeadLM`: LLaDA, Dream) take the fused hidden x head path; any other (e.g.
+DiffusionGemma's soft-capped head, test doubles) has `model.logits(chunk)` called per chunk. The default budget
+(`default_logits_budget`): on CUDA a quarter of the free device memory, on the CPU 1/16 of the available RAM
+(psutil, else /proc/meminfo, else sysconf), clamped to [16 MiB, 4 GiB]. docs/engine.md, "The head pass".
 """
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -34,6 +26,7 @@ import torch
 from dllm_constrain.engine.host_sync import to_host
 from dllm_constrain.engine.models.base import LinearHeadLM
 from dllm_constrain.engine.sampling import RowStats
+from dllm_constrain.kernels import hashed_noise
 from dllm_constrain.kernels import masked_row_stats as mrs
 
 MiB = 1 << 20
@@ -195,7 +188,7 @@ def _row_noise(keys: torch.Tensor | None, scale: torch.Tensor | None, start: int
     for T_row > 0, and exactly argmax x for a greedy row (its noise is 0)."""
     if temperature == 0 or keys is None:
         return None
-    noise = mrs.hashed_gumbel_noise(keys[start:stop], vocab)
+    noise = hashed_noise.hashed_gumbel_noise(keys[start:stop], vocab)
     if scale is not None:
         noise.mul_(scale[start:stop, None])
     return noise
@@ -256,7 +249,7 @@ def head_pass(logits_path: LogitsPath, jobs: Sequence[HeadJob]) -> list[RowStats
     temps = [job.temperature for job in jobs for _ in job.positions]
     keys = None
     if any(t > 0 for t in temps):  # greedy rows need no noise
-        keys = torch.tensor([mrs.noise_key(job.row_key, p) for job in jobs for p in job.positions],
+        keys = torch.tensor([hashed_noise.noise_key(job.row_key, p) for job in jobs for p in job.positions],
                             dtype=torch.long)
     stats = logits_path.row_stats(rows, allowed, temps, keys=keys)
     host = RowStats(*to_host(stats.token, stats.prob, stats.entropy, stats.margin))
@@ -265,3 +258,32 @@ def head_pass(logits_path: LogitsPath, jobs: Sequence[HeadJob]) -> list[RowStats
         parts.append(host.span(start, start + n))
         start += n
     return parts
+
+
+def read_slots(model: Any, reads: list[tuple[HeadJob, set[int]]]) -> None:
+    """Keep the reading of every slot (SamplingParams.read_slots) this step's commits touched first: the
+    log-probabilities of the slot's ids at its positions that were open at this forward (the others, committed
+    before without the model, stay NaN). One LM-head projection and one host read for all of the step's."""
+    wanted: list[tuple[Any, int, list[int]]] = []
+    rows: list[HeadJob] = []
+    for job, committed in reads:
+        s, open_rows = job.state, set(job.positions)
+        for k, (start, end, _ids) in enumerate(s.params.read_slots or ()):
+            if k in s.slot_reads or not any(start <= p < end for p in committed):
+                continue
+            positions = [p for p in range(start, end) if p in open_rows]
+            wanted.append((s, k, positions))
+            rows.append(replace(job, positions=positions))
+    if not wanted:
+        return
+    logp = (torch.log_softmax(model.logits(gather_rows(rows)).float(), dim=-1)
+            if any(positions for _, _, positions in wanted) else None)
+    (host,) = to_host(logp) if logp is not None else (None,)
+    first = 0
+    for s, k, positions in wanted:
+        start, end, ids = s.params.read_slots[k]
+        read = torch.full((end - start, len(ids)), float("nan"))
+        if positions:
+            read[[p - start for p in positions]] = host[first:first + len(positions)][:, list(ids)]
+        s.slot_reads[k] = read
+        first += len(positions)

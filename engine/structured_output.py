@@ -17,20 +17,26 @@ first forward; `engine_constraint` says what the stage reads from a constraint.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from dllm_constrain.constraints.protocol import CanvasConstraint, RowMaskConstraint, as_canvas_constraint
+from dllm_constrain.constraints.protocol import (
+    CanvasConstraint,
+    RowMaskConstraint,
+    as_canvas_constraint,
+    first_unfit_pin,
+)
 from dllm_constrain.engine.gil_share import loop_activity
 from dllm_constrain.engine.mask_workers import ForwardWindow, MaskResult, MaskTiming
 from dllm_constrain.engine.models.base import SpecialTokens
 from dllm_constrain.engine.policies import POLICIES
 from dllm_constrain.engine.state import RequestPhase, RequestState
-from dllm_constrain.errors import GenerationTimeoutError
+from dllm_constrain.errors import GenerationTimeoutError, PinnedTokenError
 from dllm_constrain.kernels.bitmask import (
     allocate_token_bitmask,
     clear_token,
@@ -39,7 +45,7 @@ from dllm_constrain.kernels.bitmask import (
     single_tokens,
 )
 
-__all__ = ["Forwarded", "StructuredOutputManager", "engine_constraint"]
+__all__ = ["Forwarded", "StructuredOutputManager", "base_allowed", "check_step_bound", "engine_constraint"]
 
 # the phases whose step masks are computed after the forward when no worker computed them beside it
 _MASKS_AFTER = (RequestPhase.COMPILING, RequestPhase.PARKED, RequestPhase.MASKS_AFTER)
@@ -124,6 +130,36 @@ class StructuredOutputManager:
         """Make a compiled pending constraint the request's canvas state (its compilation or fit error is raised)."""
         if s.pending is not None:
             s.constraint, s.pending = engine_constraint(s.pending.constraint_state()), None
+
+    def pin(self, s: RequestState, pins: dict[int, int], decode: Callable[[list[int]], str] | None) -> None:
+        """Commit a template's pinned tokens (before the first step), after checking that some valid output holds
+        them: tokens the model may write at all, EOS only followed by EOS (the canvas conventions), and under a
+        constraint a completable pinned canvas (`first_unfit_pin`). Raises PinnedTokenError naming the first
+        position that cannot be part of any valid output."""
+        special = next((p for p, t in pins.items() if not self.base_allows(t)), None)
+        if s.constraint is not None:
+            # validity under a constraint includes the EOS tail; the pins left of a special are searched
+            bad = first_unfit_pin(s.constraint, s.canvas_len, {p: t for p, t in pins.items()
+                                                                 if special is None or p < special},
+                                  self.mask_id)
+            if bad is not None:
+                text = decode([pins[bad]]) if decode is not None else ""
+                raise PinnedTokenError(
+                    f"pinned token {pins[bad]} ({text!r}) at canvas position {bad} cannot be part of any output the "
+                    f"constraint accepts (given the pins left of it)", position=bad, token=pins[bad])
+        else:
+            eos = self.special.eos_id
+            eos_at = next((p for p, t in pins.items() if t == eos), None)
+            after = next((p for p, t in pins.items() if eos_at is not None and p > eos_at and t != eos), None)
+            if after is not None and (special is None or after < special):
+                raise PinnedTokenError(f"pinned token {pins[after]} at canvas position {after} follows the pinned "
+                                       f"EOS at position {eos_at}: after EOS only EOS is valid",
+                                       position=after, token=pins[after])
+        if special is not None:
+            raise PinnedTokenError(f"pinned token {pins[special]} at canvas position {special} is not one the model "
+                                   f"may write (a special such as MASK/BOS/PAD, or past the vocabulary)",
+                                   position=special, token=pins[special])
+        s.commit(list(pins), list(pins.values()))
 
     # ------------------------------------------------------------------ before the forward
     def prepare(self, s: RequestState, timing: MaskTiming | None = None, workers: bool = False,
@@ -411,3 +447,21 @@ def count_saved(s: RequestState, steps_left: int) -> None:
     """A block closed by forced tokens without a forward: the rest of its step budget is saved (1 forward for a
     policy that does not spend the budget)."""
     s.forwards_saved += max(1, steps_left) if POLICIES[s.params.policy].spends_step_budget else 1
+
+
+def base_allowed(special: SpecialTokens, vocab_size: int, tokenizer: Any) -> torch.Tensor:
+    """Tokens any canvas position may take: never MASK, nor BOS/PAD (when distinct from EOS), nor the padded
+    embedding rows past the tokenizer's vocabulary."""
+    allowed = torch.ones(vocab_size, dtype=torch.bool)
+    sp = special
+    for tok in (sp.mask_id, sp.bos_id, sp.pad_id):
+        if tok is not None and tok != sp.eos_id and 0 <= tok < vocab_size:
+            allowed[tok] = False
+    tok_vocab = None
+    if tokenizer is not None:
+        tok_vocab = getattr(tokenizer, "vocab_size", None)
+        if callable(getattr(tokenizer, "get_vocab_size", None)):
+            tok_vocab = tokenizer.get_vocab_size()
+    if isinstance(tok_vocab, int) and 0 < tok_vocab < vocab_size:
+        allowed[tok_vocab:] = False
+    return allowed

@@ -1,35 +1,21 @@
 """Fused grammar-mask application and per-row reductions of logits: token, probability, entropy, margin.
 
-For one row of logits l over a vocabulary of V tokens and an allowed set A (all tokens when no mask):
+For a row of logits l over V tokens and an allowed set A: x_j = l_j if j in A else -inf (masking before any softmax),
+p = softmax(x) (temperature-free, as LLaDA's confidence), token = argmax_j x_j at T = 0, argmax_j (x_j / T + g_j)
+in float64 at T > 0 (Gumbel-max; ties to the lowest index, as torch.argmax), prob = p_token, entropy = log S -
+(sum_j (x_j - m) e^{x_j - m}) / S, margin = p_(1) - p_(2) (p_(1) when |A| = 1), with m = max x and S = sum e^{x - m}.
+A row with no allowed token gets token -1, prob 0, entropy +inf, margin 0 (the engine never commits it).
 
-  x_j     = l_j if j in A else -inf                     (masking happens before any softmax)
-  p       = softmax(x)                                   (temperature-free, as in LLaDA's confidence)
-  token   = argmax_j x_j                                 if T == 0 (greedy)
-          = argmax_j (x_j / T + g_j), float64            if T > 0, g_j = -log(-log U_j), U_j ~ U[0, 1)
-            (Gumbel-max: a sample of softmax(x / T); ties go to the lowest index, as torch.argmax)
-
-Noise: g is drawn from the caller's generator on the logits' device (`gumbel_noise`; the generator must live
-there), in float64 on the CPU and in float32 on other devices (`noise_dtype`; scores are still formed in
-float64). A seed reproduces its samples on the same device, not across devices (as in vLLM).
-  prob    = p_token
-  entropy = -sum_j p_j log p_j = log S - (sum_j (x_j - m) e^{x_j - m}) / S,   m = max_j x_j, S = sum_j e^{x_j - m}
-  margin  = p_(1) - p_(2) = (1 - e^{x_(2) - m}) / S      (x_(2) the second largest masked logit; p_(1) if |A| = 1)
-
-A row with no allowed token gets token -1, prob 0, entropy +inf, margin 0 (the engine never commits it). This module
-is the one implementation of that math: the engine's seam `dllm_constrain.engine.sampling.reduce_logits` and its
-budgeted logits path call `masked_row_stats` / `masked_row_stats_from_hidden`. The Triton kernels give the torch
-reference's outputs up to float rounding of the statistics; tokens are bit-identical because scores are compared
-exactly as torch compares them.
-
-The Triton kernels stream each row's vocabulary in tiles, keeping an online (max, sum-exp, sum (x - m) exp) state,
-the running best score and the top-2 logits, so each logit is read once (`masked_row_stats`) or never written at
-all (`masked_row_stats_from_hidden`: logits tiles are computed in registers from hidden [rows, D] and the LM head
-weight [V, D]). The vocabulary can be split across programs (`num_splits`); the per-split states are merged by
-the exact same rescaling (`_combine_partials`).
-
-Masks use xgrammar's packed layout: int32 [rows, ceil(V / 32)], bit j of word w allows token 32 w + j, the one
-mask format of the project (`dllm_constrain.kernels.bitmask`: `allocate_token_bitmask`, `pack_bool_mask` /
-`unpack_bitmask`, re-exported here). Boolean [rows, V] masks are still accepted (packed on the fly for Triton).
+Noise g is the caller's (`noise=`: the engine's head pass hashes it per row, kernels.hashed_noise) or drawn from
+the caller's generator on the logits' device (`gumbel_noise`), float64 on the CPU and float32 elsewhere.
+Masks use xgrammar's packed layout, int32 [rows, ceil(V / 32)] (kernels.bitmask, re-exported here); bool [rows, V]
+masks are accepted too. This module is the one implementation of the math: the torch reference (one reused
+workspace, `RowStatsWorkspace`) on the CPU, the Triton kernels on CUDA, which stream each row's vocabulary in tiles
+with an online (max, sum-exp, sum (x - m) exp) state, the running best score and the top-2 logits, so each logit is
+read once (`masked_row_stats`) or never written at all (`masked_row_stats_from_hidden`: logits tiles computed in
+registers from hidden [rows, D] and the LM head [V, D]); vocabulary splits (`num_splits`) are merged by the same
+rescaling (`_combine_partials`). Their tokens are bit-identical to the reference's; the other statistics agree up
+to float rounding. `budgeted_row_stats_from_hidden` chunks rows under a byte budget.
 """
 from __future__ import annotations
 
@@ -177,53 +163,6 @@ def gumbel_noise(shape: tuple[int, ...], generator: torch.Generator | None, devi
     dtype = noise_dtype(device) if dtype is None else dtype
     u = torch.rand(shape, generator=generator, dtype=dtype, device=device)
     return -torch.log(-torch.log(u))
-
-
-_M32 = 0xFFFFFFFF
-_M64 = 0xFFFFFFFFFFFFFFFF
-
-
-def _mix64(x: int) -> int:
-    """splitmix64's finaliser (a bijection on 64-bit integers with full avalanche), on Python ints."""
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
-    return x ^ (x >> 31)
-
-
-def noise_row_key(seed: int, step: int) -> int:
-    """The 64-bit key of one request's noise at one of its steps (`noise_key` adds the position)."""
-    return _mix64(_mix64((seed & _M64) ^ 0x9E3779B97F4A7C15) ^ (step & _M64))
-
-
-def noise_key(row_key: int, position: int) -> int:
-    """The 32-bit key of the noise of one canvas position (Python ints: the host computes a step's keys)."""
-    return _mix64(row_key ^ (position & _M64)) & _M32
-
-
-def _fmix32_(h: torch.Tensor) -> torch.Tensor:
-    """murmur3's 32-bit finaliser in place on an int64 tensor of 32-bit values (products wrap; the mask keeps the
-    low 32 bits, so the result is the same on every device)."""
-    h.bitwise_xor_(h >> 16)
-    h.mul_(0x85EBCA6B).bitwise_and_(_M32)
-    h.bitwise_xor_(h >> 13)
-    h.mul_(0xC2B2AE35).bitwise_and_(_M32)
-    return h.bitwise_xor_(h >> 16)
-
-
-def hashed_gumbel_noise(keys: torch.Tensor, vocab: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Standard Gumbel noise [rows, vocab] as a function of (row key, token) alone: a counter-based hash (murmur3's
-    finaliser of the key xor the token's odd-multiplied index) made uniform in (0, 1), then -log(-log u). A fixed
-    number of torch ops for any number of rows, on the keys' device, so the noise of a row never depends on the
-    other rows of its batch. float64 (the CPU default, `noise_dtype`) takes 32 bits of the hash, float32 24 bits
-    (exact in float32, so u < 1)."""
-    dtype = noise_dtype(keys.device) if dtype is None else dtype
-    token = torch.arange(vocab, dtype=torch.int64, device=keys.device).mul_(0x9E3779B1).bitwise_and_(_M32)
-    h = _fmix32_(torch.bitwise_xor(keys.to(torch.int64)[:, None], token[None, :]))
-    if dtype == torch.float64:
-        u = h.to(dtype).add_(0.5).mul_(2.0 ** -32)
-    else:
-        u = h.bitwise_right_shift_(8).to(dtype).add_(0.5).mul_(2.0 ** -24)
-    return u.log_().neg_().log_().neg_()
 
 
 def _gumbel_noise_into(out: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

@@ -2,11 +2,13 @@
 follows the request's seed and not its batch mates, and a model fault that ends only the request it belongs to."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from engine_fakes import ScriptedModel
 
-from dllm_constrain.engine import llm_engine, logits
+from dllm_constrain.engine import logits
 from dllm_constrain.engine.llm_engine import LLMEngine
 from dllm_constrain.engine.logits import LogitsPath
 from dllm_constrain.engine.state import Request, SamplingParams
@@ -48,7 +50,10 @@ def _count_calls(monkeypatch) -> dict[str, int]:
         return real_row_stats(self, *args, **kwargs)
 
     monkeypatch.setattr(LogitsPath, "row_stats", row_stats)
-    for module in (logits, llm_engine):
+    engine_modules = [m for name, m in sorted(sys.modules.items())
+                      if name.startswith("dllm_constrain.engine.") and hasattr(m, "to_host")]
+    assert logits in engine_modules
+    for module in engine_modules:  # every engine module that reads the device (they import to_host by name)
         real = module.to_host
 
         def to_host(*tensors, _real=real):
