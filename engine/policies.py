@@ -28,6 +28,7 @@ import torch
 
 from dllm_constrain.engine.sampling import RowStats, gumbel_noise
 from dllm_constrain.errors import InvalidRequestError
+from dllm_constrain.kernels.hashed_noise import hashed_gumbel_noise, noise_key, noise_row_key
 
 if TYPE_CHECKING:  # annotations only: engine.state validates policy names against this module's registry
     from dllm_constrain.engine.state import RequestState, SamplingParams
@@ -119,16 +120,28 @@ class QuotaPolicy:
         k = commit_count(state, len(stats))
         score, tau = self.score(stats), state.params.order_temperature
         if tau > 0:
-            return _drawn_rows(score, _committable(stats), k, tau, state.generator)
+            return _drawn_rows(score, _committable(stats), k, tau, noise=_order_noise(state, len(stats)))
         return _top_rows(score, _committable(stats), k)
 
 
+ORDER_SALT = 0x6F72646572  # keeps the order draws' noise apart from the token noise of the same step
+
+
+def _order_noise(state: RequestState, rows: int) -> torch.Tensor:
+    """float64 [rows] Gumbel noise on the host for the order draw of the request's step: hashed from its seed, step
+    and row (kernels.hashed_noise), so it needs no device and does not depend on the batch."""
+    row_key = noise_row_key(state.seed ^ ORDER_SALT, state.nfe)
+    keys = torch.tensor([noise_key(row_key, r) for r in range(rows)], dtype=torch.long)
+    return hashed_gumbel_noise(keys, 1, torch.float64)[:, 0]
+
+
 def _drawn_rows(score: torch.Tensor, ok: torch.Tensor, k: int, tau: float,
-                generator: torch.Generator | None) -> Selection:
+                generator: torch.Generator | None = None, *, noise: torch.Tensor | None = None) -> Selection:
     """k committable rows drawn without replacement with probabilities softmax(score / tau) (Dream's alg_temp):
-    the k largest score / tau + Gumbel noise, which samples that sequence exactly (the Gumbel-top-k trick), from the
-    request's own generator."""
-    noise = gumbel_noise(tuple(score.shape), generator, score.device, torch.float64)
+    the k largest score / tau + Gumbel noise, which samples that sequence exactly (the Gumbel-top-k trick); the
+    noise is `noise` (float64 [rows]) or drawn from `generator`."""
+    if noise is None:
+        noise = gumbel_noise(tuple(score.shape), generator, score.device, torch.float64)
     drawn = _top_rows(score.double() / tau + noise, ok, k).commit
     return Selection(commit=drawn, scores=score.double()[drawn].tolist())
 
