@@ -80,9 +80,9 @@ def walk(engine, cc, ids: list[int], eos: int, mask_id: int, args, seed: int,
                 break
             hidden = torch.randn(len(open_pos), d_model, generator=gen)
             t0 = time.perf_counter()
-            allowed = engine._allowed(req, canvas, open_pos)
+            allowed = engine.structured.allowed(req, canvas, open_pos)
             t1 = time.perf_counter()
-            engine._allowed(req, canvas, open_pos)
+            engine.structured.allowed(req, canvas, open_pos)
             t2 = time.perf_counter()
             engine.logits_path.row_stats(hidden, allowed, args.temperature, gen)
             t3 = time.perf_counter()

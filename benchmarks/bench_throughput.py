@@ -341,7 +341,7 @@ def step_agreement(llm: Any, prompts: list[list[int]], params: SamplingParams, c
             positions = s.open_in_block()
             if not positions:
                 continue
-            allowed = engine._allowed(s, s.canvas_view(mask_id), positions)
+            allowed = engine.structured.allowed(s, s.canvas_view(mask_id), positions)
             a = engine.logits_path.row_stats(hidden[r, [offs[r] + p for p in positions]], allowed, 0.0, None)
             b = engine.logits_path.row_stats(full[r, [foffs[r] + p for p in positions]], allowed, 0.0, None)
             policy = make_policy(s.params)

@@ -128,5 +128,10 @@ class ConstraintTimeoutError(ConstraintError):
         super().__init__(message)
 
 
+class StepFailedError(DllmConstrainError):
+    """The model failed on this request's rows (its forward or head pass raised with it alone in the step); the
+    other requests of the step went on."""
+
+
 class GenerationTimeoutError(DllmConstrainError):
     """Constrained generation exceeded its time or step bound."""

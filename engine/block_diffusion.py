@@ -2,7 +2,7 @@
 
 Such a model (`encode_prompt`, `init_canvas`, `denoise_step`, `advance`, `extend_prompt`, `noise`) has no
 per-step forward over prompt + canvas, so it has no continuous batch: `LLMEngine.generate` runs its requests
-here, block by block, with the engine's own per-request step logic (`_prepare_step`, `_after_forward`). The
+here, block by block, through the engine's own stages (`LLMEngine.prepare_request`, `LLMEngine.after_forward`). The
 prompt is encoded once into a KV cache; each block of `block_length` positions is denoised by the canvas
 decoder alone, open positions holding fresh noise from each request's own generator every step (under a
 constraint, the previous step's samples of the masked distribution instead), the previous step's logits fed
@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from dllm_constrain.engine.models.base import BlockDiffusionLM
 from dllm_constrain.engine.outputs import ProgressCallback
 from dllm_constrain.engine.policies import CommitPolicy
 from dllm_constrain.engine.state import RequestState
+from dllm_constrain.engine.structured_output import Forwarded
 from dllm_constrain.errors import InvalidRequestError
 
 if TYPE_CHECKING:  # annotations only: llm_engine imports this module
@@ -26,9 +28,9 @@ __all__ = ["generate_blocks", "is_block_diffusion", "noised_block"]
 
 
 def is_block_diffusion(model: Any) -> bool:
-    """Models with a prompt cache and a separate canvas decoder (DiffusionGemma) run `generate_blocks`."""
-    return all(callable(getattr(model, name, None))
-               for name in ("encode_prompt", "init_canvas", "denoise_step", "advance", "extend_prompt", "noise"))
+    """Models with a prompt cache and a separate canvas decoder (DiffusionGemma, `BlockDiffusionLM`) run
+    `generate_blocks`."""
+    return isinstance(model, BlockDiffusionLM)
 
 
 def generate_blocks(engine: LLMEngine, states: list[RequestState], policies: list[CommitPolicy],
@@ -54,17 +56,17 @@ def generate_blocks(engine: LLMEngine, states: list[RequestState], policies: lis
         while True:
             for s in states:
                 if not s.done and s.block == block:
-                    engine._prepare_step(s)
+                    engine.prepare_request(s)
             active = [b for b, s in enumerate(states) if not s.done and s.block == block]
             if not active:
                 break
-            rows = [noised_block(model, s, start, end) for s in states]
-            tokens = torch.stack(rows).to(canvas.canvas.device)
+            device = canvas.canvas.device
+            tokens = torch.stack([noised_block(model, s, start, end, device) for s in states])
             model.advance(canvas, tokens, torch.ones_like(tokens, dtype=torch.bool),
                           self_conditioning_logits=sc_logits)
             out = model.denoise_step(canvas)
-            for b in active:
-                engine._after_forward(states[b], policies[b], out.hidden[b], -start, engine.logits_path)
+            engine.after_forward([Forwarded(states[b], out.hidden[b], -start) for b in active], policies,
+                                 engine.logits_path)
             temperature = first.temperature
             sc_logits = (out.logits / temperature if temperature > 0 else out.logits).to(out.hidden.dtype)
             if progress is not None:
@@ -74,13 +76,16 @@ def generate_blocks(engine: LLMEngine, states: list[RequestState], policies: lis
         model.extend_prompt(prompt, torch.stack([s.canvas[start:end] for s in states]).to(ids.device))
 
 
-def noised_block(model: Any, s: RequestState, start: int, end: int) -> torch.Tensor:
-    """The decoder input for one request's block: committed ids, fresh noise from its generator elsewhere.
-
-    Under a constraint, open positions sampled at the previous step take that sample of the masked
-    (constrained) distribution instead of uniform noise."""
-    noise = model.noise((end - start,), s.generator, s.generator.device).cpu()  # the canvas is on the CPU
+def noised_block(model: Any, s: RequestState, start: int, end: int, device: torch.device | str = "cpu"
+                 ) -> torch.Tensor:
+    """The decoder input for one request's block, on `device`: committed ids, fresh noise from its generator
+    elsewhere. Under a constraint, open positions sampled at the previous step take that sample of the masked
+    (constrained) distribution instead of uniform noise. The host's canvas goes to the device, never the device's
+    noise to the host (no host sync)."""
+    ids = s.canvas[start:end].clone()
+    keep = s.committed[start:end].clone()
     for pos, tok in s.model_state.get("masked_samples", {}).items():
-        if start <= pos < end:
-            noise[pos - start] = tok
-    return torch.where(s.committed[start:end], s.canvas[start:end], noise)
+        if start <= pos < end and not bool(keep[pos - start]):
+            ids[pos - start], keep[pos - start] = tok, True
+    noise = model.noise((end - start,), s.generator, s.generator.device).to(device)
+    return torch.where(keep.to(device, non_blocking=True), ids.to(device, non_blocking=True), noise)

@@ -63,12 +63,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from dllm_constrain.engine.scheduler import SCHEDULER_POLICIES
 from dllm_constrain.errors import InvalidRequestError
 
 KV_CACHE_MODES = ("dual", "none")
 REFRESH_MODES = ("block", "steps", "adaptive")
 BACKENDS = ("auto", "triton", "torch")
-SCHEDULERS = ("phase", "fcfs", "static")
 DEFAULT_STEP_TOKENS = 8192  # the "phase" step budget's floor (vLLM's max_num_batched_tokens default)
 
 
@@ -126,8 +126,8 @@ class EngineConfig:
             raise InvalidRequestError(f"gil_free_forward must be True, False or None, got {self.gil_free_forward!r}")
         if self.core_split is not None and not isinstance(self.core_split, bool):
             raise InvalidRequestError(f"core_split must be True, False or None, got {self.core_split!r}")
-        if self.scheduler not in SCHEDULERS:
-            raise InvalidRequestError(f"scheduler must be one of {SCHEDULERS}, got {self.scheduler!r}")
+        if self.scheduler not in SCHEDULER_POLICIES:
+            raise InvalidRequestError(f"scheduler must be one of {SCHEDULER_POLICIES}, got {self.scheduler!r}")
         for name in ("step_tokens", "kv_budget_bytes"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):

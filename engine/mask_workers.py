@@ -1,28 +1,17 @@
 """Allowed-token masks computed beside the forward: a small thread pool owned by one request loop.
 
-Why: the masks a step needs (one bitmask row per open position of each constrained request's active block) depend
-only on the canvas as it is before the step's forward, and the forward does not read them. Computed serially on
-the loop's thread they add their whole time to every step; computed on worker threads they run while the forward
-runs (torch ops and the constraint's native trie walk, constraints/_native.c, release the GIL; the pure-Python
-parts of a mask still take turns with the forward's Python glue).
-
-Safety:
-  - a request's constraint is used by one thread at a time: the loop thread hands a job its requests and does
-    not touch their constraints until it has joined every job of the step (`MaskBatch.join`, before any commit
-    decision);
-  - constraint states made from the same compiled constraint share its lazily grown automata (memo tables
-    published under their own rules, not all of them locked), so the requests of one compiled constraint go to
-    one job and run there one after the other, in the loop's order (`shared_key`): the memos then fill in the
-    same order as on the serial path, and two threads never grow the same automaton;
-  - a job's failure is its request's: the exception is returned in that request's `MaskResult` and re-raised on
-    the loop thread, where the engine's per-request isolation ends that request only (a typed
-    DllmConstrainError) or the step (anything else, an engine fault, as on the serial path);
-  - per-call deadlines (`constraints.deadline`) are per thread: a constraint call activates its own deadline on
-    the thread it runs on, so a call on a worker is bounded exactly as on the loop thread.
-
-Timing: every job records its start and end (perf_counter) and the loop records the forward's; `MaskTiming` sums
-mask time and the part of it that ran while the forward was running (the overlap fraction of
-benchmarks/bench_overlap.py).
+Why: a step's masks depend only on the canvas before its forward, which does not read them; on worker threads they
+run while the forward runs (torch ops and the constraint's native trie walk release the GIL). Safety:
+  - a request's constraint is used by one thread at a time: the loop thread does not touch the constraints it
+    handed out until it has joined every job of the step (`MaskBatch.join`, before any commit decision);
+  - states of one compiled constraint share its lazily grown automata, so the requests of one compiled constraint
+    (`shared_key`: `CanvasConstraint.shared_state`) go to one job, one after the other in the loop's order: the
+    memos fill in the same order as on the serial path, and two threads never grow the same automaton;
+  - a job's failure is its request's: returned in its `MaskResult` and re-raised on the loop thread, where a typed
+    DllmConstrainError ends that request only and anything else the step;
+  - per-call deadlines (`constraints.deadline`) are per thread, so a call on a worker is bounded as on the loop's.
+Timing: jobs and the forward record their start and end; `MaskTiming` sums mask time and the part of it that ran
+while the forward was running (benchmarks/bench_overlap.py). docs/engine.md, "Masks beside the forward".
 """
 from __future__ import annotations
 
@@ -31,10 +20,9 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any
-
 import torch
 
+from dllm_constrain.constraints.protocol import CanvasConstraint
 from dllm_constrain.engine.state import RequestState
 
 __all__ = ["ForwardWindow", "MaskBatch", "MaskItem", "MaskResult", "MaskTiming", "MaskWorkers", "shared_key"]
@@ -143,15 +131,11 @@ class MaskResult:
         return self.allowed is None and self.error is None
 
 
-def shared_key(constraint: Any) -> int:
-    """Requests whose constraints share mutable compiled structures get the same key: a regular constraint's
-    canvas state shares its compiled set algebra (`alg`), a grammar's its compiled grammar (`cg`); any other
-    constraint object is keyed by itself (two requests handed the same object share it)."""
-    for name in ("alg", "cg"):
-        shared = getattr(constraint, name, None)
-        if shared is not None:
-            return id(shared)
-    return id(constraint)
+def shared_key(constraint: CanvasConstraint | None) -> int:
+    """Requests whose constraints share mutable compiled structures get the same key (`shared_state`: a regular
+    constraint's compiled set algebra, a grammar's compiled grammar, a caller's own constraint itself); requests
+    whose constraint still compiles (None) share one."""
+    return id(constraint.shared_state() if constraint is not None else None)
 
 
 Compute = Callable[[RequestState, list[int], list[int]], torch.Tensor]

@@ -2,10 +2,16 @@
 progress snapshots. Plain dataclasses, so a server layer can serialise or queue them as they are."""
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from dllm_constrain.errors import DllmConstrainError
+
+if TYPE_CHECKING:
+    from dllm_constrain.engine.models.base import SpecialTokens
+    from dllm_constrain.engine.state import RequestState
 
 
 @dataclass
@@ -85,3 +91,47 @@ class StepEvent:
 
 
 ProgressCallback = Callable[[StepEvent], None]
+
+
+def request_result(s: RequestState, special: SpecialTokens, decode: Callable[[list[int]], str],
+                   refreshes: int) -> GenerationResult:
+    """The result of an ended request. A failed or aborted request's answer is its committed left prefix and its
+    canvas shows open positions as mask_id."""
+    eos = special.eos_id
+    if s.finish_reason in ("eos", "length"):
+        canvas = s.canvas.tolist()
+        end = canvas.index(eos) if eos in canvas else len(canvas)
+        answer = canvas[:end]
+    else:
+        canvas = s.canvas_view(special.mask_id)
+        answer = s.committed_prefix(eos)
+        end = len(answer)
+    produced = end + (1 if end < len(canvas) else 0)
+    wall = (s.end_time or time.perf_counter()) - s.start_time
+    return GenerationResult(
+        text=decode(answer), token_ids=answer, nfe=s.nfe,
+        tokens_per_forward=produced / s.nfe if s.nfe else float(produced),
+        forced_tokens=s.forced_tokens, remasks=s.remasks, wall_time=wall, finish_reason=s.finish_reason or "length",
+        canvas_ids=canvas, steps=s.step, forwards_saved=s.forwards_saved, renoised=s.renoised,
+        backtracks=s.backtracks, refreshes=refreshes, error=s.error,
+        slot_logprobs=[s.slot_reads.get(k) for k in range(len(s.params.read_slots))]
+        if s.params.read_slots else None,
+    )
+
+
+def stream_updates(states: Iterable[RequestState], streamed: dict[int, int], outputs: list[RequestOutput],
+                   eos_id: int) -> list[StreamUpdate]:
+    """Committed left prefixes that grew at this step (waiting and running requests, `states`) or ended
+    (`outputs`); `streamed` (request id -> prefix length already streamed) is brought up to date."""
+    updates = []
+    for s in states:
+        prefix = s.committed_prefix(eos_id)
+        seen = streamed.get(s.index, 0)
+        if len(prefix) > seen:
+            streamed[s.index] = len(prefix)
+            updates.append(StreamUpdate(s.index, prefix, prefix[seen:], False))
+    for out in outputs:
+        ids = out.result.token_ids
+        seen = min(streamed.get(out.request_id, 0), len(ids))
+        updates.append(StreamUpdate(out.request_id, ids, ids[seen:], True))
+    return updates

@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import torch
 
 from dllm_constrain.engine.sampling import RowStats, gumbel_noise
-from dllm_constrain.engine.state import RequestState, SamplingParams
 from dllm_constrain.errors import InvalidRequestError
+from dllm_constrain.kernels.hashed_noise import hashed_gumbel_noise, noise_key, noise_row_key
+
+if TYPE_CHECKING:  # annotations only: engine.state validates policy names against this module's registry
+    from dllm_constrain.engine.state import RequestState, SamplingParams
 
 
 @dataclass
@@ -41,7 +44,14 @@ class Selection:
 
 
 class CommitPolicy(Protocol):
+    """name: the registry's name (`SamplingParams.policy`); spends_step_budget: whether it commits on the block's
+    step budget (a quota policy: a block that forced tokens close saves the rest of its budget) or adaptively."""
+
     name: str
+    spends_step_budget: ClassVar[bool]
+
+    @classmethod
+    def from_params(cls, params: SamplingParams) -> CommitPolicy: ...
 
     def select(self, stats: RowStats, state: RequestState) -> Selection: ...
 
@@ -97,6 +107,11 @@ class QuotaPolicy:
     """Commit the `commit_count` highest-scoring open positions of the block (the request's schedule)."""
 
     name = "quota"
+    spends_step_budget: ClassVar[bool] = True
+
+    @classmethod
+    def from_params(cls, params: SamplingParams) -> QuotaPolicy:
+        return cls()
 
     def score(self, stats: RowStats) -> torch.Tensor:
         raise NotImplementedError
@@ -105,16 +120,28 @@ class QuotaPolicy:
         k = commit_count(state, len(stats))
         score, tau = self.score(stats), state.params.order_temperature
         if tau > 0:
-            return _drawn_rows(score, _committable(stats), k, tau, state.generator)
+            return _drawn_rows(score, _committable(stats), k, tau, noise=_order_noise(state, len(stats)))
         return _top_rows(score, _committable(stats), k)
 
 
+ORDER_SALT = 0x6F72646572  # keeps the order draws' noise apart from the token noise of the same step
+
+
+def _order_noise(state: RequestState, rows: int) -> torch.Tensor:
+    """float64 [rows] Gumbel noise on the host for the order draw of the request's step: hashed from its seed, step
+    and row (kernels.hashed_noise), so it needs no device and does not depend on the batch."""
+    row_key = noise_row_key(state.seed ^ ORDER_SALT, state.nfe)
+    keys = torch.tensor([noise_key(row_key, r) for r in range(rows)], dtype=torch.long)
+    return hashed_gumbel_noise(keys, 1, torch.float64)[:, 0]
+
+
 def _drawn_rows(score: torch.Tensor, ok: torch.Tensor, k: int, tau: float,
-                generator: torch.Generator | None) -> Selection:
+                generator: torch.Generator | None = None, *, noise: torch.Tensor | None = None) -> Selection:
     """k committable rows drawn without replacement with probabilities softmax(score / tau) (Dream's alg_temp):
-    the k largest score / tau + Gumbel noise, which samples that sequence exactly (the Gumbel-top-k trick), from the
-    request's own generator."""
-    noise = gumbel_noise(tuple(score.shape), generator, score.device, torch.float64)
+    the k largest score / tau + Gumbel noise, which samples that sequence exactly (the Gumbel-top-k trick); the
+    noise is `noise` (float64 [rows]) or drawn from `generator`."""
+    if noise is None:
+        noise = gumbel_noise(tuple(score.shape), generator, score.device, torch.float64)
     drawn = _top_rows(score.double() / tau + noise, ok, k).commit
     return Selection(commit=drawn, scores=score.double()[drawn].tolist())
 
@@ -154,6 +181,11 @@ class ConfidenceThreshold:
 
     tau: float = 0.9
     name: str = "threshold"
+    spends_step_budget: ClassVar[bool] = False
+
+    @classmethod
+    def from_params(cls, params: SamplingParams) -> ConfidenceThreshold:
+        return cls(tau=params.threshold)
 
     def select(self, stats: RowStats, state: RequestState) -> Selection:
         ok = _committable(stats)
@@ -175,6 +207,11 @@ class EntropyBound:
 
     gamma: float = 0.1
     name: str = "entropy_bound"
+    spends_step_budget: ClassVar[bool] = False
+
+    @classmethod
+    def from_params(cls, params: SamplingParams) -> EntropyBound:
+        return cls(gamma=params.entropy_bound)
 
     def select(self, stats: RowStats, state: RequestState) -> Selection:
         ok = _committable(stats)
@@ -191,16 +228,20 @@ class EntropyBound:
         return Selection(commit=commit.tolist(), scores=(-sorted_h[:k]).tolist(), renoise=renoise)
 
 
+# the policies by name (`SamplingParams.policy`); each makes itself from the request's parameters (`from_params`)
+POLICIES: dict[str, type[CommitPolicy]] = {
+    "quota": LowConfidenceQuota,
+    "threshold": ConfidenceThreshold,
+    "entropy": EntropyOrder,
+    "margin": MarginOrder,
+    "entropy_bound": EntropyBound,
+}
+POLICY_NAMES = tuple(POLICIES)
+
+
 def make_policy(params: SamplingParams) -> CommitPolicy:
-    """The policy object for `params.policy`."""
-    if params.policy == "quota":
-        return LowConfidenceQuota()
-    if params.policy == "threshold":
-        return ConfidenceThreshold(tau=params.threshold)
-    if params.policy == "entropy":
-        return EntropyOrder()
-    if params.policy == "margin":
-        return MarginOrder()
-    if params.policy == "entropy_bound":
-        return EntropyBound(gamma=params.entropy_bound)
-    raise InvalidRequestError(f"unknown policy {params.policy!r}")
+    """The policy object for `params.policy` (from `POLICIES`)."""
+    policy = POLICIES.get(params.policy)
+    if policy is None:
+        raise InvalidRequestError(f"unknown policy {params.policy!r}")
+    return policy.from_params(params)

@@ -11,14 +11,11 @@ Math (l = logits row, A = allowed set, l_t = -inf for t not in A):
   token  = argmax_t l_t                       if T == 0 (greedy)
          = argmax_t l_t / T + g_t             if T > 0, g_t = -log(-log U_t), U_t ~ U[0, 1) in float64 on the
                                               CPU (float32 on CUDA; the score l / T + g is float64 on both)
-           (the Gumbel-max trick samples from softmax(l / T); it equals LLaDA's add_gumbel_noise
-            argmax exp(l) / (-log U)^T, written in log space so large logits cannot overflow exp)
+           (Gumbel-max samples softmax(l / T): LLaDA's add_gumbel_noise in log space, no exp overflow)
   prob   = p[token]
   entropy= -sum_t p_t log p_t
   margin = p_(1) - p_(2)                      (largest minus second largest probability; p_(1) if |A| = 1)
-Noise comes from a torch.Generator owned by the request and living on the model's device (it is drawn there), so a
-request's samples do not depend on what else is in the batch; a seed reproduces them on the same device, not across
-devices (as in vLLM).
+The engine's noise is hashed per row from the request's seed (kernels.hashed_noise; docs/engine.md, "Randomness").
 """
 from __future__ import annotations
 

@@ -49,12 +49,17 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dllm_constrain.errors import InvalidRequestError, PromptTooLongError
 
 SCHEDULER_POLICIES = ("phase", "fcfs", "static")
+
+
+def has_step_budget(policy: str) -> bool:
+    """Whether the scheduling policy `policy` bounds the phase costs of one step (only "phase" does)."""
+    return policy == "phase"
 
 
 def _positive_or_none(name: str, value: Any) -> None:
@@ -268,6 +273,14 @@ class Scheduler:
         self.stats.peak_step_tokens = max(self.stats.peak_step_tokens, self.step_tokens)
         self.step_count += 1
         return admitted
+
+    def shrink_step_budget(self) -> None:
+        """Halve the step budget (after an out-of-memory), never below the tokens of a request it holds, so each
+        still fits a step alone."""
+        budget = self.config.max_step_tokens
+        if budget is not None:
+            floor = max((e.tokens for e in (*self.running, *self.waiting)), default=1)
+            self.config = replace(self.config, max_step_tokens=max(floor, budget // 2, 1))
 
     @property
     def step_tokens(self) -> int:

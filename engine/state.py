@@ -14,6 +14,7 @@ blocks as evenly as possible (`steps_per_block`).
 """
 from __future__ import annotations
 
+import enum
 import math
 import threading
 import time
@@ -29,9 +30,9 @@ from dllm_constrain.constraints.compiler import Compiled, new_request_state
 from dllm_constrain.constraints.deadline import pausing
 from dllm_constrain.constraints.protocol import CanvasConstraint
 from dllm_constrain.engine.gil_share import compiling_beside, loop_activity
+from dllm_constrain.engine.policies import POLICY_NAMES
 from dllm_constrain.errors import InvalidRequestError
 
-POLICY_NAMES = ("quota", "threshold", "entropy", "margin", "entropy_bound")
 # how many positions a quota policy commits per step (engine.policies.commit_count): "uniform" is LLaDA's
 # get_num_transfer_tokens per block (ceil(open / steps_left)), "linspace" Dream's diffusion_generate schedule
 # (int(open * (1 - s / t)) on timesteps linspace(1, eps, steps + 1), everything left at the last step)
@@ -321,6 +322,22 @@ class Request:
         return c
 
 
+class RequestPhase(enum.Enum):
+    """Where a request stands with its constraint (engine.structured_output moves it on):
+    COMPILING: its constraint still compiles (`RequestState.pending`); it takes its first forward meanwhile.
+    PARKED: that first forward is done and the constraint still compiles: its rows are kept (`parked_rows`) and it
+        takes no forward until the compilation ends.
+    MASKS_AFTER: this step's masks are computed after its forward (a first forward, on the serial path).
+    READY: masks before the forward (serial) or beside it (mask workers).
+    DONE: ended (finish_reason says how)."""
+
+    COMPILING = "compiling"
+    PARKED = "parked"
+    MASKS_AFTER = "masks_after"
+    READY = "ready"
+    DONE = "done"
+
+
 @dataclass
 class RequestState:
     """The mutable state of one request inside the engine loop."""
@@ -331,6 +348,9 @@ class RequestState:
     canvas: torch.Tensor  # int64 [max_new_tokens]; mask_id (or noise) where open
     committed: torch.Tensor  # bool [max_new_tokens]
     generator: torch.Generator | None
+    # the seed of the request's sampling noise (SamplingParams.seed, else drawn at admission): the head pass hashes
+    # each position's noise from it and the request's step (docs/engine.md, "Randomness")
+    seed: int = 0
     constraint: CanvasConstraint | None = None
     block: int = 0  # active block index
     block_step: int = 0  # forwards spent on the active block
@@ -346,21 +366,24 @@ class RequestState:
     # allowed-token masks of the active block's open positions for the current canvas (positions, bitmask [n, W]);
     # computed before the forward (to find forced tokens) and reused after it
     allowed_cache: tuple[list[int], torch.Tensor] | None = None
+    phase: RequestPhase = RequestPhase.READY
     # the request while its constraint is still compiling (`constraint` is then None; see PendingConstraint)
     pending: Request | None = None
-    # the first forward's hidden rows of the active block ([last open position + 1, hidden], rows at the block's
-    # open positions), kept while the constraint still compiles; the request takes no forward meanwhile
-    parked: torch.Tensor | None = None
-    masks_after_forward: bool = False  # this step's masks are computed after its forward (the first step, serially)
+    # PARKED: the first forward's hidden rows of the active block ([last open position + 1, hidden], rows at the
+    # block's open positions), kept while the constraint still compiles
+    parked_rows: torch.Tensor | None = None
     model_state: dict[str, Any] = field(default_factory=dict)  # family-specific (e.g. self-conditioning)
     # per read slot (SamplingParams.read_slots, by index): float32 [end - start, ids] log-probabilities, NaN rows at
     # the positions committed before that forward
     slot_reads: dict[int, torch.Tensor] = field(default_factory=dict)
-    done: bool = False
     finish_reason: str | None = None  # "eos" | "length" | "error" | "aborted"
     error: Exception | None = None  # the typed error a failed request ended with
     start_time: float = field(default_factory=time.perf_counter)
     end_time: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.phase is RequestPhase.DONE
 
     @property
     def canvas_len(self) -> int:
@@ -404,7 +427,8 @@ class RequestState:
         return prefix[:prefix.index(eos_id)] if eos_id in prefix else prefix
 
     def finish(self, reason: str) -> None:
-        self.done = True
+        self.phase = RequestPhase.DONE
+        self.parked_rows = None
         self.finish_reason = reason
         self.end_time = time.perf_counter()
 

@@ -1,35 +1,21 @@
 """Fused grammar-mask application and per-row reductions of logits: token, probability, entropy, margin.
 
-For one row of logits l over a vocabulary of V tokens and an allowed set A (all tokens when no mask):
+For a row of logits l over V tokens and an allowed set A: x_j = l_j if j in A else -inf (masking before any softmax),
+p = softmax(x) (temperature-free, as LLaDA's confidence), token = argmax_j x_j at T = 0, argmax_j (x_j / T + g_j)
+in float64 at T > 0 (Gumbel-max; ties to the lowest index, as torch.argmax), prob = p_token, entropy = log S -
+(sum_j (x_j - m) e^{x_j - m}) / S, margin = p_(1) - p_(2) (p_(1) when |A| = 1), with m = max x and S = sum e^{x - m}.
+A row with no allowed token gets token -1, prob 0, entropy +inf, margin 0 (the engine never commits it).
 
-  x_j     = l_j if j in A else -inf                     (masking happens before any softmax)
-  p       = softmax(x)                                   (temperature-free, as in LLaDA's confidence)
-  token   = argmax_j x_j                                 if T == 0 (greedy)
-          = argmax_j (x_j / T + g_j), float64            if T > 0, g_j = -log(-log U_j), U_j ~ U[0, 1)
-            (Gumbel-max: a sample of softmax(x / T); ties go to the lowest index, as torch.argmax)
-
-Noise: g is drawn from the caller's generator on the logits' device (`gumbel_noise`; the generator must live
-there), in float64 on the CPU and in float32 on other devices (`noise_dtype`; scores are still formed in
-float64). A seed reproduces its samples on the same device, not across devices (as in vLLM).
-  prob    = p_token
-  entropy = -sum_j p_j log p_j = log S - (sum_j (x_j - m) e^{x_j - m}) / S,   m = max_j x_j, S = sum_j e^{x_j - m}
-  margin  = p_(1) - p_(2) = (1 - e^{x_(2) - m}) / S      (x_(2) the second largest masked logit; p_(1) if |A| = 1)
-
-A row with no allowed token gets token -1, prob 0, entropy +inf, margin 0 (the engine never commits it). This module
-is the one implementation of that math: the engine's seam `dllm_constrain.engine.sampling.reduce_logits` and its
-budgeted logits path call `masked_row_stats` / `masked_row_stats_from_hidden`. The Triton kernels give the torch
-reference's outputs up to float rounding of the statistics; tokens are bit-identical because scores are compared
-exactly as torch compares them.
-
-The Triton kernels stream each row's vocabulary in tiles, keeping an online (max, sum-exp, sum (x - m) exp) state,
-the running best score and the top-2 logits, so each logit is read once (`masked_row_stats`) or never written at
-all (`masked_row_stats_from_hidden`: logits tiles are computed in registers from hidden [rows, D] and the LM head
-weight [V, D]). The vocabulary can be split across programs (`num_splits`); the per-split states are merged by
-the exact same rescaling (`_combine_partials`).
-
-Masks use xgrammar's packed layout: int32 [rows, ceil(V / 32)], bit j of word w allows token 32 w + j, the one
-mask format of the project (`dllm_constrain.kernels.bitmask`: `allocate_token_bitmask`, `pack_bool_mask` /
-`unpack_bitmask`, re-exported here). Boolean [rows, V] masks are still accepted (packed on the fly for Triton).
+Noise g is the caller's (`noise=`: the engine's head pass hashes it per row, kernels.hashed_noise) or drawn from
+the caller's generator on the logits' device (`gumbel_noise`), float64 on the CPU and float32 elsewhere.
+Masks use xgrammar's packed layout, int32 [rows, ceil(V / 32)] (kernels.bitmask, re-exported here); bool [rows, V]
+masks are accepted too. This module is the one implementation of the math: the torch reference (one reused
+workspace, `RowStatsWorkspace`) on the CPU, the Triton kernels on CUDA, which stream each row's vocabulary in tiles
+with an online (max, sum-exp, sum (x - m) exp) state, the running best score and the top-2 logits, so each logit is
+read once (`masked_row_stats`) or never written at all (`masked_row_stats_from_hidden`: logits tiles computed in
+registers from hidden [rows, D] and the LM head [V, D]); vocabulary splits (`num_splits`) are merged by the same
+rescaling (`_combine_partials`). Their tokens are bit-identical to the reference's; the other statistics agree up
+to float rounding. `budgeted_row_stats_from_hidden` chunks rows under a byte budget.
 """
 from __future__ import annotations
 
@@ -69,6 +55,11 @@ class RowStats:
 
     def __len__(self) -> int:
         return int(self.token.shape[0])
+
+    def span(self, start: int, stop: int) -> "RowStats":
+        """Rows start .. stop - 1 (views)."""
+        return RowStats(self.token[start:stop], self.prob[start:stop], self.entropy[start:stop],
+                        self.margin[start:stop])
 
     def take(self, index: torch.Tensor | list[int]) -> "RowStats":
         """The rows at `index`, in that order."""
@@ -255,11 +246,11 @@ def _torch_stats(x: torch.Tensor, allowed: torch.Tensor | None, temperature: flo
     t = (z if allowed is not None else z.clamp_min_(torch.finfo(torch.float32).min)).mul_(e).sum(-1)
     entropy = torch.log(s) - t / s
     empty = (s == 0) | nothing_allowed.squeeze(-1)
-    if bool(empty.any()):
-        token = token.masked_fill(empty, -1)
-        prob = prob.masked_fill(empty, 0.0)
-        entropy = entropy.masked_fill(empty, float("inf"))
-        margin = margin.masked_fill(empty, 0.0)
+    # unconditionally (a few [rows] ops): asking whether any row is empty would read the device
+    token = token.masked_fill(empty, -1)
+    prob = prob.masked_fill(empty, 0.0)
+    entropy = entropy.masked_fill(empty, float("inf"))
+    margin = margin.masked_fill(empty, 0.0)
     return RowStats(token=token, prob=prob, entropy=entropy, margin=margin)
 
 

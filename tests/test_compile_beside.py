@@ -14,7 +14,8 @@ import dllm_constrain as dc
 from dllm_constrain.constraints import clear_cache
 from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.llm_engine import LLMEngine
-from dllm_constrain.engine.state import PendingConstraint, Request, SamplingParams
+from dllm_constrain.engine.state import PendingConstraint, Request, RequestPhase, SamplingParams
+from dllm_constrain.engine.structured_output import StructuredOutputManager
 from dllm_constrain.errors import InvalidSchemaError, UnsatisfiableSchemaError, UnsupportedSchemaError
 from dllm_constrain.options import generate_options
 
@@ -215,7 +216,7 @@ def test_a_request_parked_for_its_compilation_can_be_aborted_and_the_loop_goes_o
 
     parked = engine.add_request(Request([0], PARAMS, PendingConstraint(COMPILES, compile_late)))
     engine.step()  # its first forward; the compilation goes on
-    assert engine.request_state(parked).parked is not None
+    assert engine.request_state(parked).phase is RequestPhase.PARKED
     assert engine.abort(parked)
     other = engine.add_request(Request([0], PARAMS, DigitsConstraint(digits=[SEVEN])))
     outputs = {}
@@ -284,13 +285,14 @@ def test_beside_other_requests_a_request_that_waited_for_its_constraint_gets_its
         return constraint
 
     after_forward: list[tuple[int, bool]] = []
-    real = LLMEngine._commit_after_forward
+    real = StructuredOutputManager._ready
 
-    def spy(self, s, *args, **kwargs):
-        after_forward.append((s.index, s.masks_after_forward))
-        return real(self, s, *args, **kwargs)
+    def spy(self, s, masks, timing):
+        # whether the step's masks are computed after the forward (none came from the workers)
+        after_forward.append((s.index, masks is None or masks.compiling))
+        return real(self, s, masks, timing)
 
-    monkeypatch.setattr(LLMEngine, "_commit_after_forward", spy)
+    monkeypatch.setattr(StructuredOutputManager, "_ready", spy)
     cold = Request([0], PARAMS, PendingConstraint(COMPILES, compile_later))
     # long enough that the compile thread, woken at the third forward, has run long before it ends
     other = Request([0] * 8, SamplingParams(max_new_tokens=96, block_length=96, steps=96), None)

@@ -101,14 +101,14 @@ def _requests(compile_executor: ThreadPoolExecutor, seen: dict[str, set[int]]) -
 
 
 def _record_mask_cores(engine: LLMEngine, seen: dict[str, set[int]]) -> None:
-    allowed = engine._allowed
+    allowed = engine.structured.allowed
 
     def recorded(s, view, positions):
         if threading.current_thread().name.startswith("dllm-masks"):
             seen["masks"] = os.sched_getaffinity(0)
         return allowed(s, view, positions)
 
-    engine._allowed = recorded
+    engine.structured.allowed = recorded
 
 
 def _forward_thread_cores() -> list[set[int]]:

@@ -109,7 +109,7 @@ def test_every_policy_produces_valid_output_under_a_constraint_on_a_random_model
     (res,) = LLMEngine(tiny_llada, tiny_tokenizer).generate([req])
     assert constraint.accepts(res.token_ids), res.canvas_ids
     assert res.text.isdigit()
-    # serially, one mask call per forward (mask workers add a one-position probe first: LLMEngine._prepare_step)
+    # serially, one mask call per forward (mask workers add a one-position probe first: StructuredOutputManager.prepare)
     serial = DigitsConstraint(digits=digits, vocab_size=260)
     (res,) = LLMEngine(tiny_llada, tiny_tokenizer, config=EngineConfig(mask_workers=0)).generate(
         [Request(req.prompt_ids, req.params, serial)])

@@ -201,4 +201,4 @@ def test_no_import_circle_in_the_package() -> None:
 def test_the_graph_sees_the_package_map() -> None:
     graph = import_graph()
     assert "dllm_constrain.engine.llm_engine" in graph and "dllm_constrain.constraints._native" in graph
-    assert "dllm_constrain.constraints.protocol" in graph["dllm_constrain.engine.llm_engine"]
+    assert "dllm_constrain.constraints.protocol" in graph["dllm_constrain.engine.structured_output"]

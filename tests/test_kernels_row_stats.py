@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dllm_constrain.kernels import _backend
+from dllm_constrain.kernels import _backend, hashed_noise
 from dllm_constrain.kernels import masked_row_stats as mrs
 from dllm_constrain.kernels.masked_row_stats import (
     RowStats,
@@ -390,3 +390,27 @@ def test_masked_statistics_equal_the_closed_form_on_the_allowed_tokens(rows, voc
         assert got.entropy[r].item() == pytest.approx(float(-(p * logp).sum()), abs=1e-5)
         top = p.topk(min(2, p.numel())).values
         assert got.margin[r].item() == pytest.approx(float(top[0] - (top[1] if top.numel() > 1 else 0.0)), abs=1e-6)
+
+
+@given(seed=st.integers(0, 2**63 - 1), step=st.integers(0, 10_000), positions=st.lists(st.integers(0, 4095), min_size=1,
+                                                                                      max_size=6))
+@settings(max_examples=25, deadline=None)
+def test_hashed_noise_of_a_row_depends_on_its_key_alone(seed: int, step: int, positions: list[int]) -> None:
+    keys = torch.tensor([hashed_noise.noise_key(hashed_noise.noise_row_key(seed, step), p) for p in positions])
+    together = hashed_noise.hashed_gumbel_noise(keys, 257)
+    for r in range(len(positions)):
+        assert torch.equal(hashed_noise.hashed_gumbel_noise(keys[r:r + 1], 257)[0], together[r])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_hashed_noise_is_standard_gumbel(dtype: torch.dtype) -> None:
+    keys = torch.tensor([hashed_noise.noise_key(hashed_noise.noise_row_key(3, 1), p) for p in range(16)])
+    g = hashed_noise.hashed_gumbel_noise(keys, 20_000, dtype).double()
+    assert torch.isfinite(g).all()
+    assert abs(g.mean().item() - 0.5772) < 0.01  # Euler-Mascheroni
+    assert abs(g.var().item() - torch.pi ** 2 / 6) < 0.03
+    # samples of softmax(logits): Gumbel-max picks token j with frequency p_j
+    logits = torch.tensor([0.0, 1.0, 2.0])
+    picks = (logits + hashed_noise.hashed_gumbel_noise(torch.arange(30_000), 3, dtype)).argmax(-1)
+    freq = torch.bincount(picks, minlength=3).double() / picks.numel()
+    assert torch.allclose(freq, torch.softmax(logits.double(), 0), atol=0.01)
