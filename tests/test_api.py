@@ -161,16 +161,34 @@ def test_a_model_argument_of_the_wrong_type_is_refused() -> None:
 
 
 class FakeCompiled:
-    """Stands in for helper B's CompiledConstraint: a digits-only language with a minimum length."""
+    """Stands in for a compiled constraint (`constraints.protocol.Compiled`): a digits-only language with a minimum length."""
+
+    kind = "regex"
+    tokenizer_info = None
 
     def __init__(self, min_len: int) -> None:
         self.min_len = min_len
 
-    def min_tokens(self) -> int:
+    def min_tokens(self, timeout_s: float | None = None) -> int:
         return self.min_len
 
-    def new_canvas_state(self, canvas_len: int) -> DigitsConstraint:
+    def fits_by_bytes(self, canvas_len: int) -> bool:
+        return False
+
+    def new_canvas_state(self, canvas_len: int, *, timeout_s: float | None = None) -> DigitsConstraint:
         return DigitsConstraint(digits=DIGIT_IDS, vocab_size=260)
+
+    def memory_bytes(self) -> int:
+        return 0
+
+    def worn_out(self) -> bool:
+        return False
+
+    def accepts_text(self, text: str) -> bool:
+        return text.isdigit()
+
+    def accepts_tokens(self, ids) -> bool:
+        return all(i in DIGIT_IDS for i in ids)
 
 
 DIGIT_IDS = list(range(19, 29))  # '0'..'9' in the tiny byte-level tokenizer
