@@ -10,7 +10,8 @@
 Options are the fields of three objects (dllm_constrain.options routes keywords onto them by name, so each
 default is defined once, as a field default): `SamplingParams` (per request, with its `OutputConstraint`) and
 `EngineConfig` (engine settings for the call), plus `progress`. `generate`, `LLM.generate`, `LLM.submit`,
-`AsyncLLM`, the CLI and the server all go through that routing.
+`AsyncLLM`, the CLI and the server all build their requests with the LLM's `Processor` (dllm_constrain.processor,
+`llm.processor.build(prompt, **options) -> EngineCall`), which does that routing.
 
 A list of prompts runs as one batch. `model=None` means the bundled checkpoint (dllm_constrain/bundled);
 `model` may also be a checkpoint folder path, an `LLM`, or a `LoadedModel` from `engine.loader`. Loaded
@@ -40,14 +41,13 @@ from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo
 from dllm_constrain.constraints.compiler import COMPILE_CACHE, Compiled, compile_constraint
 from dllm_constrain.constraints.json_schema import normalize_schema_input
 from dllm_constrain.engine.config import EngineConfig
-from dllm_constrain.engine.llm_engine import GenerationResult, LLMEngine, ProgressCallback
+from dllm_constrain.engine.llm_engine import GenerationResult, LLMEngine
 from dllm_constrain.engine.model_runner import model_device
 from dllm_constrain.engine.placement import model_dtype
 from dllm_constrain.engine.state import (
     STRICT_SCHEMA_OPTIONS,
     OutputConstraint,
     PendingConstraint,
-    Request,
     SamplingParams,
 )
 from dllm_constrain.engine_loop import CallHandle, EngineLoop, StreamCallback
@@ -74,9 +74,9 @@ from dllm_constrain.options import (  # noqa: F401 - re-exported: the options' c
 )
 from dllm_constrain.chat_template import ChatTemplate
 from dllm_constrain.options import Prompt, is_single_prompt
+from dllm_constrain.processor import Processor
 from dllm_constrain.prompting import format_prompt, schema_sketch
 from dllm_constrain.decisions import DecisionResult, Question, decide
-from dllm_constrain.templates import apply_template
 
 __all__ = ["LLM", "GenerationResult", "OutputConstraint", "SamplingParams", "EngineConfig", "generate",
            "bundled_model_path", "clear_model_cache", "STRICT_SCHEMA_OPTIONS"]
@@ -192,6 +192,7 @@ class LLM:
         self._compiler: Any = None  # the ConstraintCompiler, made by the first constrained call
         self._info: TokenizerInfo | None = None
         self._compile_pool: ThreadPoolExecutor | None = None  # the compile thread, made on first use
+        self.processor = Processor(self)  # the request builder of every call (dllm_constrain.processor)
         if freeze_gc_heap:
             # the loaded model, tokenizer and torch's own objects leave the collector's reach (once per process):
             # a full collection no longer walks them inside a step (dllm_constrain.gc_heap)
@@ -274,9 +275,9 @@ class LLM:
         """The compiled constraint for a schema, a regex or a Lark grammar (a shipped name, a .lark path or
         grammar text): the OutputConstraint these fields make (see `OutputConstraint`; strict: the generation
         narrowings STRICT_SCHEMA_OPTIONS), compiled once per tokenizer (the compiler's bounded cache)."""
-        given = {"schema": schema, "regex": regex, "grammar": grammar, "whitespace": whitespace, "strict": strict,
-                 "schema_options": schema_options, "compile_timeout": compile_timeout}
-        constraint = route_options(given, SamplingParams()).sampling.constraint
+        constraint = Processor.output_constraint(schema=schema, regex=regex, grammar=grammar, whitespace=whitespace,
+                                                 strict=strict, schema_options=schema_options,
+                                                 compile_timeout=compile_timeout)
         if constraint is None:
             raise InvalidRequestError("compile takes one of schema=, regex= and grammar=")
         return self.compile_constraint(constraint)
@@ -347,15 +348,18 @@ class LLM:
         return decide(self, text, questions, joint=joint, **options)
 
     def submit(self, prompts: str | Sequence[str], sampling_params: SamplingParams | None = None, *,
-               on_stream: StreamCallback | None = None, **options: Any) -> CallHandle:
+               on_stream: StreamCallback | None = None, on_start: Callable[[], None] | None = None,
+               **options: Any) -> CallHandle:
         """Queue a generation (the arguments of `generate`) on this LLM's engine loop without waiting: returns a
         CallHandle (`.result(timeout)` -> list[GenerationResult], `.future`, `.abort()`). Bad input raises here
         (InvalidRequestError); compilation and engine errors come through the handle. on_stream(index, update):
         each request's committed left prefix (`StreamUpdate`, token ids) after every step that grew it, called
-        on the loop thread. Thread-safe: any number of threads may submit; all calls share one continuous batch
+        on the loop thread. on_start(): once, on the loop thread, after the first engine step that served one of
+        the call's requests (the scheduler admitted it), before that step's progress event. Thread-safe: any number of threads may submit; all calls share one continuous batch
         (see dllm_constrain.engine_loop)."""
-        build, config, progress = self._prepare(prompts, options, sampling_params, compile_beside=True)
-        return self._engine_loop().submit(build, config=config, progress=progress, on_stream=on_stream)
+        call = self.processor.build(prompts, sampling_params, compile_beside=True, **options)
+        return self._engine_loop().submit(call.make_requests, config=call.config, progress=call.progress,
+                                          on_stream=on_stream, on_start=on_start)
 
     def _engine_loop(self) -> EngineLoop:
         with _LOOP_LOCK:
@@ -374,39 +378,6 @@ class LLM:
             pool, self._compile_pool = getattr(self, "_compile_pool", None), None
         if pool is not None:
             pool.shutdown(wait=False)
-
-    def _prepare(self, prompts: str | Sequence[str], options: Mapping[str, Any],
-                 sampling_params: SamplingParams | None = None, *, compile_beside: bool = False
-                 ) -> tuple[Callable[[], list[Request]], EngineConfig, ProgressCallback | None]:
-        """Check a call's input and route its options here (caller thread); the returned `build` compiles the
-        constraint and makes the requests on the engine loop thread (the compiled constraints and the engine
-        are used by that thread only). The engine makes each request's constraint state from the compiled
-        constraint for the request's max_new_tokens. With `compile_beside`, a constraint not in the compile cache
-        is compiled on this LLM's compile thread instead (`constraint_for_engine`), beside the requests' first
-        forward."""
-        prompts = validate_prompts(prompts)
-        routed = route_options(options, self.defaults.sampling_params(), sampling_params,
-                               preset_sampling=self.defaults.preset_sampling)
-        if routed.preset == "reference" and self.family not in ("llada", "dream"):
-            raise InvalidRequestError(f"preset='reference' reproduces LLaDA's generate() and Dream's "
-                                      f"diffusion_generate(); this model's family is {self.family!r}")
-        engine = {**self.defaults.preset_engine(routed.preset),
-                  **{k: v for k, v in routed.engine.items() if v is not None}}
-        config = self.engine.config.with_overrides(**engine)
-        # a text template becomes the canvas's pinned ids here, on the caller's thread (bad markers are refused
-        # before anything is queued); the engine checks the pins against the constraint at admission
-        params = apply_template(routed.sampling, self.encode_text, self.model.special.mask_id)
-        constraint = params.constraint
-
-        def build() -> list[Request]:
-            compiled: Compiled | PendingConstraint | None = None
-            if constraint is not None:
-                compiled = (self.constraint_for_engine(constraint) if compile_beside
-                            else self.compile_constraint(constraint))
-            schema = constraint.schema if constraint is not None else None
-            return [Request(self.prompt_ids(p, schema), params, compiled) for p in prompts]
-
-        return build, config, routed.progress
 
 
 def _resolve_llm(model: Any) -> LLM:

@@ -66,11 +66,14 @@ class _Call:
     config: EngineConfig | None
     progress: ProgressCallback | None
     on_stream: StreamCallback | None
+    on_start: Callable[[], None] | None = None  # once, after the first step that served one of its requests
     future: Future = field(default_factory=Future)
+    requests: list[Request] = field(default_factory=list)  # what build() made (prompt ids: token counts)
     rids: list[int] = field(default_factory=list)
     states: list[RequestState] = field(default_factory=list)
     results: dict[int, GenerationResult] = field(default_factory=dict)
     aborted: bool = False
+    started: bool = False  # one of its requests took an engine step (the scheduler admitted it)
 
     @property
     def done(self) -> bool:
@@ -104,6 +107,16 @@ class CallHandle:
     def done(self) -> bool:
         return self.future.done()
 
+    @property
+    def started(self) -> bool:
+        """Whether one of the call's requests took an engine step (the scheduler admitted it)."""
+        return self._call.started
+
+    @property
+    def requests(self) -> list[Request]:
+        """The call's requests once built (empty before): the prompt ids the engine got."""
+        return self._call.requests
+
 
 class EngineLoop:
     """The engine's owner thread (see the module docstring). Thread-safe: `submit`, `CallHandle.abort`, `close`."""
@@ -128,10 +141,12 @@ class EngineLoop:
         return self._thread is not None and threading.current_thread() is self._thread
 
     def submit(self, build: Callable[[], Sequence[Request]], *, config: EngineConfig | None = None,
-               progress: ProgressCallback | None = None, on_stream: StreamCallback | None = None) -> CallHandle:
+               progress: ProgressCallback | None = None, on_stream: StreamCallback | None = None,
+               on_start: Callable[[], None] | None = None) -> CallHandle:
         """Queue a call; `build()` runs on the loop thread and returns its requests (its exceptions fail the call).
-        `config`: engine settings for this call (None or the engine's own: the continuous batch)."""
-        call = _Call(build, config, progress, on_stream)
+        `config`: engine settings for this call (None or the engine's own: the continuous batch). `on_start()`:
+        called once, on the loop thread, after the first step that served one of the call's requests."""
+        call = _Call(build, config, progress, on_stream, on_start)
         self._command(("submit", call))
         return CallHandle(self, call)
 
@@ -229,6 +244,7 @@ class EngineLoop:
             if error is not None:
                 self._fail(call, error)
             else:
+                call.requests = requests
                 self._admit(call, requests)
 
     def _start_build(self, call: _Call) -> None:
@@ -271,12 +287,32 @@ class EngineLoop:
         progress, seen = call.progress, {}
         if call.on_stream is not None:
             progress = self._streaming_progress(call, engine.special.eos_id, seen)
+        if call.on_start is not None:
+            progress = self._starting_progress(call, progress)
         results = engine.generate(requests, progress=progress, config=call.config)  # the batch keeps its own machinery
         if call.on_stream is not None:
             for i, r in enumerate(results):
                 new = r.token_ids[min(seen.get(i, 0), len(r.token_ids)):]
                 self._safe_stream(call, i, StreamUpdate(i, r.token_ids, new, True))
         call.future.set_result(results)
+
+    def _starting_progress(self, call: _Call, progress: ProgressCallback | None) -> ProgressCallback:
+        """The call's progress callback, calling on_start before the first event."""
+
+        def starting(event: StepEvent) -> None:
+            self._mark_started(call)
+            if progress is not None:
+                progress(event)
+        return starting
+
+    def _mark_started(self, call: _Call) -> None:
+        if not call.started:
+            call.started = True
+            if call.on_start is not None:
+                try:
+                    call.on_start()
+                except Exception:  # a consumer's bug must not stop the loop
+                    log.exception("engine loop: start callback failed")
 
     def _streaming_progress(self, call: _Call, eos_id: int, seen: dict[int, int]) -> ProgressCallback:
         """The call's progress callback, also streaming each request's committed prefix (`seen`: lengths sent)."""
@@ -332,6 +368,9 @@ class EngineLoop:
             call.results[index] = out.result
             if len(call.results) == len(call.rids):
                 ended.append(call)
+        for call in list(self._live):
+            if not call.started and not call.done and any(s.step > 0 for s in call.states):
+                self._mark_started(call)
         for call in list(self._live):
             if call.progress is not None and not call.done:
                 try:
