@@ -44,6 +44,7 @@ from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.llm_engine import GenerationResult, LLMEngine
 from dllm_constrain.engine.model_runner import model_device
 from dllm_constrain.engine.placement import model_dtype
+from dllm_constrain.engine.scheduler import SchedulerConfig
 from dllm_constrain.engine.state import (
     STRICT_SCHEMA_OPTIONS,
     OutputConstraint,
@@ -124,7 +125,7 @@ class LLM:
 
     def __init__(self, model_path: str | Path | None = None, *, device: Any = None, dtype: Any = None,
                  prompt_format: str = "auto", max_logit_rows: int = 32, freeze_gc_heap: bool = True,
-                 compile_cache_memory: int | str | None = None) -> None:
+                 compile_cache_memory: int | str | None = None, max_num_seqs: int | None = None) -> None:
         """device: None (CUDA when available, else the CPU: `engine.placement.default_device`), "cpu", "cuda",
         "cuda:N" or a torch.device. dtype: None (the checkpoint's stored dtype; on CUDA bfloat16 for a float32
         checkpoint when the GPU supports it), "bfloat16"/"bf16", "float16"/"fp16", "float32"/"fp32" or a
@@ -135,7 +136,9 @@ class LLM:
         collection does not walk torch, the model and the tokenizer inside a step.
         compile_cache_memory: the memory budget of the process's compile cache (bytes, or a size such as "1GiB";
         None: leave it as it is, by default `constraints.compiler.DEFAULT_CACHE_BYTES`); see "Memory" in
-        docs/constraints.md."""
+        docs/constraints.md.
+        max_num_seqs: the engine scheduler's limit on running requests (None: `SchedulerConfig`'s default); the
+        one admission limit of every call on this LLM, the server's --max-batch-size."""
         from dllm_constrain.engine.loader import load_checkpoint
         from dllm_constrain.engine.placement import parse_dtype, resolve_device, resolve_dtype, stored_dtype
 
@@ -153,7 +156,8 @@ class LLM:
         if wanted is None and where.type == "cuda":  # the stored dtype decides whether bfloat16 replaces it
             wanted = resolve_dtype(None, where, stored_dtype(path))
         loaded = load_checkpoint(path, dtype=wanted, device=where)
-        self._setup(loaded.model, loaded.tokenizer, path, prompt_format, max_logit_rows, freeze_gc_heap)
+        self._setup(loaded.model, loaded.tokenizer, path, prompt_format, max_logit_rows, freeze_gc_heap,
+                    max_num_seqs)
 
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any, *, prompt_format: str = "auto",
@@ -168,7 +172,7 @@ class LLM:
         return self
 
     def _setup(self, model: Any, tokenizer: Any, path: Path | None, prompt_format: str, max_logit_rows: int,
-               freeze_gc_heap: bool = True) -> None:
+               freeze_gc_heap: bool = True, max_num_seqs: int | None = None) -> None:
         if prompt_format not in PROMPT_FORMATS:
             raise InvalidRequestError(f"prompt_format must be one of {PROMPT_FORMATS}, got {prompt_format!r}")
         self.model = model
@@ -176,7 +180,8 @@ class LLM:
         self.path = path
         self.device = model_device(model)  # where the model's weights are (LLM(device=...) or from_model's model)
         self.dtype = model_dtype(model)
-        self.engine = LLMEngine(model, tokenizer, max_logit_rows=max_logit_rows)
+        limits = SchedulerConfig() if max_num_seqs is None else SchedulerConfig(max_num_seqs=max_num_seqs)
+        self.engine = LLMEngine(model, tokenizer, max_logit_rows=max_logit_rows, scheduler_config=limits)
         config = getattr(tokenizer, "tokenizer_config", None)
         self.chat_template = ChatTemplate.from_tokenizer_config(config) if isinstance(config, dict) else None
         if prompt_format == "auto":

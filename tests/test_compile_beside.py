@@ -243,7 +243,7 @@ def test_a_server_request_is_announced_started_only_once_its_constraint_has_comp
 
     backend = EngineBackend.__new__(EngineBackend)  # only its step hook is exercised here
     backend._closing = False
-    job = _Job(handle=Handle(), text=None)
+    job = _Job(handle=Handle(), text=None, admitted=True)  # the scheduler admitted it
 
     def event(ready: bool) -> StepEvent:
         return StepEvent(step=1, snapshots=[CanvasSnapshot(0, [MASK], [False], False, ready)], mask_id=MASK)

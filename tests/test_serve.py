@@ -23,8 +23,8 @@ openai = pytest.importorskip("openai", reason="the server tests drive it with th
 jsonschema = pytest.importorskip("jsonschema")
 
 from dllm_constrain.serve.app import build_app  # noqa: E402
+from dllm_constrain.engine.state import OutputConstraint  # noqa: E402
 from dllm_constrain.serve.backend import (  # noqa: E402
-    ConstraintSpec,
     EngineBackend,
     GenerationRequest,
     RequestHandle,
@@ -260,9 +260,11 @@ def _wait_for(predicate: Any) -> None:
         time.sleep(0.01)
 
 
-def test_full_queue_is_429(spare_llm: Any) -> None:
-    gated = _GatedLLM(spare_llm)
-    backend = EngineBackend(gated, max_queue=1, max_batch_size=1)
+def test_full_queue_is_429() -> None:
+    import dllm_constrain as dc
+
+    gated = _GatedLLM(dc.LLM(max_num_seqs=1))  # the one admission limit is the engine scheduler's: one running
+    backend = EngineBackend(gated, max_queue=1)
     with running_server(build_app(backend, request_timeout=WAIT)) as url:
         client = _client(url)
 
@@ -384,10 +386,10 @@ def test_worker_skips_aborted_and_expired_requests(spare_llm: Any) -> None:
     """Requests dropped while waiting never reach the engine; the live one still gets its answer."""
     async def scenario() -> None:
         backend = EngineBackend(spare_llm)  # not started yet: everything waits
-        gone = backend.submit(GenerationRequest("What is 3 plus 4?", ConstraintSpec("regex", "[0-9]+"), 8))
-        late = backend.submit(GenerationRequest("What is 3 plus 4?", ConstraintSpec("regex", "[0-9]+"), 8,
+        gone = backend.submit(GenerationRequest("What is 3 plus 4?", OutputConstraint(regex="[0-9]+"), 8))
+        late = backend.submit(GenerationRequest("What is 3 plus 4?", OutputConstraint(regex="[0-9]+"), 8,
                                                 timeout=0.0))
-        live = backend.submit(GenerationRequest("What is 3 plus 4?", ConstraintSpec("regex", "[0-9]+"), 8))
+        live = backend.submit(GenerationRequest("What is 3 plus 4?", OutputConstraint(regex="[0-9]+"), 8))
         gone.abort()
         assert backend.stats()["waiting"] == 2
         backend.start()
@@ -412,9 +414,9 @@ def test_worker_runs_requests_with_different_constraints_together_and_isolates_a
         gated = _GatedLLM(spare_llm)
         gated.gate.set()
         backend = EngineBackend(gated)
-        digits = ConstraintSpec("regex", "[0-9]+")
+        digits = OutputConstraint(regex="[0-9]+")
         same = [backend.submit(GenerationRequest(f"What is {i} plus 4?", digits, 8)) for i in range(3)]
-        other = backend.submit(GenerationRequest("What is 3 plus 4?", ConstraintSpec("regex", "[0-9]+\\."), 8))
+        other = backend.submit(GenerationRequest("What is 3 plus 4?", OutputConstraint(regex="[0-9]+\\."), 8))
         backend.start()
         try:
             answers = [await asyncio.wait_for(h.result(), WAIT) for h in (*same, other)]

@@ -26,7 +26,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                  "dtype; bfloat16 for a float32 checkpoint on a GPU that supports it)")
     p.add_argument("--max-queue", type=int, default=64, help="requests that may wait for the engine; more get 429")
     p.add_argument("--max-batch-size", type=int, default=8,
-                   help="requests in the engine's continuous batch at once")
+                   help="requests in the engine's continuous batch at once: the engine scheduler's max_num_seqs, "
+                        "the one admission limit (the others wait in its queue)")
     p.add_argument("--request-timeout", type=float, default=None,
                    help="seconds a request may take from arrival, queueing included (504 past it; default: none)")
     p.add_argument("--max-queue-time", type=float, default=DEFAULT_MAX_QUEUE_TIME,
@@ -86,9 +87,9 @@ def build_server_app(args: argparse.Namespace) -> ServerApp:
     from dllm_constrain.serve.grammar_access import GrammarAccess
     from dllm_constrain.serve.limits import ServeLimits, prompt_char_bound
 
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, compile_cache_memory=args.compile_cache_memory)
-    backend = EngineBackend(llm, model_id=args.served_model_name, max_queue=args.max_queue,
-                            max_batch_size=args.max_batch_size)
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, compile_cache_memory=args.compile_cache_memory,
+              max_num_seqs=args.max_batch_size)
+    backend = EngineBackend(llm, model_id=args.served_model_name, max_queue=args.max_queue)
     limits = ServeLimits(max_body_bytes=args.max_body_bytes, max_prompt_chars=prompt_char_bound(llm),
                          max_queue_time=args.max_queue_time or None)
     drain = Drain()

@@ -10,32 +10,29 @@ header (a JSON array of strings) and, in a non-streamed body, as `constraint_war
 from __future__ import annotations
 
 import json
-from typing import Any
 
-from dllm_constrain.serve.backend import ConstraintSpec
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dllm_constrain.engine.state import OutputConstraint
 
 HEADER = "X-Constraint-Warnings"
 MAX_WARNINGS = 32  # listed in full up to this many; the rest are counted
 MAX_HEADER_CHARS = 4096
 
 
-def constraint_warnings(constraint: ConstraintSpec | None) -> list[str]:
+def constraint_warnings(constraint: OutputConstraint | None) -> list[str]:
     """One line per schema keyword the compiler will not enforce (empty for other constraints, or for a schema
     the compiler will refuse anyway: its error is the answer then)."""
-    if constraint is None or constraint.kind != "schema":
+    if constraint is None or not isinstance(constraint.schema, dict):  # normalised: a dict, or a bool schema
         return []
     from dllm_constrain.constraints.json_schema.options import SchemaOptions
     from dllm_constrain.constraints.json_schema.refs import RefResolver
     from dllm_constrain.constraints.json_schema.unknown import unknown_keywords
     from dllm_constrain.errors import DllmConstrainError
 
-    schema: Any = constraint.value
     try:
-        if isinstance(schema, str):
-            schema = json.loads(schema)
-        if not isinstance(schema, dict):
-            return []
-        found = unknown_keywords(RefResolver(schema, SchemaOptions().max_recursion_depth))
+        found = unknown_keywords(RefResolver(constraint.schema, SchemaOptions().max_recursion_depth))
     except (DllmConstrainError, ValueError, RecursionError):
         return []
     lines = [f"JSON Schema keyword {_short(kw)!r} at {_short(path)} is not enforced (outside the JSON Schema "
