@@ -11,6 +11,7 @@ These are properties of a batch run, not of one request, so they live here and n
     EngineConfig(logits_budget_bytes=64 << 20)      # at most 64 MiB of transient logits workspace
     EngineConfig(scheduler="fcfs")                  # every running request takes every step (no step budget)
     EngineConfig(step_tokens=4096, kv_budget_bytes=40 << 30)  # phase costs per step; KV memory of running requests
+    EngineConfig(kv_cache_memory=4 << 30)           # at most 4 GiB of KV cache (CLI / server: --kv-cache-memory 4GiB)
 
 Scheduling (engine.scheduler): `scheduler` picks the policy of the request loop: "phase" (the default,
 dLLM-Serve's: each request's next forward costs its phase, a Refresh its prompt + canvas, a Reuse its block, and
@@ -100,6 +101,13 @@ class EngineConfig:
     scheduler: str = "phase"
     step_tokens: int | None = None
     kv_budget_bytes: int | None = None
+    # bytes of KV cache the engine may hold (vLLM's kv_cache_memory_bytes; None: no bound); the running requests'
+    # KV memory is bounded by it at admission (kv_budget_bytes, when not given, takes this value)
+    kv_cache_memory: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kv_budget_bytes is None and self.kv_cache_memory is not None:
+            object.__setattr__(self, "kv_budget_bytes", self.kv_cache_memory)  # frozen: set once, at construction
 
     def validate(self) -> "EngineConfig":
         """Raise InvalidRequestError naming the first bad field; returns self."""
@@ -128,7 +136,7 @@ class EngineConfig:
             raise InvalidRequestError(f"core_split must be True, False or None, got {self.core_split!r}")
         if self.scheduler not in SCHEDULER_POLICIES:
             raise InvalidRequestError(f"scheduler must be one of {SCHEDULER_POLICIES}, got {self.scheduler!r}")
-        for name in ("step_tokens", "kv_budget_bytes"):
+        for name in ("kv_cache_memory", "step_tokens", "kv_budget_bytes"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise InvalidRequestError(f"{name} must be a positive integer (or None), got {value!r}")
