@@ -38,6 +38,7 @@ from typing import Any, Literal, overload
 import tokenizers
 
 from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo
+from dllm_constrain.constraints.byte_lru import parse_bytes
 from dllm_constrain.constraints.compiler import COMPILE_CACHE, Compiled, compile_constraint
 from dllm_constrain.constraints.json_schema import normalize_schema_input
 from dllm_constrain.engine.config import EngineConfig
@@ -125,7 +126,8 @@ class LLM:
 
     def __init__(self, model_path: str | Path | None = None, *, device: Any = None, dtype: Any = None,
                  prompt_format: str = "auto", max_logit_rows: int = 32, freeze_gc_heap: bool = True,
-                 compile_cache_memory: int | str | None = None, max_num_seqs: int | None = None) -> None:
+                 compile_cache_memory: int | str | None = None, max_num_seqs: int | None = None,
+                 kv_cache_memory: int | str | None = None) -> None:
         """device: None (CUDA when available, else the CPU: `engine.placement.default_device`), "cpu", "cuda",
         "cuda:N" or a torch.device. dtype: None (the checkpoint's stored dtype; on CUDA bfloat16 for a float32
         checkpoint when the GPU supports it), "bfloat16"/"bf16", "float16"/"fp16", "float32"/"fp32" or a
@@ -138,7 +140,9 @@ class LLM:
         None: leave it as it is, by default `constraints.compiler.DEFAULT_CACHE_BYTES`); see "Memory" in
         docs/constraints.md.
         max_num_seqs: the engine scheduler's limit on running requests (None: `SchedulerConfig`'s default); the
-        one admission limit of every call on this LLM, the server's --max-batch-size."""
+        one admission limit of every call on this LLM, the server's --max-batch-size.
+        kv_cache_memory: bytes of KV cache the engine may hold (or a size such as "4GiB"; `EngineConfig`'s field;
+        None: no bound)."""
         from dllm_constrain.engine.loader import load_checkpoint
         from dllm_constrain.engine.placement import parse_dtype, resolve_device, resolve_dtype, stored_dtype
 
@@ -147,6 +151,8 @@ class LLM:
                                       f"model), got {_given(model_path)}")
         if compile_cache_memory is not None:  # checked (and set) before the checkpoint loads
             COMPILE_CACHE.set_max_bytes(compile_cache_memory)
+        config = EngineConfig(kv_cache_memory=None if kv_cache_memory is None else
+                              parse_bytes(kv_cache_memory, "kv_cache_memory")).validate()
         where = resolve_device(device)
         wanted = parse_dtype(dtype)
         path = Path(model_path) if model_path is not None else bundled_model_path()
@@ -157,7 +163,7 @@ class LLM:
             wanted = resolve_dtype(None, where, stored_dtype(path))
         loaded = load_checkpoint(path, dtype=wanted, device=where)
         self._setup(loaded.model, loaded.tokenizer, path, prompt_format, max_logit_rows, freeze_gc_heap,
-                    max_num_seqs)
+                    max_num_seqs, config)
 
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any, *, prompt_format: str = "auto",
@@ -172,7 +178,8 @@ class LLM:
         return self
 
     def _setup(self, model: Any, tokenizer: Any, path: Path | None, prompt_format: str, max_logit_rows: int,
-               freeze_gc_heap: bool = True, max_num_seqs: int | None = None) -> None:
+               freeze_gc_heap: bool = True, max_num_seqs: int | None = None,
+               config: EngineConfig | None = None) -> None:
         if prompt_format not in PROMPT_FORMATS:
             raise InvalidRequestError(f"prompt_format must be one of {PROMPT_FORMATS}, got {prompt_format!r}")
         self.model = model
@@ -181,7 +188,8 @@ class LLM:
         self.device = model_device(model)  # where the model's weights are (LLM(device=...) or from_model's model)
         self.dtype = model_dtype(model)
         limits = SchedulerConfig() if max_num_seqs is None else SchedulerConfig(max_num_seqs=max_num_seqs)
-        self.engine = LLMEngine(model, tokenizer, max_logit_rows=max_logit_rows, scheduler_config=limits)
+        self.engine = LLMEngine(model, tokenizer, max_logit_rows=max_logit_rows, config=config,
+                                scheduler_config=limits)
         config = getattr(tokenizer, "tokenizer_config", None)
         self.chat_template = ChatTemplate.from_tokenizer_config(config) if isinstance(config, dict) else None
         if prompt_format == "auto":

@@ -200,9 +200,7 @@ def validate_prompts(prompts: Any) -> list[Prompt]:
     """A prompt or a list of prompts as a non-empty list of non-empty, encodable strings and conversations (a
     list of message dicts is one conversation; its messages are checked by `normalize_messages`)."""
     single = is_single_prompt(prompts)
-    if is_conversation(prompts):
-        prompts = [prompts]
-    elif single:
+    if single:
         prompts = [prompts]
     elif isinstance(prompts, (bytes, bytearray, memoryview)):
         raise InvalidRequestError("the prompt is bytes, not a string: decode it first (e.g. prompt.decode('utf-8'))")
@@ -214,7 +212,7 @@ def validate_prompts(prompts: Any) -> list[Prompt]:
         raise InvalidRequestError(f"prompt must be a string or a list of strings, got {_given(prompts)}")
     for i, p in enumerate(prompts):
         which = "the prompt" if single else f"prompt {i}"
-        if is_conversation(p):
+        if not isinstance(p, str) and is_conversation(p):
             prompts[i] = normalize_messages(p, which)
             for m in prompts[i]:
                 _check_text(m["content"], which)

@@ -90,8 +90,9 @@ class Processor:
         engine = {**llm.defaults.preset_engine(routed.preset),
                   **{k: v for k, v in routed.engine.items() if v is not None}}
         config = llm.engine.config.with_overrides(**engine)
-        # the engine checks the pins against the constraint at admission
-        params = apply_template(routed.sampling, llm.encode_text, llm.model.special.mask_id)
+        params = routed.sampling  # a text template's pins: checked against the constraint at admission
+        if params.template is not None:
+            params = apply_template(params, llm.encode_text, llm.model.special.mask_id)
         constraint = params.constraint
 
         def make() -> list[Request]:

@@ -451,6 +451,19 @@ def test_command_line_options() -> None:
                                                                                         None)
     with pytest.raises(SystemExit):
         parse_args(["--max-queue", "-1"])
+    assert parse_args(["--kv-cache-memory", "4GiB"]).kv_cache_memory == 4 << 30
+    with pytest.raises(SystemExit):
+        parse_args(["--kv-cache-memory", "lots"])
+
+
+def test_a_request_is_encoded_once_and_its_usage_counts_those_ids(served: tuple[Any, str], llm: Any,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    client, model = served
+    encoded: list[Any] = []
+    prompt_ids = llm.prompt_ids
+    monkeypatch.setattr(llm, "prompt_ids", lambda p, schema=None: encoded.append(p) or prompt_ids(p, schema))
+    resp = _chat(client, model, max_tokens=8, extra_body={"guided_regex": "[0-9]+"})
+    assert len(encoded) == 1 and resp.usage.prompt_tokens == len(prompt_ids(encoded[0]))
 
 
 def test_committed_text_holds_back_partial_characters_and_stop_prefixes() -> None:

@@ -29,7 +29,6 @@ from dllm_constrain.serve.admission import Drain, RequestGuard
 from dllm_constrain.errors import DllmConstrainError
 from dllm_constrain.serve.backend import Backend, Delta, Done, Event, GenerationRequest, RequestHandle, Started
 from dllm_constrain.serve.chat import ChatFormatter
-from dllm_constrain.serve.constraint_warnings import constraint_warnings, warnings_header
 from dllm_constrain.serve.decisions import register_decisions_route
 from dllm_constrain.serve.errors import ModelNotFound, ServeError, error_info
 from dllm_constrain.serve.grammar_access import GrammarAccess
@@ -40,10 +39,12 @@ from dllm_constrain.serve.protocol import (
     ResponseBuilder,
     completion_prompt,
     constraint_of,
+    constraint_warnings,
     output_constraint,
     parse_body,
     sse,
     to_generation_request,
+    warnings_header,
 )
 
 log = logging.getLogger(__name__)

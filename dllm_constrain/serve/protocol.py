@@ -5,7 +5,8 @@ Requests are validated with pydantic models that allow unknown fields (clients s
 do not change what is generated), then every field that would change the output but is not implemented is
 refused by name (400), never silently ignored.
 
-Constraints, at most one per request:
+Constraints, at most one per request (schema keywords the compiler does not enforce come back as the
+X-Constraint-Warnings header, `constraint_warnings`):
   response_format   {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}: that schema
                     (strict true or absent: the library's generation narrowings; false: the JSON Schema spec's
                     semantics); {"type": "json_object"}: any JSON object ({"type": "object"}, spec semantics);
@@ -247,6 +248,56 @@ def output_constraint(fields: ConstraintFields | None, param: str | None,
             raise BadRequest(str(exc), param=param, code="invalid_grammar") from None
         fields = {"grammar": text}
     return Processor.output_constraint(**fields)
+
+
+# What the server tells a client about its constraint besides accepting it: schema keywords that are not enforced.
+# A keyword outside the JSON Schema vocabularies (`x-*`, `nullable`, a typo such as `maxLenght`) is never enforced;
+# the library reports it (UnknownKeywordWarning, `compiled.ignored_keywords`) rather than fail, and over HTTP that
+# report has to reach the client. The walk is the compiler's own (`json_schema.unknown.unknown_keywords`), run on
+# the request's schema before it is queued, so the warnings are known before the response headers go out (for
+# streams too): the `X-Constraint-Warnings` header (a JSON array of strings) and, in a non-streamed body,
+# `constraint_warnings`.
+WARNINGS_HEADER = "X-Constraint-Warnings"
+MAX_WARNINGS = 32  # listed in full up to this many; the rest are counted
+MAX_HEADER_CHARS = 4096
+
+
+def constraint_warnings(constraint: OutputConstraint | None) -> list[str]:
+    """One line per schema keyword the compiler will not enforce (empty for other constraints, or for a schema
+    the compiler will refuse anyway: its error is the answer then)."""
+    if constraint is None or not isinstance(constraint.schema, dict):  # normalised: a dict, or a bool schema
+        return []
+    from dllm_constrain.constraints.json_schema.options import SchemaOptions
+    from dllm_constrain.constraints.json_schema.refs import RefResolver
+    from dllm_constrain.constraints.json_schema.unknown import unknown_keywords
+    from dllm_constrain.errors import DllmConstrainError
+
+    try:
+        found = unknown_keywords(RefResolver(constraint.schema, SchemaOptions().max_recursion_depth))
+    except (DllmConstrainError, ValueError, RecursionError):
+        return []
+    lines = [f"JSON Schema keyword {_short(kw)!r} at {_short(path)} is not enforced (outside the JSON Schema "
+             "vocabularies)" for path, kw in found[:MAX_WARNINGS]]
+    if len(found) > MAX_WARNINGS:
+        lines.append(f"... and {len(found) - MAX_WARNINGS} more keywords not enforced")
+    return lines
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def warnings_header(warnings: list[str]) -> dict[str, str]:
+    """The response header for `warnings` (none when empty): a JSON array, ASCII-escaped, at most
+    MAX_HEADER_CHARS long (later entries dropped and counted)."""
+    if not warnings:
+        return {}
+    shown = list(warnings)
+    value = json.dumps(shown, ensure_ascii=True)
+    while len(value) > MAX_HEADER_CHARS and len(shown) > 1:
+        shown.pop()
+        value = json.dumps(shown + [f"... and {len(warnings) - len(shown)} more"], ensure_ascii=True)
+    return {WARNINGS_HEADER: value[:MAX_HEADER_CHARS]}
 
 
 def _stop_of(body: _GenerationBody) -> tuple[str, ...]:
