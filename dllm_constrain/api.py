@@ -7,22 +7,14 @@
     params = dc.SamplingParams(max_new_tokens=64, constraint=dc.OutputConstraint(regex="[0-9]+"))
     [res] = llm.generate(["..."], params, seed=3)                         # keywords replace its fields
 
-Options are the fields of three objects (dllm_constrain.options routes keywords onto them by name, so each
-default is defined once, as a field default): `SamplingParams` (per request, with its `OutputConstraint`) and
-`EngineConfig` (engine settings for the call), plus `progress`. `generate`, `LLM.generate`, `LLM.submit`,
-`AsyncLLM`, the CLI and the server all build their requests with the LLM's `Processor` (dllm_constrain.processor,
-`llm.processor.build(prompt, **options) -> EngineCall`), which does that routing.
-
-A list of prompts runs as one batch. `model=None` means the bundled checkpoint (dllm_constrain/bundled);
-`model` may also be a checkpoint folder path, an `LLM`, or a `LoadedModel` from `engine.loader`. Loaded
-checkpoints are kept in one explicit, small cache of `LLM` objects keyed by resolved path (`clear_model_cache()`
-empties it); compiled constraints live in the constraint compiler's one bounded cache
-(`constraints.compiler.COMPILE_CACHE`, per tokenizer and normalised constraint).
-
-Threads: each `LLM` owns one engine loop thread (dllm_constrain.engine_loop, started by the first call): `generate`
-and `dc.generate` hand their requests to it and wait, so any number of threads may call them at once; their
-requests share one continuous batch and each result equals the single-threaded one for its seed. `LLM.submit`
-queues a call without waiting (a CallHandle); `dllm_constrain.AsyncLLM` is the asyncio front end.
+Options are the fields of `SamplingParams` (with its `OutputConstraint`) and `EngineConfig`, plus `progress` and
+`preset`: every entry point builds its requests with the LLM's `Processor` (dllm_constrain.processor), which routes
+them by field name (dllm_constrain.options). `model=None` is the bundled checkpoint; loaded checkpoints are kept in
+one small cache of `LLM`s keyed by resolved path (`clear_model_cache()`), compiled constraints in the compiler's
+one bounded cache (`constraints.compiler.COMPILE_CACHE`). Threads: each `LLM` owns one engine loop thread
+(dllm_constrain.engine_loop); any number of threads may call `generate` at once, their requests share one
+continuous batch and each result equals the single-threaded one for its seed; `LLM.submit` queues a call without
+waiting, `dllm_constrain.AsyncLLM` is the asyncio front end.
 """
 from __future__ import annotations
 

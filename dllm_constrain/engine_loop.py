@@ -1,29 +1,21 @@
 """One thread that owns an `LLMEngine` and runs its continuous-batching loop for callers on any thread.
 
 The engine is not thread-safe; `EngineLoop` makes it usable from many threads (and from asyncio) without a lock
-around whole calls: a caller hands a *call* (one or more requests built on the loop thread, with its own sampling
-parameters and constraint) to `submit`, which only puts it on a thread-safe queue and returns a `CallHandle`. The
-loop thread (started lazily, a daemon, stopped by `close`):
+around whole calls: `submit` puts a *call* (a build function, e.g. `EngineCall.make_requests`, and its callbacks) on
+a thread-safe queue and returns a `CallHandle`. The loop thread (started lazily, a daemon, stopped by `close`):
 
   - idle: blocks on the queue (no polling);
-  - builds each call's requests (compiles its constraint, encodes its prompts) on one builder thread beside the
-    loop, so a schema whose compilation takes seconds never holds the batch: the loop keeps stepping the other
-    requests, and admits the call when its build comes back (calls are built, hence admitted, in submission order);
-  - admits each call's requests (`engine.add_request`), so requests of different calls, with different sampling
-    parameters and constraints, share the continuous batch (each row computes what it computes alone);
-  - calls `engine.step()` while anything is unfinished and resolves each call's `concurrent.futures.Future` with its
-    results in request order once its last request ended, or with its typed error (a request's own failure, like
-    `LLMEngine.generate` with raise_errors: the call's other requests are aborted);
-  - after every step, hands each live call its own progress event (snapshots of that call's requests only, indexed
-    by position in the call) and each request's committed-prefix stream updates (`on_stream(index, update)`);
-  - aborts a call's requests by id (`CallHandle.abort`, from any thread).
+  - builds each call's requests (compiles, encodes) on one builder thread beside it, so a slow compilation never
+    holds the batch; calls are built, hence admitted, in submission order, and keep their requests (prompt ids);
+  - admits them (`engine.add_request`): calls with different options and constraints share the continuous batch;
+  - steps while anything is unfinished; resolves each call's future with its results in request order, or with its
+    typed error (its other requests are aborted);
+  - after every step: `on_start()` once for a call the engine first served, then each live call's progress event
+    and committed-prefix stream updates (`on_stream(index, update)`); aborts calls by id (`CallHandle.abort`).
 
-Engine settings (`EngineConfig`: KV cache, refresh policy, logits budget) belong to the engine, not to a request: a
-call whose config differs from the engine's (or any call on a block-diffusion model, which has no continuous loop)
-runs alone through `engine.generate` on the loop thread, between two steps of the continuous batch.
-
-Callbacks (progress, on_stream, future done-callbacks) run on the loop thread: they must be quick and must not
-wait for another call of the same loop (that would deadlock; `EngineLoop.on_loop_thread` tells).
+A call whose `EngineConfig` differs from the engine's (or any call on a block-diffusion model) runs alone through
+`engine.generate` between two steps. Callbacks run on the loop thread: quick, and never waiting for another call
+of the same loop (`EngineLoop.on_loop_thread` tells).
 """
 from __future__ import annotations
 
