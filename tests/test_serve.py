@@ -260,10 +260,16 @@ def _wait_for(predicate: Any) -> None:
         time.sleep(0.01)
 
 
-def test_full_queue_is_429() -> None:
+@pytest.fixture(scope="module")
+def single_slot_llm() -> Any:
+    """An LLM whose engine runs one request at a time: the scheduler's limit is the server's one admission limit."""
     import dllm_constrain as dc
 
-    gated = _GatedLLM(dc.LLM(max_num_seqs=1))  # the one admission limit is the engine scheduler's: one running
+    return dc.LLM(max_num_seqs=1)
+
+
+def test_full_queue_is_429(single_slot_llm: Any) -> None:
+    gated = _GatedLLM(single_slot_llm)
     backend = EngineBackend(gated, max_queue=1)
     with running_server(build_app(backend, request_timeout=WAIT)) as url:
         client = _client(url)
@@ -282,6 +288,31 @@ def test_full_queue_is_429() -> None:
             assert err.value.body["code"] == "queue_full" and err.value.response.headers["retry-after"] == "1"
             gated.gate.set()
             assert running.result(WAIT).isdigit() and waiting.result(WAIT).isdigit()
+
+
+def test_a_drain_fails_the_requests_the_scheduler_has_not_admitted_and_lets_the_running_one_finish(
+        single_slot_llm: Any) -> None:
+    from dllm_constrain.serve.errors import ServerDrainingError
+
+    async def scenario() -> None:
+        gated = _GatedLLM(single_slot_llm)
+        backend = EngineBackend(gated)
+        backend.start()
+        digits = OutputConstraint(regex="[0-9]+")
+        try:
+            running = backend.submit(GenerationRequest("What is 3 plus 4?", digits, 8))
+            waiting = backend.submit(GenerationRequest("What is 3 plus 5?", digits, 8))
+            assert backend.stats() == {"waiting": 1, "running": 1, "aborted": 0}  # one slot in the engine
+            backend.drain()
+            gated.gate.set()
+            with pytest.raises(ServerDrainingError):
+                await asyncio.wait_for(waiting.result(), WAIT)
+            assert (await asyncio.wait_for(running.result(), WAIT)).text.isdigit()
+        finally:
+            gated.gate.set()
+            backend.close()
+
+    asyncio.run(scenario())
 
 
 def test_client_disconnect_stops_the_running_request(spare_llm: Any) -> None:

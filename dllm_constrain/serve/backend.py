@@ -279,7 +279,7 @@ class EngineBackend:
     def _stop_waiting(self) -> None:
         """Fail every request the engine has not admitted (call with the lock held): one not submitted yet at
         once, one in the engine's queue once its abort reaches the engine loop."""
-        for job in [j for j in self._jobs if not j.admitted]:
+        for job in [j for j in self._jobs if not j.admitted and not j.drained]:
             job.drained = True
             if job.call is None:
                 self._jobs.remove(job)
@@ -299,9 +299,9 @@ class EngineBackend:
         with self._cond:
             self._closing = True
             self._stop_waiting()
-            for job in self._jobs:
+            for job in list(self._jobs):  # an abort may end a call (and drop its job) at once
                 job.handle._aborted = True  # stopped at its next step
-                if job.call is not None:
+                if job.call is not None and not job.drained:
                     job.call.abort()
             self._cond.wait_for(lambda: not self._jobs, timeout)
             self._started = False
