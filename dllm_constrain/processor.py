@@ -68,8 +68,8 @@ class Processor:
         """Check `prompts` (`options.validate_prompts`) and route `options` by field name onto SamplingParams,
         OutputConstraint and EngineConfig (`options.route_options`: each field checked by its one validator), on
         the caller's thread; a text template becomes the canvas's pinned ids here. `constraint`: an
-        `OutputConstraint` built beforehand (`output_constraint`; the server's way) in place of the base's (the
-        constraint keywords still replace its fields). With `compile_beside`, a
+        `OutputConstraint` built beforehand (`output_constraint`; the server's way), taken as it is in place of
+        the base's (not with constraint keywords; the compiler reads a schema given as text). With `compile_beside`, a
         constraint the compile cache lacks compiles on the LLM's compile thread beside the requests' first
         forward (`LLM.constraint_for_engine`) instead of inside `make_requests`.
 
@@ -79,9 +79,9 @@ class Processor:
         if constraint is not None:
             if not isinstance(constraint, OutputConstraint):
                 raise InvalidRequestError(f"constraint must be an OutputConstraint, got {type(constraint).__name__}")
-            base = sampling_params if sampling_params is not None else llm.defaults.sampling_params()
-            if isinstance(base, SamplingParams):  # anything else: route_options refuses it by name
-                sampling_params = replace(base, constraint=constraint)
+            given = sorted(set(options) & set(CONSTRAINT_FIELDS))
+            if given:
+                raise InvalidRequestError(f"give constraint= or the constraint fields ({', '.join(given)}), not both")
         routed = route_options(options, llm.defaults.sampling_params(), sampling_params,
                                preset_sampling=llm.defaults.preset_sampling)
         if routed.preset == "reference" and llm.family not in ("llada", "dream"):
@@ -91,6 +91,8 @@ class Processor:
                   **{k: v for k, v in routed.engine.items() if v is not None}}
         config = llm.engine.config.with_overrides(**engine)
         params = routed.sampling  # a text template's pins: checked against the constraint at admission
+        if constraint is not None:  # built (checked, normalised) by output_constraint or the caller: taken as is
+            params = replace(params, constraint=None if constraint.empty else constraint)
         if params.template is not None:
             params = apply_template(params, llm.encode_text, llm.model.special.mask_id)
         constraint = params.constraint
