@@ -360,8 +360,8 @@ class LLM:
         (InvalidRequestError); compilation and engine errors come through the handle. on_stream(index, update):
         each request's committed left prefix (`StreamUpdate`, token ids) after every step that grew it, called
         on the loop thread. on_start(): once, on the loop thread, after the first engine step that served one of
-        the call's requests (the scheduler admitted it), before that step's progress event. Thread-safe: any number of threads may submit; all calls share one continuous batch
-        (see dllm_constrain.engine_loop)."""
+        the call's requests (the scheduler admitted it), before that step's progress event. Thread-safe: any
+        number of threads may submit; all calls share one continuous batch (see dllm_constrain.engine_loop)."""
         call = self.processor.build(prompts, sampling_params, compile_beside=True, **options)
         return self._engine_loop().submit(call.make_requests, config=call.config, progress=call.progress,
                                           on_stream=on_stream, on_start=on_start)

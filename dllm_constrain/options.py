@@ -38,8 +38,8 @@ from dllm_constrain.errors import (
 )
 
 __all__ = ["CALL_OPTIONS", "CONSTRAINT_TIMEOUT_S", "GenerationDefaults", "OPTION_NAMES", "REQUEST_FIELDS",
-           "RoutedOptions", "check_option_names", "generate_options", "route_options", "validate_constraint",
-           "validate_prompts", "validate_request"]
+           "RoutedOptions", "check_option_names", "generate_options", "route_constraint", "route_options",
+           "validate_constraint", "validate_prompts", "validate_request"]
 
 # ---------------------------------------------------------------------------------- request validation
 # Every request field has one check (dllm_constrain.option_checks): SamplingParams' are engine.state's
@@ -333,6 +333,16 @@ def route_options(options: Mapping[str, Any], defaults: SamplingParams,
     params.validate()
     engine = {k: v[k] for k in ENGINE_FIELDS if k in v}
     return RoutedOptions(params, engine, v.get("progress"), v.get("preset"))
+
+
+def route_constraint(given: Mapping[str, Any]) -> OutputConstraint | None:
+    """The OutputConstraint of constraint fields alone (CONSTRAINT_FIELDS; another name is an InvalidRequestError),
+    checked and normalised as `route_options` does; None when no schema, regex or grammar is given."""
+    unknown = sorted(set(given) - set(CONSTRAINT_FIELDS))
+    if unknown:
+        raise InvalidRequestError(f"not a constraint field: {', '.join(map(repr, unknown))}; the constraint fields "
+                                  f"are {', '.join(CONSTRAINT_FIELDS)}")
+    return _route_constraint(validate_request(**given), None)
 
 
 def _route_constraint(v: Mapping[str, Any], base: OutputConstraint | None) -> OutputConstraint | None:

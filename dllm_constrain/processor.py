@@ -21,7 +21,7 @@ from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.outputs import ProgressCallback
 from dllm_constrain.engine.state import OutputConstraint, Request, SamplingParams
 from dllm_constrain.errors import InvalidRequestError
-from dllm_constrain.options import CONSTRAINT_FIELDS, Prompt, route_options, validate_prompts
+from dllm_constrain.options import CONSTRAINT_FIELDS, Prompt, route_constraint, route_options, validate_prompts
 from dllm_constrain.templates import apply_template
 
 if TYPE_CHECKING:  # the LLM owns its Processor; only for annotations
@@ -113,8 +113,4 @@ class Processor:
         whitespace, compile_timeout), checked and normalised as `build` does (None: no constraint given).
         Raises the typed error of a bad value (InvalidSchemaError, InvalidRegexError, InvalidGrammarError,
         InvalidRequestError)."""
-        unknown = sorted(set(fields) - set(CONSTRAINT_FIELDS))
-        if unknown:
-            raise InvalidRequestError(f"not a constraint field: {', '.join(map(repr, unknown))}; the constraint "
-                                      f"fields are {', '.join(CONSTRAINT_FIELDS)}")
-        return route_options(fields, SamplingParams()).sampling.constraint
+        return route_constraint(fields)

@@ -1,7 +1,7 @@
 """python -m dllm_constrain.serve [--model PATH] [--host H] [--port P] [--device D] [--dtype T] [--max-queue N]
 [--request-timeout S] [--max-queue-time S] [--max-batch-size B] [--max-body-bytes N] [--shutdown-timeout S]
-[--grammar-dir DIR] [--compile-cache-memory SIZE] [--kv-cache-memory SIZE] [--served-model-name NAME]: an OpenAI-compatible server
-(docs/serving.md)."""
+[--grammar-dir DIR] [--compile-cache-memory SIZE] [--kv-cache-memory SIZE] [--served-model-name NAME]: an
+OpenAI-compatible server (docs/serving.md)."""
 from __future__ import annotations
 
 import argparse
