@@ -57,7 +57,6 @@ def main() -> int:
     import dllm_constrain as dc
     from dllm_constrain.engine.llm_engine import LLMEngine
     from dllm_constrain.engine.state import Request
-    from dllm_constrain.options import generate_options
 
     items = [it for it in load_sample(args.data, args.seed, {k: 4 for k in DEFAULT_MIX}) if args.only in it["id"]]
     if not items:
@@ -65,8 +64,7 @@ def main() -> int:
         return 2
     llm = dc.LLM(None)
     engine = LLMEngine(llm.model, llm.tokenizer, config=replace(llm.engine.config, mask_workers=1))
-    build, _, _ = llm._prepare(PROMPT, generate_options({"schema": items[0]["schema"]}), compile_beside=False)
-    [request] = build()
+    [request] = llm.processor.build(PROMPT, schema=items[0]["schema"]).make_requests()
     compiled = request.constraint
     print(f"# bench_automaton_growth: {items[0]['id']}, {args.calls} calls, one compiled constraint")
     print("| call | ms | new transitions | DFA states | known transitions | footprint MB | resident MB since call 0 "

@@ -143,7 +143,6 @@ def main() -> int:
     from dllm_constrain.engine.llm_engine import LLMEngine
     from dllm_constrain.engine.state import PendingConstraint, Request
     from dllm_constrain.errors import DllmConstrainError
-    from dllm_constrain.options import generate_options
 
     if not os.path.isdir(args.data):
         print(f"no JSONSchemaBench data at {args.data}", file=sys.stderr)
@@ -157,8 +156,7 @@ def main() -> int:
     instrument(probe)
 
     def prepare(schema: Any, beside: bool) -> Request:
-        build, _, _ = llm._prepare(PROMPT, generate_options({"schema": schema}), compile_beside=beside)
-        [req] = build()
+        [req] = llm.processor.build(PROMPT, schema=schema, compile_beside=beside).make_requests()
         return req
 
     warm_up = prepare({"type": "object"}, False)

@@ -52,13 +52,10 @@ def main() -> int:
     from dllm_constrain.engine import state as engine_state
     from dllm_constrain.engine.llm_engine import LLMEngine
     from dllm_constrain.engine.state import PendingConstraint, Request
-    from dllm_constrain.options import generate_options
 
     llm = dc.LLM(None)
     engine = LLMEngine(llm.model, llm.tokenizer, config=replace(llm.engine.config, mask_workers=1))
-    build, _, _ = llm._prepare("Write a JSON record for a customer.", generate_options({"schema": SCHEMA}),
-                               compile_beside=False)
-    [probe] = build()
+    [probe] = llm.processor.build("Write a JSON record for a customer.", schema=SCHEMA).make_requests()
     free = Request(probe.prompt_ids, replace(probe.params, constraint=None), None)
     pool = ThreadPoolExecutor(1, thread_name_prefix="dllm-compile")
 

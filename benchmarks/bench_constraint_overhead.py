@@ -84,7 +84,6 @@ def main() -> int:
     from dllm_constrain.engine.llm_engine import LLMEngine
     from dllm_constrain.engine.state import PendingConstraint, Request
     from dllm_constrain.errors import DllmConstrainError
-    from dllm_constrain.options import generate_options
 
     if not os.path.isdir(args.data):
         print(f"no JSONSchemaBench data at {args.data}", file=sys.stderr)
@@ -101,8 +100,7 @@ def main() -> int:
 
     def prepare(schema: Any, compile_beside: bool = False) -> Request:
         options = {"schema": schema} if not args.no_forced_tokens else {"schema": schema, "forced_tokens": False}
-        build, _, _ = llm._prepare(PROMPT, generate_options(options), compile_beside=compile_beside)
-        [req] = build()
+        [req] = llm.processor.build(PROMPT, compile_beside=compile_beside, **options).make_requests()
         return req
 
     def timed(req: Request) -> tuple[float, Any, tuple[float, int, float]]:

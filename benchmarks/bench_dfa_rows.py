@@ -58,7 +58,6 @@ def main() -> int:
     import dllm_constrain as dc
     from dllm_constrain.constraints import clear_cache
     from dllm_constrain.errors import DllmConstrainError
-    from dllm_constrain.options import generate_options
 
     items = load_sample(args.data, args.seed, {k: args.n_per_subset for k in DEFAULT_MIX})
     llm = dc.LLM()
@@ -68,8 +67,7 @@ def main() -> int:
         for item in items:
             clear_cache()
             try:
-                build, _, _ = llm._prepare("x", generate_options({"schema": item["schema"]}))
-                [req] = build()
+                [req] = llm.processor.build("x", schema=item["schema"]).make_requests()
             except DllmConstrainError:
                 continue
             t0 = time.perf_counter()

@@ -94,13 +94,11 @@ def collector_passes(until: float) -> None:
 
 def compile_loop(llm: Any) -> Callable[[float], None]:
     from dllm_constrain.constraints import clear_cache
-    from dllm_constrain.options import generate_options
 
     def run(until: float) -> None:
         while time.perf_counter() < until:
             clear_cache()
-            build, _, _ = llm._prepare("x", generate_options({"schema": SCHEMA}), compile_beside=False)
-            [req] = build()
+            [req] = llm.processor.build("x", schema=SCHEMA).make_requests()
             req.constraint_state()
 
     return run
@@ -132,14 +130,11 @@ def main() -> int:
     from dllm_constrain.engine.mask_workers import MaskTiming
     from dllm_constrain.engine.model_runner import ModelRunner
     from dllm_constrain.engine.state import Request
-    from dllm_constrain.options import generate_options
 
     llm = dc.LLM(None)
     engine = LLMEngine(llm.model, llm.tokenizer, config=replace(llm.engine.config, mask_workers=1))
     prompt = " ".join(["Write a JSON record for a customer with an address and contacts."] * args.prompt_repeats)
-    build, _, _ = llm._prepare(prompt, generate_options({"schema": SCHEMA, "max_new_tokens": 32}),
-                               compile_beside=False)
-    [probe] = build()
+    [probe] = llm.processor.build(prompt, schema=SCHEMA, max_new_tokens=32).make_requests()
     free = Request(probe.prompt_ids, replace(probe.params, constraint=None), None)
 
     firsts: list[float] = []

@@ -77,14 +77,12 @@ def load_schemas(jsb: int, subsets: list[str]) -> list[tuple[str, Any]]:
 def build_requests(llm: Any, schemas: list[tuple[str, Any]], options: dict[str, Any]
                    ) -> tuple[list[Request], list[Any], list[str]]:
     """One request per schema that compiles and fits (the compiled constraints are kept for the checks)."""
-    from dllm_constrain.options import generate_options
 
     requests, compiled, left_out = [], [], []
     for name, schema in schemas:
         prompt = f"Write a JSON value for the schema {name}."
         try:
-            build, _, _ = llm._prepare(prompt, generate_options({"schema": schema, **options}))
-            [req] = build()
+            [req] = llm.processor.build(prompt, schema=schema, **options).make_requests()
             req.constraint_state()  # the fit check (ConstraintTooLongError) before the timed runs
         except DllmConstrainError as err:
             left_out.append(f"{name}: {type(err).__name__}")

@@ -16,7 +16,7 @@ token (TTFT) of a streamed request is the time to its first non-empty SSE delta 
 
 Static (in-process, no HTTP, the same arrivals, after the server pass): arrivals wait in a FIFO; whenever the
 engine is idle, all waiting requests (at most B) run as one batch to completion through `llm.engine.generate`,
-built the way the API builds them (`LLM._prepare(prompt, generate_options({...}))`, `build()` on this thread, the
+built the way the API builds them (`llm.processor.build(prompt, **options)`, `make_requests()` on this thread, the
 thread that runs the engine). Latency counts from each request's arrival; the TTFT column of a static batch is the
 time its first committed left prefix appears (what a static server that streamed would send first).
 
@@ -208,8 +208,9 @@ def static_pass(llm: Any, arrivals: list[Arrival], examples: list[dict[str, Any]
             opts = {"max_new_tokens": max_tokens, "temperature": 0.0}
             if a.constrained:
                 opts.update(schema=e["schema"], strict=True)
-            build, config, _ = llm._prepare(e["request"], generate_options(opts))
-            requests += build()
+            call = llm.processor.build(e["request"], **opts)
+            requests += call.make_requests()
+            config = call.config
         first: dict[int, float] = {}
 
         def progress(event: Any) -> None:

@@ -7,21 +7,14 @@
     params = dc.SamplingParams(max_new_tokens=64, constraint=dc.OutputConstraint(regex="[0-9]+"))
     [res] = llm.generate(["..."], params, seed=3)                         # keywords replace its fields
 
-Options are the fields of three objects (dllm_constrain.options routes keywords onto them by name, so each
-default is defined once, as a field default): `SamplingParams` (per request, with its `OutputConstraint`) and
-`EngineConfig` (engine settings for the call), plus `progress`. `generate`, `LLM.generate`, `LLM.submit`,
-`AsyncLLM`, the CLI and the server all go through that routing.
-
-A list of prompts runs as one batch. `model=None` means the bundled checkpoint (dllm_constrain/bundled);
-`model` may also be a checkpoint folder path, an `LLM`, or a `LoadedModel` from `engine.loader`. Loaded
-checkpoints are kept in one explicit, small cache of `LLM` objects keyed by resolved path (`clear_model_cache()`
-empties it); compiled constraints live in the constraint compiler's one bounded cache
-(`constraints.compiler.COMPILE_CACHE`, per tokenizer and normalised constraint).
-
-Threads: each `LLM` owns one engine loop thread (dllm_constrain.engine_loop, started by the first call): `generate`
-and `dc.generate` hand their requests to it and wait, so any number of threads may call them at once; their
-requests share one continuous batch and each result equals the single-threaded one for its seed. `LLM.submit`
-queues a call without waiting (a CallHandle); `dllm_constrain.AsyncLLM` is the asyncio front end.
+Options are the fields of `SamplingParams` (with its `OutputConstraint`) and `EngineConfig`, plus `progress` and
+`preset`: every entry point builds its requests with the LLM's `Processor` (dllm_constrain.processor), which routes
+them by field name (dllm_constrain.options). `model=None` is the bundled checkpoint; loaded checkpoints are kept in
+one small cache of `LLM`s keyed by resolved path (`clear_model_cache()`), compiled constraints in the compiler's
+one bounded cache (`constraints.compiler.COMPILE_CACHE`). Threads: each `LLM` owns one engine loop thread
+(dllm_constrain.engine_loop); any number of threads may call `generate` at once, their requests share one
+continuous batch and each result equals the single-threaded one for its seed; `LLM.submit` queues a call without
+waiting, `dllm_constrain.AsyncLLM` is the asyncio front end.
 """
 from __future__ import annotations
 
@@ -37,17 +30,18 @@ from typing import Any, Literal, overload
 import tokenizers
 
 from dllm_constrain.constraints import ConstraintCompiler, TokenizerInfo
+from dllm_constrain.constraints.byte_lru import parse_bytes
 from dllm_constrain.constraints.compiler import COMPILE_CACHE, Compiled, compile_constraint
 from dllm_constrain.constraints.json_schema import normalize_schema_input
 from dllm_constrain.engine.config import EngineConfig
-from dllm_constrain.engine.llm_engine import GenerationResult, LLMEngine, ProgressCallback
+from dllm_constrain.engine.llm_engine import GenerationResult, LLMEngine
 from dllm_constrain.engine.model_runner import model_device
 from dllm_constrain.engine.placement import model_dtype
+from dllm_constrain.engine.scheduler import SchedulerConfig
 from dllm_constrain.engine.state import (
     STRICT_SCHEMA_OPTIONS,
     OutputConstraint,
     PendingConstraint,
-    Request,
     SamplingParams,
 )
 from dllm_constrain.engine_loop import CallHandle, EngineLoop, StreamCallback
@@ -74,9 +68,9 @@ from dllm_constrain.options import (  # noqa: F401 - re-exported: the options' c
 )
 from dllm_constrain.chat_template import ChatTemplate
 from dllm_constrain.options import Prompt, is_single_prompt
+from dllm_constrain.processor import Processor
 from dllm_constrain.prompting import format_prompt, schema_sketch
 from dllm_constrain.decisions import DecisionResult, Question, decide
-from dllm_constrain.templates import apply_template
 
 __all__ = ["LLM", "GenerationResult", "OutputConstraint", "SamplingParams", "EngineConfig", "generate",
            "bundled_model_path", "clear_model_cache", "STRICT_SCHEMA_OPTIONS"]
@@ -124,7 +118,8 @@ class LLM:
 
     def __init__(self, model_path: str | Path | None = None, *, device: Any = None, dtype: Any = None,
                  prompt_format: str = "auto", max_logit_rows: int = 32, freeze_gc_heap: bool = True,
-                 compile_cache_memory: int | str | None = None) -> None:
+                 compile_cache_memory: int | str | None = None, max_num_seqs: int | None = None,
+                 kv_cache_memory: int | str | None = None) -> None:
         """device: None (CUDA when available, else the CPU: `engine.placement.default_device`), "cpu", "cuda",
         "cuda:N" or a torch.device. dtype: None (the checkpoint's stored dtype; on CUDA bfloat16 for a float32
         checkpoint when the GPU supports it), "bfloat16"/"bf16", "float16"/"fp16", "float32"/"fp32" or a
@@ -135,7 +130,11 @@ class LLM:
         collection does not walk torch, the model and the tokenizer inside a step.
         compile_cache_memory: the memory budget of the process's compile cache (bytes, or a size such as "1GiB";
         None: leave it as it is, by default `constraints.compiler.DEFAULT_CACHE_BYTES`); see "Memory" in
-        docs/constraints.md."""
+        docs/constraints.md.
+        max_num_seqs: the engine scheduler's limit on running requests (None: `SchedulerConfig`'s default); the
+        one admission limit of every call on this LLM, the server's --max-batch-size.
+        kv_cache_memory: bytes of KV cache the engine may hold (or a size such as "4GiB"; `EngineConfig`'s field;
+        None: no bound)."""
         from dllm_constrain.engine.loader import load_checkpoint
         from dllm_constrain.engine.placement import parse_dtype, resolve_device, resolve_dtype, stored_dtype
 
@@ -144,6 +143,8 @@ class LLM:
                                       f"model), got {_given(model_path)}")
         if compile_cache_memory is not None:  # checked (and set) before the checkpoint loads
             COMPILE_CACHE.set_max_bytes(compile_cache_memory)
+        config = EngineConfig(kv_cache_memory=None if kv_cache_memory is None else
+                              parse_bytes(kv_cache_memory, "kv_cache_memory")).validate()
         where = resolve_device(device)
         wanted = parse_dtype(dtype)
         path = Path(model_path) if model_path is not None else bundled_model_path()
@@ -153,7 +154,8 @@ class LLM:
         if wanted is None and where.type == "cuda":  # the stored dtype decides whether bfloat16 replaces it
             wanted = resolve_dtype(None, where, stored_dtype(path))
         loaded = load_checkpoint(path, dtype=wanted, device=where)
-        self._setup(loaded.model, loaded.tokenizer, path, prompt_format, max_logit_rows, freeze_gc_heap)
+        self._setup(loaded.model, loaded.tokenizer, path, prompt_format, max_logit_rows, freeze_gc_heap,
+                    max_num_seqs, config)
 
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any, *, prompt_format: str = "auto",
@@ -168,7 +170,8 @@ class LLM:
         return self
 
     def _setup(self, model: Any, tokenizer: Any, path: Path | None, prompt_format: str, max_logit_rows: int,
-               freeze_gc_heap: bool = True) -> None:
+               freeze_gc_heap: bool = True, max_num_seqs: int | None = None,
+               config: EngineConfig | None = None) -> None:
         if prompt_format not in PROMPT_FORMATS:
             raise InvalidRequestError(f"prompt_format must be one of {PROMPT_FORMATS}, got {prompt_format!r}")
         self.model = model
@@ -176,7 +179,9 @@ class LLM:
         self.path = path
         self.device = model_device(model)  # where the model's weights are (LLM(device=...) or from_model's model)
         self.dtype = model_dtype(model)
-        self.engine = LLMEngine(model, tokenizer, max_logit_rows=max_logit_rows)
+        limits = SchedulerConfig() if max_num_seqs is None else SchedulerConfig(max_num_seqs=max_num_seqs)
+        self.engine = LLMEngine(model, tokenizer, max_logit_rows=max_logit_rows, config=config,
+                                scheduler_config=limits)
         config = getattr(tokenizer, "tokenizer_config", None)
         self.chat_template = ChatTemplate.from_tokenizer_config(config) if isinstance(config, dict) else None
         if prompt_format == "auto":
@@ -192,6 +197,7 @@ class LLM:
         self._compiler: Any = None  # the ConstraintCompiler, made by the first constrained call
         self._info: TokenizerInfo | None = None
         self._compile_pool: ThreadPoolExecutor | None = None  # the compile thread, made on first use
+        self.processor = Processor(self)  # the request builder of every call (dllm_constrain.processor)
         if freeze_gc_heap:
             # the loaded model, tokenizer and torch's own objects leave the collector's reach (once per process):
             # a full collection no longer walks them inside a step (dllm_constrain.gc_heap)
@@ -274,9 +280,9 @@ class LLM:
         """The compiled constraint for a schema, a regex or a Lark grammar (a shipped name, a .lark path or
         grammar text): the OutputConstraint these fields make (see `OutputConstraint`; strict: the generation
         narrowings STRICT_SCHEMA_OPTIONS), compiled once per tokenizer (the compiler's bounded cache)."""
-        given = {"schema": schema, "regex": regex, "grammar": grammar, "whitespace": whitespace, "strict": strict,
-                 "schema_options": schema_options, "compile_timeout": compile_timeout}
-        constraint = route_options(given, SamplingParams()).sampling.constraint
+        constraint = Processor.output_constraint(schema=schema, regex=regex, grammar=grammar, whitespace=whitespace,
+                                                 strict=strict, schema_options=schema_options,
+                                                 compile_timeout=compile_timeout)
         if constraint is None:
             raise InvalidRequestError("compile takes one of schema=, regex= and grammar=")
         return self.compile_constraint(constraint)
@@ -347,15 +353,18 @@ class LLM:
         return decide(self, text, questions, joint=joint, **options)
 
     def submit(self, prompts: str | Sequence[str], sampling_params: SamplingParams | None = None, *,
-               on_stream: StreamCallback | None = None, **options: Any) -> CallHandle:
+               on_stream: StreamCallback | None = None, on_start: Callable[[], None] | None = None,
+               **options: Any) -> CallHandle:
         """Queue a generation (the arguments of `generate`) on this LLM's engine loop without waiting: returns a
         CallHandle (`.result(timeout)` -> list[GenerationResult], `.future`, `.abort()`). Bad input raises here
         (InvalidRequestError); compilation and engine errors come through the handle. on_stream(index, update):
         each request's committed left prefix (`StreamUpdate`, token ids) after every step that grew it, called
-        on the loop thread. Thread-safe: any number of threads may submit; all calls share one continuous batch
-        (see dllm_constrain.engine_loop)."""
-        build, config, progress = self._prepare(prompts, options, sampling_params, compile_beside=True)
-        return self._engine_loop().submit(build, config=config, progress=progress, on_stream=on_stream)
+        on the loop thread. on_start(): once, on the loop thread, after the first engine step that served one of
+        the call's requests (the scheduler admitted it), before that step's progress event. Thread-safe: any
+        number of threads may submit; all calls share one continuous batch (see dllm_constrain.engine_loop)."""
+        call = self.processor.build(prompts, sampling_params, compile_beside=True, **options)
+        return self._engine_loop().submit(call.make_requests, config=call.config, progress=call.progress,
+                                          on_stream=on_stream, on_start=on_start)
 
     def _engine_loop(self) -> EngineLoop:
         with _LOOP_LOCK:
@@ -374,39 +383,6 @@ class LLM:
             pool, self._compile_pool = getattr(self, "_compile_pool", None), None
         if pool is not None:
             pool.shutdown(wait=False)
-
-    def _prepare(self, prompts: str | Sequence[str], options: Mapping[str, Any],
-                 sampling_params: SamplingParams | None = None, *, compile_beside: bool = False
-                 ) -> tuple[Callable[[], list[Request]], EngineConfig, ProgressCallback | None]:
-        """Check a call's input and route its options here (caller thread); the returned `build` compiles the
-        constraint and makes the requests on the engine loop thread (the compiled constraints and the engine
-        are used by that thread only). The engine makes each request's constraint state from the compiled
-        constraint for the request's max_new_tokens. With `compile_beside`, a constraint not in the compile cache
-        is compiled on this LLM's compile thread instead (`constraint_for_engine`), beside the requests' first
-        forward."""
-        prompts = validate_prompts(prompts)
-        routed = route_options(options, self.defaults.sampling_params(), sampling_params,
-                               preset_sampling=self.defaults.preset_sampling)
-        if routed.preset == "reference" and self.family not in ("llada", "dream"):
-            raise InvalidRequestError(f"preset='reference' reproduces LLaDA's generate() and Dream's "
-                                      f"diffusion_generate(); this model's family is {self.family!r}")
-        engine = {**self.defaults.preset_engine(routed.preset),
-                  **{k: v for k, v in routed.engine.items() if v is not None}}
-        config = self.engine.config.with_overrides(**engine)
-        # a text template becomes the canvas's pinned ids here, on the caller's thread (bad markers are refused
-        # before anything is queued); the engine checks the pins against the constraint at admission
-        params = apply_template(routed.sampling, self.encode_text, self.model.special.mask_id)
-        constraint = params.constraint
-
-        def build() -> list[Request]:
-            compiled: Compiled | PendingConstraint | None = None
-            if constraint is not None:
-                compiled = (self.constraint_for_engine(constraint) if compile_beside
-                            else self.compile_constraint(constraint))
-            schema = constraint.schema if constraint is not None else None
-            return [Request(self.prompt_ids(p, schema), params, compiled) for p in prompts]
-
-        return build, config, routed.progress
 
 
 def _resolve_llm(model: Any) -> LLM:

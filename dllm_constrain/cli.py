@@ -3,7 +3,9 @@
 
 Prints the answer on stdout. When stderr is a terminal (and --no-progress is not given) the denoising is
 shown live on stderr: committed text, with open canvas positions drawn as ░, redrawn after every step.
-Errors print one line `error: ...` on stderr and exit with status 2.
+Errors print one line `error: ...` on stderr and exit with status 2. Parsing imports no torch (the package's names
+load on first use; SamplingParams, which lives beside the engine's torch state, is described by SAMPLING_FLAGS), so
+`--help` and argument errors answer at once; the model's modules load after the arguments are read.
 """
 from __future__ import annotations
 
@@ -14,14 +16,17 @@ import shutil
 import sys
 import typing
 from collections.abc import Sequence
-from dataclasses import MISSING, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, TextIO
 
+from typing import TYPE_CHECKING
+
 from dllm_constrain.engine.config import KV_CACHE_MODES, REFRESH_MODES, EngineConfig
-from dllm_constrain.engine.llm_engine import StepEvent
-from dllm_constrain.engine.state import POLICY_NAMES, SCHEDULES, SamplingParams
 from dllm_constrain.errors import DllmConstrainError, InvalidSchemaError
+
+if TYPE_CHECKING:
+    from dllm_constrain.engine.outputs import StepEvent
 
 OPEN = "░"
 
@@ -57,24 +62,28 @@ def load_schema_arg(value: str) -> Any:
 
 
 # Flags named after the fields they set (--max-new-tokens -> SamplingParams.max_new_tokens): the help text says
-# what the field is; type and default come from the dataclass, and an unset flag leaves the field's default.
+# what the field is, and an unset flag leaves the field's default. EngineConfig's flags take type and default from
+# the dataclass; SamplingParams' from this table (its module imports torch; tests/test_cli.py holds the table to the
+# dataclass): field -> (help, type, default).
 CHECKPOINT_DEFAULT = "the checkpoint's generation_config.json, else {}"
-SAMPLING_FLAGS: dict[str, str] = {
-    "max_new_tokens": "canvas length",
-    "steps": "denoising steps (none: one per token)",
-    "block_length": "semi-autoregressive block length",
-    "policy": "commit policy",
-    "threshold": "confidence threshold for --policy threshold",
-    "entropy_bound": "gamma for --policy entropy_bound",
-    "temperature": "sampling temperature (0 = greedy)",
-    "seed": "random seed (none: a fresh one)",
-    "timeout": "seconds after which the request ends with an error (none: no limit)",
-    "constraint_timeout": "seconds each constraint call may take",
-    "forced_tokens": "commit the tokens the constraint forces without the model",
-    "schedule": "how many positions a quota policy commits per step: uniform (LLaDA) or linspace (Dream)",
-    "order_temperature": "> 0: draw the positions a quota policy commits, p = softmax(score / T) (Dream's alg_temp)",
-    "template": "answer text with holes to fill: <hole>, <hole:N>, <hole:..N> last (docs/decisions.md)",
-    "hole_length": "tokens of a <hole> that does not give its length",
+SAMPLING_FLAGS: dict[str, tuple[str, type, Any]] = {
+    "max_new_tokens": ("canvas length", int, 128),
+    "steps": ("denoising steps (none: one per token)", int, None),
+    "block_length": ("semi-autoregressive block length", int, 32),
+    "policy": ("commit policy", str, "quota"),
+    "threshold": ("confidence threshold for --policy threshold", float, 0.9),
+    "entropy_bound": ("gamma for --policy entropy_bound", float, 0.1),
+    "temperature": ("sampling temperature (0 = greedy)", float, 0.0),
+    "seed": ("random seed (none: a fresh one)", int, None),
+    "timeout": ("seconds after which the request ends with an error (none: no limit)", float, None),
+    "constraint_timeout": ("seconds each constraint call may take", float, 2.0),
+    "forced_tokens": ("commit the tokens the constraint forces without the model", bool, True),
+    "schedule": ("how many positions a quota policy commits per step: uniform (LLaDA) or linspace (Dream)", str,
+                 "uniform"),
+    "order_temperature": ("> 0: draw the positions a quota policy commits, p = softmax(score / T) (Dream's "
+                          "alg_temp)", float, 0.0),
+    "template": ("answer text with holes to fill: <hole>, <hole:N>, <hole:..N> last (docs/decisions.md)", str, None),
+    "hole_length": ("tokens of a <hole> that does not give its length", int, 8),
 }
 ENGINE_FLAGS: dict[str, str] = {
     "kv_cache": "KV reuse across steps",
@@ -85,38 +94,52 @@ ENGINE_FLAGS: dict[str, str] = {
                     "the CPU, where 1 runs the forward without the GIL and pays with a second core)",
     "core_split": "with the forward without the GIL, a core of its own for the mask workers and the compile thread "
                   "(none: when torch's threads leave one over)",
+    "kv_cache_memory": "bytes of KV cache the engine may hold, e.g. 4GiB or 512MiB; bounds the running requests' KV "
+                       "memory at admission (none: no bound)",
 }
-CHOICES: dict[str, Sequence[str]] = {"policy": POLICY_NAMES, "kv_cache": KV_CACHE_MODES, "refresh": REFRESH_MODES,
-                                     "schedule": SCHEDULES}
+SIZE_FLAGS = ("kv_cache_memory",)  # byte counts given as sizes such as 4GiB (constraints.byte_lru.parse_bytes)
+# engine.state's POLICY_NAMES and SCHEDULES (tests/test_cli.py holds them equal)
+CHOICES: dict[str, Sequence[str]] = {"policy": ("quota", "threshold", "entropy", "margin", "entropy_bound"),
+                                     "kv_cache": KV_CACHE_MODES, "refresh": REFRESH_MODES,
+                                     "schedule": ("uniform", "linspace")}
 CHECKPOINT_FIELDS = ("max_new_tokens", "steps", "block_length", "policy", "threshold", "schedule")
 
 
-def _flag_type(cls: type, name: str) -> Any:
-    """The argparse type of a dataclass field: its annotation without None (int, float or str)."""
-    hint = typing.get_type_hints(cls)[name]
-    kinds = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
-    return kinds[0]
+def _add_flag(p: argparse.ArgumentParser, name: str, kind: type, help_: str) -> None:
+    flag = "--" + name.replace("_", "-")
+    if kind is bool:  # --forced-tokens / --no-forced-tokens
+        p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_)
+    else:
+        p.add_argument(flag, type=str if name in SIZE_FLAGS else kind, default=None, choices=CHOICES.get(name),
+                       help=help_)
 
 
-def _add_field_flags(p: argparse.ArgumentParser, cls: type, helps: dict[str, str], engine: bool) -> None:
-    for f in fields(cls):
-        if f.name not in helps:
-            continue
-        default = "none" if f.default is None or f.default is MISSING else f.default
-        said = ("the engine's" if engine else CHECKPOINT_DEFAULT.format(default) if f.name in CHECKPOINT_FIELDS
-                else default)
-        flag, kind = "--" + f.name.replace("_", "-"), _flag_type(cls, f.name)
-        help_ = f"{helps[f.name]} (default: {said})"
-        if kind is bool:  # --forced-tokens / --no-forced-tokens
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_)
-        else:
-            p.add_argument(flag, type=kind, default=None, choices=CHOICES.get(f.name), help=help_)
+def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
+    for name, (what, kind, default) in SAMPLING_FLAGS.items():
+        shown = "none" if default is None else default
+        said = CHECKPOINT_DEFAULT.format(shown) if name in CHECKPOINT_FIELDS else shown
+        _add_flag(p, name, kind, f"{what} (default: {said})")
+
+
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    hints = typing.get_type_hints(EngineConfig)
+    for f in fields(EngineConfig):
+        if f.name in ENGINE_FLAGS:
+            kinds = [t for t in typing.get_args(hints[f.name]) if t is not type(None)] or [hints[f.name]]
+            _add_flag(p, f.name, kinds[0], f"{ENGINE_FLAGS[f.name]} (default: the engine's)")
 
 
 def field_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The SamplingParams and EngineConfig fields the flags set (unset flags are left out)."""
-    names = [*SAMPLING_FLAGS, *ENGINE_FLAGS]
-    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    """The SamplingParams and EngineConfig fields the flags set (unset flags are left out); sizes as byte counts
+    (InvalidRequestError naming the flag for a bad one)."""
+    options = {name: getattr(args, name) for name in [*SAMPLING_FLAGS, *ENGINE_FLAGS]
+               if getattr(args, name) is not None}
+    for name in SIZE_FLAGS:
+        if name in options:
+            from dllm_constrain.constraints.byte_lru import parse_bytes
+
+            options[name] = parse_bytes(options[name], "--" + name.replace("_", "-"))
+    return options
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -127,8 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--regex", help="a regular expression the answer must match")
     p.add_argument("--grammar", help="a Lark grammar: a shipped name, a .lark path or grammar text")
     p.add_argument("--model", help="checkpoint folder (default: the bundled model)")
-    _add_field_flags(p, SamplingParams, SAMPLING_FLAGS, engine=False)
-    _add_field_flags(p, EngineConfig, ENGINE_FLAGS, engine=True)
+    _add_sampling_flags(p)
+    _add_engine_flags(p)
     p.add_argument("--preset", choices=("fast", "reference"), default=None,
                    help="reference: the settings under which greedy answers equal the authors' generate() / "
                         "diffusion_generate() (full recompute, the family's schedule and ranking); default: fast")
@@ -204,6 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     display: CanvasDisplay | None = None
     try:
         schema = load_schema_arg(args.schema) if args.schema is not None else None
+        options = field_options(args)  # before the model loads: a bad size is an argument error
         if args.device is None and args.dtype is None and args.prompt_format == "auto":
             llm: LLM = _resolve_llm(args.model)
         else:
@@ -213,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             display = CanvasDisplay(llm.engine.decode, sys.stderr)
             display.eos_id = llm.model.special.eos_id
         (result,) = llm.generate([args.prompt], schema=schema, regex=args.regex, grammar=args.grammar,
-                                 progress=display, preset=args.preset, **field_options(args))
+                                 progress=display, preset=args.preset, **options)
     except DllmConstrainError as exc:
         if display is not None:
             display.close()

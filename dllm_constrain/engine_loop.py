@@ -1,29 +1,21 @@
 """One thread that owns an `LLMEngine` and runs its continuous-batching loop for callers on any thread.
 
 The engine is not thread-safe; `EngineLoop` makes it usable from many threads (and from asyncio) without a lock
-around whole calls: a caller hands a *call* (one or more requests built on the loop thread, with its own sampling
-parameters and constraint) to `submit`, which only puts it on a thread-safe queue and returns a `CallHandle`. The
-loop thread (started lazily, a daemon, stopped by `close`):
+around whole calls: `submit` puts a *call* (a build function, e.g. `EngineCall.make_requests`, and its callbacks) on
+a thread-safe queue and returns a `CallHandle`. The loop thread (started lazily, a daemon, stopped by `close`):
 
   - idle: blocks on the queue (no polling);
-  - builds each call's requests (compiles its constraint, encodes its prompts) on one builder thread beside the
-    loop, so a schema whose compilation takes seconds never holds the batch: the loop keeps stepping the other
-    requests, and admits the call when its build comes back (calls are built, hence admitted, in submission order);
-  - admits each call's requests (`engine.add_request`), so requests of different calls, with different sampling
-    parameters and constraints, share the continuous batch (each row computes what it computes alone);
-  - calls `engine.step()` while anything is unfinished and resolves each call's `concurrent.futures.Future` with its
-    results in request order once its last request ended, or with its typed error (a request's own failure, like
-    `LLMEngine.generate` with raise_errors: the call's other requests are aborted);
-  - after every step, hands each live call its own progress event (snapshots of that call's requests only, indexed
-    by position in the call) and each request's committed-prefix stream updates (`on_stream(index, update)`);
-  - aborts a call's requests by id (`CallHandle.abort`, from any thread).
+  - builds each call's requests (compiles, encodes) on one builder thread beside it, so a slow compilation never
+    holds the batch; calls are built, hence admitted, in submission order, and keep their requests (prompt ids);
+  - admits them (`engine.add_request`): calls with different options and constraints share the continuous batch;
+  - steps while anything is unfinished; resolves each call's future with its results in request order, or with its
+    typed error (its other requests are aborted);
+  - after every step: `on_start()` once for a call the engine first served, then each live call's progress event
+    and committed-prefix stream updates (`on_stream(index, update)`); aborts calls by id (`CallHandle.abort`).
 
-Engine settings (`EngineConfig`: KV cache, refresh policy, logits budget) belong to the engine, not to a request: a
-call whose config differs from the engine's (or any call on a block-diffusion model, which has no continuous loop)
-runs alone through `engine.generate` on the loop thread, between two steps of the continuous batch.
-
-Callbacks (progress, on_stream, future done-callbacks) run on the loop thread: they must be quick and must not
-wait for another call of the same loop (that would deadlock; `EngineLoop.on_loop_thread` tells).
+A call whose `EngineConfig` differs from the engine's (or any call on a block-diffusion model) runs alone through
+`engine.generate` between two steps. Callbacks run on the loop thread: quick, and never waiting for another call
+of the same loop (`EngineLoop.on_loop_thread` tells).
 """
 from __future__ import annotations
 
@@ -66,11 +58,14 @@ class _Call:
     config: EngineConfig | None
     progress: ProgressCallback | None
     on_stream: StreamCallback | None
+    on_start: Callable[[], None] | None = None  # once, after the first step that served one of its requests
     future: Future = field(default_factory=Future)
+    requests: list[Request] = field(default_factory=list)  # what build() made (prompt ids: token counts)
     rids: list[int] = field(default_factory=list)
     states: list[RequestState] = field(default_factory=list)
     results: dict[int, GenerationResult] = field(default_factory=dict)
     aborted: bool = False
+    started: bool = False  # one of its requests took an engine step (the scheduler admitted it)
 
     @property
     def done(self) -> bool:
@@ -104,6 +99,16 @@ class CallHandle:
     def done(self) -> bool:
         return self.future.done()
 
+    @property
+    def started(self) -> bool:
+        """Whether one of the call's requests took an engine step (the scheduler admitted it)."""
+        return self._call.started
+
+    @property
+    def requests(self) -> list[Request]:
+        """The call's requests once built (empty before): the prompt ids the engine got."""
+        return self._call.requests
+
 
 class EngineLoop:
     """The engine's owner thread (see the module docstring). Thread-safe: `submit`, `CallHandle.abort`, `close`."""
@@ -128,10 +133,12 @@ class EngineLoop:
         return self._thread is not None and threading.current_thread() is self._thread
 
     def submit(self, build: Callable[[], Sequence[Request]], *, config: EngineConfig | None = None,
-               progress: ProgressCallback | None = None, on_stream: StreamCallback | None = None) -> CallHandle:
+               progress: ProgressCallback | None = None, on_stream: StreamCallback | None = None,
+               on_start: Callable[[], None] | None = None) -> CallHandle:
         """Queue a call; `build()` runs on the loop thread and returns its requests (its exceptions fail the call).
-        `config`: engine settings for this call (None or the engine's own: the continuous batch)."""
-        call = _Call(build, config, progress, on_stream)
+        `config`: engine settings for this call (None or the engine's own: the continuous batch). `on_start()`:
+        called once, on the loop thread, after the first step that served one of the call's requests."""
+        call = _Call(build, config, progress, on_stream, on_start)
         self._command(("submit", call))
         return CallHandle(self, call)
 
@@ -229,6 +236,7 @@ class EngineLoop:
             if error is not None:
                 self._fail(call, error)
             else:
+                call.requests = requests
                 self._admit(call, requests)
 
     def _start_build(self, call: _Call) -> None:
@@ -271,12 +279,32 @@ class EngineLoop:
         progress, seen = call.progress, {}
         if call.on_stream is not None:
             progress = self._streaming_progress(call, engine.special.eos_id, seen)
+        if call.on_start is not None:
+            progress = self._starting_progress(call, progress)
         results = engine.generate(requests, progress=progress, config=call.config)  # the batch keeps its own machinery
         if call.on_stream is not None:
             for i, r in enumerate(results):
                 new = r.token_ids[min(seen.get(i, 0), len(r.token_ids)):]
                 self._safe_stream(call, i, StreamUpdate(i, r.token_ids, new, True))
         call.future.set_result(results)
+
+    def _starting_progress(self, call: _Call, progress: ProgressCallback | None) -> ProgressCallback:
+        """The call's progress callback, calling on_start before the first event."""
+
+        def starting(event: StepEvent) -> None:
+            self._mark_started(call)
+            if progress is not None:
+                progress(event)
+        return starting
+
+    def _mark_started(self, call: _Call) -> None:
+        if not call.started:
+            call.started = True
+            if call.on_start is not None:
+                try:
+                    call.on_start()
+                except Exception:  # a consumer's bug must not stop the loop
+                    log.exception("engine loop: start callback failed")
 
     def _streaming_progress(self, call: _Call, eos_id: int, seen: dict[int, int]) -> ProgressCallback:
         """The call's progress callback, also streaming each request's committed prefix (`seen`: lengths sent)."""
@@ -332,6 +360,9 @@ class EngineLoop:
             call.results[index] = out.result
             if len(call.results) == len(call.rids):
                 ended.append(call)
+        for call in list(self._live):
+            if not call.started and not call.done and any(s.step > 0 for s in call.states):
+                self._mark_started(call)
         for call in list(self._live):
             if call.progress is not None and not call.done:
                 try:

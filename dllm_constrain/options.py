@@ -18,8 +18,6 @@ the SamplingParams field defaults). An unknown keyword raises InvalidRequestErro
 from __future__ import annotations
 
 import json
-import math
-import numbers
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -27,10 +25,11 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from dllm_constrain.engine.config import EngineConfig
-from dllm_constrain.engine.outputs import ProgressCallback
 from dllm_constrain.chat_template import is_conversation, normalize_messages
-from dllm_constrain.engine.state import POLICY_NAMES, SCHEDULES, OutputConstraint, SamplingParams
+from dllm_constrain.engine.config import ENGINE_CHECKS, EngineConfig
+from dllm_constrain.engine.outputs import ProgressCallback
+from dllm_constrain.engine.state import SAMPLING_CHECKS, OutputConstraint, SamplingParams
+from dllm_constrain.option_checks import Check, bool_check, choice_check, given, instance_check, real_check
 from dllm_constrain.errors import (
     InvalidGrammarError,
     InvalidRegexError,
@@ -39,153 +38,25 @@ from dllm_constrain.errors import (
 )
 
 __all__ = ["CALL_OPTIONS", "CONSTRAINT_TIMEOUT_S", "GenerationDefaults", "OPTION_NAMES", "REQUEST_FIELDS",
-           "RoutedOptions", "check_option_names", "generate_options", "route_options", "validate_constraint",
-           "validate_prompts", "validate_request"]
+           "RoutedOptions", "check_option_names", "generate_options", "route_constraint", "route_options",
+           "validate_constraint", "validate_prompts", "validate_request"]
 
 # ---------------------------------------------------------------------------------- request validation
-# Every request field is checked by one function here (bad values raise InvalidRequestError naming the field,
-# the expected type and what was given), before defaults are applied and before anything is compiled or run.
-def _given(x: Any) -> str:
-    return f"{x!r} (a {type(x).__name__})" if not isinstance(x, (int, float)) or isinstance(x, bool) else repr(x)
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)  # True is an int to Python, not here
-
-
-def _is_real(x: Any) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
-def _int_field(name: str, lo: int, *, optional: bool = True) -> Callable[[Any], int | None]:
-    want = "a positive integer" if lo == 1 else f"an integer >= {lo}"
-
-    def check(x: Any) -> int | None:
-        if x is None and optional:
-            return None
-        if not _is_int(x) or x < lo:
-            raise InvalidRequestError(f"{name} must be {want}{' (or None)' if optional else ''}, got {_given(x)}")
-        return int(x)
-    return check
-
-
-def _real_field(name: str, lo: float, hi: float = math.inf, *, lo_open: bool = False, hi_open: bool = False,
-                optional: bool = True) -> Callable[[Any], float | None]:
-    lo_s, hi_s = ("(" if lo_open else "[") + f"{lo:g}", f"{hi:g}" + (")" if hi_open or hi == math.inf else "]")
-    if hi == math.inf:
-        want = f"a finite number {'>' if lo_open else '>='} {lo:g}"
-    else:
-        want = f"a number in {lo_s}, {hi_s}"
-
-    def check(x: Any) -> float | None:
-        if x is None and optional:
-            return None
-        ok = _is_real(x) and math.isfinite(x) and (x > lo if lo_open else x >= lo) and (x < hi if hi_open else x <= hi)
-        if not ok:
-            raise InvalidRequestError(f"{name} must be {want}{' (or None)' if optional else ''}, got {_given(x)}")
-        return float(x)
-    return check
-
-
-def _choice_field(name: str, choices: Sequence[str]) -> Callable[[Any], str | None]:
-    def check(x: Any) -> str | None:
-        if x is not None and (not isinstance(x, str) or x not in choices):
-            raise InvalidRequestError(f"{name} must be one of {', '.join(map(repr, choices))} (or None), got {_given(x)}")
-        return x
-    return check
-
-
-def _bool_field(name: str) -> Callable[[Any], bool]:
-    def check(x: Any) -> bool:
-        if not isinstance(x, bool):
-            raise InvalidRequestError(f"{name} must be True or False, got {_given(x)}")
-        return x
-    return check
-
-
-def _seed(x: Any) -> int | None:
-    if x is not None and (not _is_int(x) or not -(1 << 63) <= x < (1 << 64)):
-        raise InvalidRequestError(f"seed must be an integer in [-2**63, 2**64) (or None), got {_given(x)}")
-    return None if x is None else int(x)
-
-
-def _schema_options(x: Any) -> dict[str, Any] | None:
-    if x is not None and not isinstance(x, dict):
-        raise InvalidRequestError(f"schema_options must be a dict of SchemaOptions fields (or None), got {_given(x)}")
-    return x
-
-
-def _stop_token_ids(x: Any) -> tuple[int, ...] | None:
-    if x is None:
-        return None
-    if isinstance(x, (str, bytes)) or not isinstance(x, Sequence) or not all(_is_int(t) and t >= 0 for t in x):
-        raise InvalidRequestError(f"stop_token_ids must be a list of token ids >= 0 (or None), got {_given(x)}")
-    return tuple(int(t) for t in x)
-
-
-def _id_tuple(name: str) -> Callable[[Any], tuple[int, ...] | None]:
-    """A sequence of integers (token ids or canvas positions) as a tuple; SamplingParams.validate checks ranges."""
-    def check(x: Any) -> tuple[int, ...] | None:
-        if x is None:
-            return None
-        if isinstance(x, (str, bytes)) or not hasattr(x, "__iter__"):
-            raise InvalidRequestError(f"{name} must be a list of integers, got {_given(x)}")
-        items = tuple(x)
-        if not all(_is_int(i) for i in items):
-            raise InvalidRequestError(f"{name} must be a list of integers, got {_given(x)}")
-        return tuple(int(i) for i in items)
-    return check
-
-
-def _progress(x: Any) -> Any:
-    if x is not None and not callable(x):
-        raise InvalidRequestError(f"progress must be a callable taking a StepEvent (or None), got {_given(x)}")
-    return x
-
-
-REQUEST_FIELDS: dict[str, Callable[[Any], Any]] = {
-    "max_new_tokens": _int_field("max_new_tokens", 1),
-    "steps": _int_field("steps", 1),
-    "block_length": _int_field("block_length", 1),
-    "temperature": _real_field("temperature", 0.0, optional=False),
-    "seed": _seed,
-    "policy": _choice_field("policy", POLICY_NAMES),
-    "threshold": _real_field("threshold", 0.0, 1.0),
-    "entropy_bound": _real_field("entropy_bound", 0.0, lo_open=True, optional=False),
-    "strict": _bool_field("strict"),
-    "schema_options": _schema_options,
-    "progress": _progress,
-    "return_result": _bool_field("return_result"),
-    "refresh_steps": _int_field("refresh_steps", 1),
-    "refresh_threshold": _real_field("refresh_threshold", 0.0, 1.0, lo_open=True),
-    "keep_ratio": _real_field("keep_ratio", 0.0, 1.0, lo_open=True),
-    "logits_budget_bytes": _int_field("logits_budget_bytes", 1),
-    "constraint_timeout": _real_field("constraint_timeout", 0.0, lo_open=True),
-    "compile_timeout": _real_field("compile_timeout", 0.0, lo_open=True),
-    "timeout": _real_field("timeout", 0.0, lo_open=True),
-    "max_logit_rows": _int_field("max_logit_rows", 1),
-    "budgeted_logits": _bool_field("budgeted_logits"),
-    "forced_tokens": _bool_field("forced_tokens"),
-    "mask_workers": _int_field("mask_workers", 0),
-    "schedule": _choice_field("schedule", SCHEDULES),
-    "schedule_eps": _real_field("schedule_eps", 0.0, 1.0, lo_open=True, hi_open=True),
-    "order_temperature": _real_field("order_temperature", 0.0, optional=False),
-    "stop_token_ids": _stop_token_ids,
-    "preset": _choice_field("preset", ("fast", "reference")),
-    "seed_canvas": _id_tuple("seed_canvas"),
-    "pinned": _id_tuple("pinned"),
-    "hole_length": _int_field("hole_length", 1, optional=False),
-}
+# Every request field has one check (dllm_constrain.option_checks): SamplingParams' are engine.state's
+# SAMPLING_CHECKS, EngineConfig's its fields' metadata, the constraint and call fields' below (REQUEST_FIELDS, made
+# once the checkpoint fields are known). Bad values raise InvalidRequestError naming the field, the expected type
+# and what was given, before defaults are applied and before anything is compiled or run.
+_given = given  # the API's messages show values the same way
 
 # seconds per constraint call of a request (the SamplingParams field default; see "Time bounds" in
 # docs/constraints.md); None: unbounded
 CONSTRAINT_TIMEOUT_S = SamplingParams.constraint_timeout
 
 
-def validate_request(**given: Any) -> dict[str, Any]:
-    """The request fields checked (REQUEST_FIELDS, one function per field) and normalised (numpy integers to
-    int, ...); fields without a checker here (kv_cache, refresh: EngineConfig checks them) pass unchanged."""
-    return {k: REQUEST_FIELDS[k](v) if k in REQUEST_FIELDS else v for k, v in given.items()}
+def validate_request(**values: Any) -> dict[str, Any]:
+    """The request fields checked (REQUEST_FIELDS, one check per field) and normalised (numpy integers to int,
+    sequences of ids to tuples, ...); a name without a check passes unchanged."""
+    return {k: REQUEST_FIELDS[k](v) if k in REQUEST_FIELDS else v for k, v in values.items()}
 
 
 Prompt = str | tuple[dict[str, Any], ...]  # text, or one conversation (messages with role and text content)
@@ -200,9 +71,7 @@ def validate_prompts(prompts: Any) -> list[Prompt]:
     """A prompt or a list of prompts as a non-empty list of non-empty, encodable strings and conversations (a
     list of message dicts is one conversation; its messages are checked by `normalize_messages`)."""
     single = is_single_prompt(prompts)
-    if is_conversation(prompts):
-        prompts = [prompts]
-    elif single:
+    if single:
         prompts = [prompts]
     elif isinstance(prompts, (bytes, bytearray, memoryview)):
         raise InvalidRequestError("the prompt is bytes, not a string: decode it first (e.g. prompt.decode('utf-8'))")
@@ -214,7 +83,7 @@ def validate_prompts(prompts: Any) -> list[Prompt]:
         raise InvalidRequestError(f"prompt must be a string or a list of strings, got {_given(prompts)}")
     for i, p in enumerate(prompts):
         which = "the prompt" if single else f"prompt {i}"
-        if is_conversation(p):
+        if not isinstance(p, str) and is_conversation(p):
             prompts[i] = normalize_messages(p, which)
             for m in prompts[i]:
                 _check_text(m["content"], which)
@@ -400,6 +269,17 @@ OPTION_NAMES = SAMPLING_FIELDS + CONSTRAINT_FIELDS + ENGINE_FIELDS + CALL_OPTION
 # fields a checkpoint's generation_config.json may set: None given for them means "the checkpoint's default"
 CHECKPOINT_FIELDS = tuple(f.name for f in fields(GenerationDefaults))
 
+# each keyword's one check; as a keyword, None keeps the checkpoint's value (its fields) or the engine's (its fields)
+REQUEST_FIELDS: dict[str, Check] = {
+    **{k: c.allowing_none() if k in CHECKPOINT_FIELDS else c for k, c in SAMPLING_CHECKS.items()},
+    **{name: check.named(name) for name, check in {
+        "strict": bool_check(), "schema_options": instance_check("a dict of SchemaOptions fields", dict),
+        "compile_timeout": real_check(0.0, lo_open=True, optional=True),
+        "progress": Check("a callable taking a StepEvent", callable, optional=True),
+        "preset": choice_check(PRESETS, optional=True), "return_result": bool_check()}.items()},
+    **{k: c.allowing_none() for k, c in ENGINE_CHECKS.items()},
+}
+
 
 
 @dataclass(frozen=True)
@@ -453,6 +333,16 @@ def route_options(options: Mapping[str, Any], defaults: SamplingParams,
     params.validate()
     engine = {k: v[k] for k in ENGINE_FIELDS if k in v}
     return RoutedOptions(params, engine, v.get("progress"), v.get("preset"))
+
+
+def route_constraint(given: Mapping[str, Any]) -> OutputConstraint | None:
+    """The OutputConstraint of constraint fields alone (CONSTRAINT_FIELDS; another name is an InvalidRequestError),
+    checked and normalised as `route_options` does; None when no schema, regex or grammar is given."""
+    unknown = sorted(set(given) - set(CONSTRAINT_FIELDS))
+    if unknown:
+        raise InvalidRequestError(f"not a constraint field: {', '.join(map(repr, unknown))}; the constraint fields "
+                                  f"are {', '.join(CONSTRAINT_FIELDS)}")
+    return _route_constraint(validate_request(**given), None)
 
 
 def _route_constraint(v: Mapping[str, Any], base: OutputConstraint | None) -> OutputConstraint | None:

@@ -1,49 +1,20 @@
 """What runs next: a waiting queue, admission under a KV memory budget, a per-step token budget, bounded waits.
 
-The scheduler is bookkeeping only (no tensors): the engine (`LLMEngine.step`) asks it once per step which requests
-join the running set and which running requests take this step's forward (`schedule`), runs one forward over those,
-and tells it which requests left (`finish`, `abort`). Requests join and leave at any step, so a slot freed by a
-request that ended is refilled at the next step: a straggler holds its own slot, never the others'.
+Bookkeeping only (no tensors): once per step the engine (`LLMEngine.step`) asks `schedule()` which requests join
+the running set and which running requests take this step's forward, and tells `finish` / `abort` who left.
+This queue is the only one a request waits in and `max_num_seqs` the one admission limit (the server's
+--max-batch-size): docs/serving.md, "Scheduling", has the full account.
 
-Memory: a dLLM request's sequence has its final length from the start (prompt + canvas of max_new_tokens), so its
-KV footprint, 2 * layers * kv_heads * head_dim * dtype bytes * (prompt + canvas), is known at arrival and constant
-until it leaves. `TokenBudget` (the KV planner) reserves exactly that many tokens at admission and frees them when
-the request leaves: admitted requests never grow, so nothing is ever preempted or swapped, and a request leaving
-frees its own reservation without moving anyone else's cache (engine.kv_cache keeps one entry per request). Limits:
-at most `max_num_seqs` running requests and at most `max_num_tokens` tokens (prompt + canvas, summed over running
-requests); `TokenBudget.from_kv_bytes` derives the token limit from a byte budget (`kv_budget_bytes`) and the
-model's per-token KV size.
+    SchedulerConfig   limits: max_num_seqs (running requests), max_num_tokens (prompt + canvas of the running
+                      requests: the KV budget), max_wait_steps (the fairness bound), policy, max_step_tokens
+    TokenBudget       the KV planner: a request's footprint (prompt + canvas) reserved at admission, freed when it
+                      leaves; nothing grows, so nothing is preempted or swapped
+    Scheduler         FCFS admission with backfill; policies "phase" (dLLM-Serve's phase costs under a per-step
+                      token budget, deferral), "fcfs" (FCFS slots) and "static" (static batches)
 
-Three policies (`SchedulerConfig.policy`), so they can be compared in one harness:
-  "phase"   dLLM-Serve's phase-aware policy. Every request carries the cost of its next forward, its phase cost:
-            a Refresh (first forward, a new block, a refresh the refresh policy or a constraint's forced tokens
-            call for) costs its whole sequence, prompt + canvas; a Reuse costs its query span (one block). A step
-            takes requests while their phase costs fit `max_step_tokens`: first the running requests, least
-            recently served first (then by arrival), then waiting requests in arrival order (their first forward
-            is a Refresh). A request that does not fit this step is deferred: it keeps its place, its state is
-            untouched, and it goes before everyone served at this step at the next one. So a burst's Refreshes
-            are staggered over steps instead of stalling every running request's Reuse step behind them.
-  "fcfs"    FCFS slots: admission by slots and KV only, and every running request takes every step (no step
-            budget: Refresh and Reuse rows mix as block boundaries fall).
-  "static"  static batches: a batch is admitted only when the running set is empty (by slots and KV, in arrival
-            order), and runs until its last request ends.
-
-Admission order (all policies): first come, first served, with backfill: walking the queue in arrival order, every
-request that fits is admitted, and one that does not fit yet is skipped so smaller ones behind it can use the free
-room. Fairness bound: a request that has waited `max_wait_steps` steps or more is overdue; once the walk reaches an
-overdue request that does not fit, it stops, so nothing newer is admitted before it (the running set drains until
-it fits); under "phase" overdue waiting requests also go before the running ones on the step budget. A request that
-can never fit (more tokens than `max_num_tokens` or, under "phase", than `max_step_tokens`) is refused at `add`
-with PromptTooLongError.
-
-No starvation under "phase": every request's phase cost is at most `max_step_tokens` (checked at `add`), the first
-request in the step's order always fits, and a deferred request goes before every request served since; so a
-running request waits only for the requests ahead of it (other deferred ones, at most `max_num_seqs - 1`, and
-overdue arrivals, each of which takes a slot), and an overdue waiting one is admitted as soon as the KV room it
-waits for is free.
-
-Outputs do not depend on the policy: a deferred request does nothing at that step (no commit, no draw from its
-generator), and the packed forward computes each request's rows as it computes them alone (engine.model_runner).
+A request that can never fit (more tokens than max_num_tokens or, under "phase", max_step_tokens) is refused at
+`add` with PromptTooLongError. Outputs do not depend on the policy: a deferred request does nothing at that step,
+and the packed forward computes each request's rows as it computes them alone.
 """
 from __future__ import annotations
 

@@ -32,11 +32,35 @@ from dllm_constrain.constraints.protocol import CanvasConstraint
 from dllm_constrain.engine.gil_share import compiling_beside, loop_activity
 from dllm_constrain.engine.policies import POLICY_NAMES
 from dllm_constrain.errors import InvalidRequestError
+from dllm_constrain.option_checks import (
+    bool_check,
+    choice_check,
+    instance_check,
+    int_check,
+    int_tuple_check,
+    real_check,
+    seed_check,
+    validate_fields,
+)
 
 # how many positions a quota policy commits per step (engine.policies.commit_count): "uniform" is LLaDA's
 # get_num_transfer_tokens per block (ceil(open / steps_left)), "linspace" Dream's diffusion_generate schedule
 # (int(open * (1 - s / t)) on timesteps linspace(1, eps, steps + 1), everything left at the last step)
 SCHEDULES = ("uniform", "linspace")
+
+# each SamplingParams field's one check (dllm_constrain.option_checks): `validate()` and the API's keyword routing
+# (dllm_constrain.options, where None keeps the checkpoint's value) report a bad value in the same words
+SAMPLING_CHECKS = {name: check.named(name) for name, check in {
+    "max_new_tokens": int_check(1), "steps": int_check(1, optional=True), "block_length": int_check(1),
+    "temperature": real_check(0.0), "seed": seed_check(), "policy": choice_check(POLICY_NAMES),
+    "threshold": real_check(0.0, 1.0), "entropy_bound": real_check(0.0, lo_open=True),
+    "timeout": real_check(0.0, lo_open=True, optional=True),
+    "constraint_timeout": real_check(0.0, lo_open=True, optional=True), "forced_tokens": bool_check(),
+    "schedule": choice_check(SCHEDULES), "schedule_eps": real_check(0.0, 1.0, lo_open=True, hi_open=True),
+    "stop_token_ids": int_tuple_check("a list of token ids >= 0", 0, optional=False),
+    "order_temperature": real_check(0.0), "seed_canvas": int_tuple_check(), "pinned": int_tuple_check(),
+    "template": instance_check("text with holes", str), "hole_length": int_check(1),
+}.items()}
 
 # JSON Schema options for generation (like xgrammar's strict_mode): an object schema that does not say
 # `additionalProperties` gets no undeclared properties, a schema without `type` produces the types its
@@ -139,52 +163,12 @@ class SamplingParams:
     read_slots: tuple[tuple[int, int, tuple[int, ...]], ...] | None = None
 
     def validate(self) -> None:
-        """Raise InvalidRequestError naming the first bad field."""
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
-            raise InvalidRequestError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
-        if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
-            raise InvalidRequestError(f"steps must be an integer >= 1 (or None), got {self.steps!r}")
-        if not isinstance(self.block_length, int) or self.block_length < 1:
-            raise InvalidRequestError(f"block_length must be an integer >= 1, got {self.block_length!r}")
-        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) \
-                or self.temperature < 0:
-            raise InvalidRequestError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        if self.policy not in POLICY_NAMES:
-            raise InvalidRequestError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICY_NAMES)}")
-        if not 0.0 <= self.threshold <= 1.0:
-            raise InvalidRequestError(f"threshold must be in [0, 1], got {self.threshold!r}")
-        if not self.entropy_bound > 0:
-            raise InvalidRequestError(f"entropy_bound must be > 0, got {self.entropy_bound!r}")
-        if self.timeout is not None and (not isinstance(self.timeout, (int, float)) or isinstance(self.timeout, bool)
-                                         or not self.timeout > 0):
-            raise InvalidRequestError(f"timeout must be a number of seconds > 0 (or None), got {self.timeout!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise InvalidRequestError(f"seed must be an integer or None, got {self.seed!r}")
-        if self.constraint_timeout is not None and (
-                not isinstance(self.constraint_timeout, (int, float)) or isinstance(self.constraint_timeout, bool)
-                or not self.constraint_timeout > 0):
-            raise InvalidRequestError(f"constraint_timeout must be a number of seconds > 0 (or None), "
-                                      f"got {self.constraint_timeout!r}")
-        if not isinstance(self.forced_tokens, bool):
-            raise InvalidRequestError(f"forced_tokens must be True or False, got {self.forced_tokens!r}")
-        if self.schedule not in SCHEDULES:
-            raise InvalidRequestError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
-        if not isinstance(self.schedule_eps, (int, float)) or isinstance(self.schedule_eps, bool) \
-                or not 0.0 < self.schedule_eps < 1.0:
-            raise InvalidRequestError(f"schedule_eps must be a number in (0, 1), got {self.schedule_eps!r}")
-        if not isinstance(self.order_temperature, (int, float)) or isinstance(self.order_temperature, bool) \
-                or not math.isfinite(self.order_temperature) or self.order_temperature < 0:
-            raise InvalidRequestError(f"order_temperature must be a finite number >= 0, got {self.order_temperature!r}")
-        if not isinstance(self.stop_token_ids, tuple) or not all(
-                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
-            raise InvalidRequestError(f"stop_token_ids must be a tuple of token ids >= 0, got {self.stop_token_ids!r}")
+        """Raise InvalidRequestError naming the first bad field (its one check, SAMPLING_CHECKS), then the
+        template fields' agreement with the canvas."""
+        validate_fields(self, SAMPLING_CHECKS)
         self._validate_template()
 
     def _validate_template(self) -> None:
-        if not isinstance(self.hole_length, int) or isinstance(self.hole_length, bool) or self.hole_length < 1:
-            raise InvalidRequestError(f"hole_length must be an integer >= 1, got {self.hole_length!r}")
-        if self.template is not None and not isinstance(self.template, str):
-            raise InvalidRequestError(f"template must be text with holes, got {type(self.template).__name__}")
         for slot in self.read_slots or ():
             ok = isinstance(slot, tuple) and len(slot) == 3 and all(isinstance(x, int) for x in slot[:2]) \
                 and 0 <= slot[0] < slot[1] <= self.max_new_tokens and isinstance(slot[2], tuple) \

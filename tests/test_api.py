@@ -468,3 +468,43 @@ def test_every_generation_option_has_one_default_from_the_llm_generate_signature
     opts = generate_options({})
     assert opts["temperature"] == 0.0 and opts["constraint_timeout"] == dc.api.CONSTRAINT_TIMEOUT_S
     assert generate_options({"seed": 3})["seed"] == 3
+
+
+# ---------------------------------------------------------------------------------------------- the request builder
+def test_the_processor_builds_the_requests_the_engine_gets_encoding_each_prompt_once(llm, monkeypatch) -> None:
+    encoded: list[str] = []
+    prompt_ids = llm.prompt_ids
+    monkeypatch.setattr(llm, "prompt_ids", lambda p, schema=None: encoded.append(p) or prompt_ids(p, schema))
+    call = llm.processor.build(["one", "two"], regex="[0-9]+", kv_cache="none", **SMALL)
+    assert (call.params.max_new_tokens, call.config.kv_cache, call.params.constraint) == (
+        8, "none", dc.OutputConstraint(regex="[0-9]+"))
+    assert encoded == []  # checked and routed only: compiling and encoding wait for the engine loop's builder
+    requests = call.make_requests()
+    assert encoded == ["one", "two"] and call.requests is requests
+    assert [call.prompt_tokens(i) for i in (0, 1)] == [len(prompt_ids("one")), len(prompt_ids("two"))]
+
+
+def test_the_processor_builds_an_output_constraint_from_constraint_fields_only() -> None:
+    from dllm_constrain.processor import Processor
+
+    assert Processor.output_constraint(schema='{"type": "integer"}', strict=False) == dc.OutputConstraint(
+        schema={"type": "integer"}, strict=False)
+    assert Processor.output_constraint(schema=None) is None
+    with pytest.raises(InvalidRequestError, match="'max_new_tokens'"):
+        Processor.output_constraint(regex="a", max_new_tokens=3)
+
+
+def test_a_built_output_constraint_is_taken_in_place_of_the_checkpoint_default(llm) -> None:
+    digits = dc.OutputConstraint(regex="[0-9]+")
+    assert llm.processor.build("hi", constraint=digits, **SMALL).params.constraint == digits
+    assert llm.generate("hi", constraint=digits, **SMALL)[0].text.isdigit()
+    with pytest.raises(InvalidRequestError, match="OutputConstraint"):
+        llm.processor.build("hi", constraint="[0-9]+")
+
+
+def test_an_llm_takes_its_schedulers_running_limit_and_kv_cache_memory(tiny_checkpoint) -> None:
+    llm = dc.LLM(tiny_checkpoint, max_num_seqs=2, kv_cache_memory="1MiB")
+    assert llm.engine.scheduler_config.max_num_seqs == 2
+    assert llm.engine.config.kv_cache_memory == llm.engine.config.kv_budget_bytes == 1 << 20
+    with pytest.raises(InvalidRequestError, match="kv_cache_memory"):
+        dc.LLM(tiny_checkpoint, kv_cache_memory="lots")

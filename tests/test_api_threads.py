@@ -45,8 +45,8 @@ def reference() -> list[list[int]]:
     out = []
     for job in JOBS:
         job = dict(job)
-        build, config, _ = ref._prepare(job.pop("prompt"), generate_options({"max_new_tokens": MAX_NEW, **job}))
-        [result] = ref.engine.generate(build(), config=config)
+        call = ref.processor.build(job.pop("prompt"), **generate_options({"max_new_tokens": MAX_NEW, **job}))
+        [result] = ref.engine.generate(call.make_requests(), config=call.config)
         out.append(result.token_ids)
     return out
 

@@ -109,16 +109,15 @@ def test_a_stop_id_ends_the_answer_before_it_and_saves_forwards(llada: dc.LLM) -
 
 
 def test_the_reference_preset_sets_full_recompute_and_the_family_ranking(llada: dc.LLM) -> None:
-    build, config, _ = llada._prepare("Hi", {"preset": "reference"})
-    assert config.kv_cache == "none" and build()[0].params.policy == "quota"
-    _, config, _ = llada._prepare("Hi", {"preset": "reference", "kv_cache": "dual"})
-    assert config.kv_cache == "dual"  # a given keyword wins over the preset
-    _, config, _ = llada._prepare("Hi", {})
-    assert config.kv_cache == "dual"  # the fast default
+    call = llada.processor.build("Hi", preset="reference")
+    assert call.config.kv_cache == "none" and call.make_requests()[0].params.policy == "quota"
+    call = llada.processor.build("Hi", preset="reference", kv_cache="dual")
+    assert call.config.kv_cache == "dual"  # a given keyword wins over the preset
+    assert llada.processor.build("Hi").config.kv_cache == "dual"  # the fast default
     with pytest.raises(InvalidRequestError, match="preset"):
         llada.generate("Hi", preset="exact")
     bundled = dc.LLM(freeze_gc_heap=False)  # its generation_config says "threshold": the reference ranks by quota
-    assert bundled._prepare("Hi", {"preset": "reference"})[0]()[0].params.policy == "quota"
+    assert bundled.processor.build("Hi", preset="reference").make_requests()[0].params.policy == "quota"
 
 
 def test_the_server_chat_path_hands_the_messages_to_the_llm(llada: dc.LLM) -> None:

@@ -99,3 +99,43 @@ def test_python_dash_m_runs_the_cli(tiny_checkpoint) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["hi", "--max-new-tokens", "many"], ["hi", "--policy", "best"]])
+def test_help_and_argument_errors_answer_without_importing_torch(argv) -> None:
+    """Parsing is light: the model's modules (torch) load only once the arguments are read."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "dllm_constrain", *argv], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == (0 if argv == ["--help"] else 2), proc.stderr
+    imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")]
+    assert imported and "dllm_constrain.cli" in imported
+    assert not [name for name in imported if name.split(".")[0] == "torch"]
+
+
+def test_the_sampling_flags_state_the_sampling_params_fields_types_defaults_and_choices() -> None:
+    import typing
+    from dataclasses import fields
+
+    from dllm_constrain.cli import CHOICES, SAMPLING_FLAGS
+    from dllm_constrain.engine.state import POLICY_NAMES, SCHEDULES, SamplingParams
+
+    hints = typing.get_type_hints(SamplingParams)
+    by_name = {f.name: f for f in fields(SamplingParams)}
+    for name, (_, kind, default) in SAMPLING_FLAGS.items():
+        assert by_name[name].default == default, name
+        assert kind in (typing.get_args(hints[name]) or (hints[name],)), name
+    assert tuple(CHOICES["policy"]) == POLICY_NAMES and tuple(CHOICES["schedule"]) == SCHEDULES
+
+
+def test_kv_cache_memory_takes_a_size_and_bounds_the_kv_memory_at_admission(capsys) -> None:
+    from dllm_constrain.cli import build_parser, field_options
+    from dllm_constrain.engine.config import EngineConfig
+
+    options = field_options(build_parser().parse_args(["hi", "--kv-cache-memory", "512MiB"]))
+    assert options == {"kv_cache_memory": 512 << 20}
+    config = EngineConfig().with_overrides(**options)
+    assert config.kv_cache_memory == config.kv_budget_bytes == 512 << 20
+    assert EngineConfig(kv_cache_memory=1 << 30, kv_budget_bytes=1 << 20).kv_budget_bytes == 1 << 20  # given: kept
+    assert main(["hi", "--kv-cache-memory", "lots"]) == 2  # before any model loads
+    err = capsys.readouterr().err
+    assert err.startswith("error: --kv-cache-memory") and "'lots'" in err

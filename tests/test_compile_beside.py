@@ -17,7 +17,6 @@ from dllm_constrain.engine.llm_engine import LLMEngine
 from dllm_constrain.engine.state import PendingConstraint, Request, RequestPhase, SamplingParams
 from dllm_constrain.engine.structured_output import StructuredOutputManager
 from dllm_constrain.errors import InvalidSchemaError, UnsatisfiableSchemaError, UnsupportedSchemaError
-from dllm_constrain.options import generate_options
 
 SEVEN = 11
 Z = 15  # an ordinary token that is not a digit
@@ -180,14 +179,12 @@ def test_a_schema_not_compiled_yet_compiles_beside_the_first_forward_and_gives_t
     # no time allowances (constraint_timeout=None): the masks depend on the work done only, not on the clock
     options = dict(schema=SCHEMA, max_new_tokens=32, seed=0, constraint_timeout=None)
     clear_cache()
-    build, _, _ = llm._prepare("Name Ada, age 36", generate_options(options), compile_beside=True)
-    [request] = build()
+    [request] = llm.processor.build("Name Ada, age 36", compile_beside=True, **options).make_requests()
     assert isinstance(request.constraint, PendingConstraint)
     request.constraint.result()
     clear_cache()
     [cold] = llm.generate("Name Ada, age 36", **options)
-    build, _, _ = llm._prepare("Name Ada, age 36", generate_options(options), compile_beside=True)
-    [request] = build()
+    [request] = llm.processor.build("Name Ada, age 36", compile_beside=True, **options).make_requests()
     assert not isinstance(request.constraint, PendingConstraint)  # cached now: compiled at once
     [warm] = llm.generate("Name Ada, age 36", **options)
     assert cold.error is None and cold.token_ids == warm.token_ids
@@ -202,7 +199,7 @@ def test_input_the_compiler_refuses_at_once_is_refused_before_any_forward(llm: d
     with pytest.raises(UnsatisfiableSchemaError):
         llm.generate("x", schema=contradictory, max_new_tokens=8)  # compiled beside the first forward: refused
     with pytest.raises(UnsatisfiableSchemaError):  # the refusal is cached: raised before any forward
-        llm._prepare("x", generate_options({"schema": contradictory}), compile_beside=True)[0]()
+        llm.processor.build("x", schema=contradictory, compile_beside=True).make_requests()
     assert llm.engine.forward_stats.forwards >= before
 
 
@@ -246,7 +243,7 @@ def test_a_server_request_is_announced_started_only_once_its_constraint_has_comp
 
     backend = EngineBackend.__new__(EngineBackend)  # only its step hook is exercised here
     backend._closing = False
-    job = _Job(handle=Handle(), text=None)
+    job = _Job(handle=Handle(), text=None, admitted=True)  # the scheduler admitted it
 
     def event(ready: bool) -> StepEvent:
         return StepEvent(step=1, snapshots=[CanvasSnapshot(0, [MASK], [False], False, ready)], mask_id=MASK)

@@ -176,8 +176,8 @@ def _engine_run(llm: dc.LLM, job: dict, **config_changes) -> list[int]:
     from dllm_constrain.api import generate_options
 
     job = dict(job)
-    build, config, _ = llm._prepare(job.pop("prompt"), generate_options({"max_new_tokens": MAX_NEW, **job}))
-    [result] = llm.engine.generate(build(), config=replace(config, **config_changes))
+    call = llm.processor.build(job.pop("prompt"), **generate_options({"max_new_tokens": MAX_NEW, **job}))
+    [result] = llm.engine.generate(call.make_requests(), config=replace(call.config, **config_changes))
     return result.token_ids
 
 

@@ -23,8 +23,8 @@ openai = pytest.importorskip("openai", reason="the server tests drive it with th
 jsonschema = pytest.importorskip("jsonschema")
 
 from dllm_constrain.serve.app import build_app  # noqa: E402
+from dllm_constrain.engine.state import OutputConstraint  # noqa: E402
 from dllm_constrain.serve.backend import (  # noqa: E402
-    ConstraintSpec,
     EngineBackend,
     GenerationRequest,
     RequestHandle,
@@ -260,9 +260,17 @@ def _wait_for(predicate: Any) -> None:
         time.sleep(0.01)
 
 
-def test_full_queue_is_429(spare_llm: Any) -> None:
-    gated = _GatedLLM(spare_llm)
-    backend = EngineBackend(gated, max_queue=1, max_batch_size=1)
+@pytest.fixture(scope="module")
+def single_slot_llm() -> Any:
+    """An LLM whose engine runs one request at a time: the scheduler's limit is the server's one admission limit."""
+    import dllm_constrain as dc
+
+    return dc.LLM(max_num_seqs=1)
+
+
+def test_full_queue_is_429(single_slot_llm: Any) -> None:
+    gated = _GatedLLM(single_slot_llm)
+    backend = EngineBackend(gated, max_queue=1)
     with running_server(build_app(backend, request_timeout=WAIT)) as url:
         client = _client(url)
 
@@ -280,6 +288,31 @@ def test_full_queue_is_429(spare_llm: Any) -> None:
             assert err.value.body["code"] == "queue_full" and err.value.response.headers["retry-after"] == "1"
             gated.gate.set()
             assert running.result(WAIT).isdigit() and waiting.result(WAIT).isdigit()
+
+
+def test_a_drain_fails_the_requests_the_scheduler_has_not_admitted_and_lets_the_running_one_finish(
+        single_slot_llm: Any) -> None:
+    from dllm_constrain.serve.errors import ServerDrainingError
+
+    async def scenario() -> None:
+        gated = _GatedLLM(single_slot_llm)
+        backend = EngineBackend(gated)
+        backend.start()
+        digits = OutputConstraint(regex="[0-9]+")
+        try:
+            running = backend.submit(GenerationRequest("What is 3 plus 4?", digits, 8))
+            waiting = backend.submit(GenerationRequest("What is 3 plus 5?", digits, 8))
+            assert backend.stats() == {"waiting": 1, "running": 1, "aborted": 0}  # one slot in the engine
+            backend.drain()
+            gated.gate.set()
+            with pytest.raises(ServerDrainingError):
+                await asyncio.wait_for(waiting.result(), WAIT)
+            assert (await asyncio.wait_for(running.result(), WAIT)).text.isdigit()
+        finally:
+            gated.gate.set()
+            backend.close()
+
+    asyncio.run(scenario())
 
 
 def test_client_disconnect_stops_the_running_request(spare_llm: Any) -> None:
@@ -384,10 +417,10 @@ def test_worker_skips_aborted_and_expired_requests(spare_llm: Any) -> None:
     """Requests dropped while waiting never reach the engine; the live one still gets its answer."""
     async def scenario() -> None:
         backend = EngineBackend(spare_llm)  # not started yet: everything waits
-        gone = backend.submit(GenerationRequest("What is 3 plus 4?", ConstraintSpec("regex", "[0-9]+"), 8))
-        late = backend.submit(GenerationRequest("What is 3 plus 4?", ConstraintSpec("regex", "[0-9]+"), 8,
+        gone = backend.submit(GenerationRequest("What is 3 plus 4?", OutputConstraint(regex="[0-9]+"), 8))
+        late = backend.submit(GenerationRequest("What is 3 plus 4?", OutputConstraint(regex="[0-9]+"), 8,
                                                 timeout=0.0))
-        live = backend.submit(GenerationRequest("What is 3 plus 4?", ConstraintSpec("regex", "[0-9]+"), 8))
+        live = backend.submit(GenerationRequest("What is 3 plus 4?", OutputConstraint(regex="[0-9]+"), 8))
         gone.abort()
         assert backend.stats()["waiting"] == 2
         backend.start()
@@ -412,9 +445,9 @@ def test_worker_runs_requests_with_different_constraints_together_and_isolates_a
         gated = _GatedLLM(spare_llm)
         gated.gate.set()
         backend = EngineBackend(gated)
-        digits = ConstraintSpec("regex", "[0-9]+")
+        digits = OutputConstraint(regex="[0-9]+")
         same = [backend.submit(GenerationRequest(f"What is {i} plus 4?", digits, 8)) for i in range(3)]
-        other = backend.submit(GenerationRequest("What is 3 plus 4?", ConstraintSpec("regex", "[0-9]+\\."), 8))
+        other = backend.submit(GenerationRequest("What is 3 plus 4?", OutputConstraint(regex="[0-9]+\\."), 8))
         backend.start()
         try:
             answers = [await asyncio.wait_for(h.result(), WAIT) for h in (*same, other)]
@@ -449,6 +482,19 @@ def test_command_line_options() -> None:
                                                                                         None)
     with pytest.raises(SystemExit):
         parse_args(["--max-queue", "-1"])
+    assert parse_args(["--kv-cache-memory", "4GiB"]).kv_cache_memory == 4 << 30
+    with pytest.raises(SystemExit):
+        parse_args(["--kv-cache-memory", "lots"])
+
+
+def test_a_request_is_encoded_once_and_its_usage_counts_those_ids(served: tuple[Any, str], llm: Any,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    client, model = served
+    encoded: list[Any] = []
+    prompt_ids = llm.prompt_ids
+    monkeypatch.setattr(llm, "prompt_ids", lambda p, schema=None: encoded.append(p) or prompt_ids(p, schema))
+    resp = _chat(client, model, max_tokens=8, extra_body={"guided_regex": "[0-9]+"})
+    assert len(encoded) == 1 and resp.usage.prompt_tokens == len(prompt_ids(encoded[0]))
 
 
 def test_committed_text_holds_back_partial_characters_and_stop_prefixes() -> None:

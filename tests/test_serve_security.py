@@ -150,7 +150,7 @@ def test_path_attacks_over_http_are_400s_without_file_content(host_files: dict[s
                                                                                          "guided_grammar")
         status, _ = _post(url, {"prompt": "x", "max_tokens": 8, "guided_grammar": "digits"})
         assert status == 200
-    assert [r.constraint.value for r in backend.requests] == ["start: /[0-9]+/\n"]  # the only one that got through
+    assert [r.constraint.grammar for r in backend.requests] == ["start: /[0-9]+/\n"]  # the only one that got through
 
 
 def test_a_cwd_import_over_http_is_a_400_invalid_grammar(llm: Any, host_files: dict[str, Path],

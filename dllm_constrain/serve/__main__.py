@@ -1,7 +1,7 @@
 """python -m dllm_constrain.serve [--model PATH] [--host H] [--port P] [--device D] [--dtype T] [--max-queue N]
 [--request-timeout S] [--max-queue-time S] [--max-batch-size B] [--max-body-bytes N] [--shutdown-timeout S]
-[--grammar-dir DIR] [--compile-cache-memory SIZE] [--served-model-name NAME]: an OpenAI-compatible server
-(docs/serving.md)."""
+[--grammar-dir DIR] [--compile-cache-memory SIZE] [--kv-cache-memory SIZE] [--served-model-name NAME]: an
+OpenAI-compatible server (docs/serving.md)."""
 from __future__ import annotations
 
 import argparse
@@ -26,7 +26,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                  "dtype; bfloat16 for a float32 checkpoint on a GPU that supports it)")
     p.add_argument("--max-queue", type=int, default=64, help="requests that may wait for the engine; more get 429")
     p.add_argument("--max-batch-size", type=int, default=8,
-                   help="requests in the engine's continuous batch at once")
+                   help="requests in the engine's continuous batch at once: the engine scheduler's max_num_seqs, "
+                        "the one admission limit (the others wait in its queue)")
     p.add_argument("--request-timeout", type=float, default=None,
                    help="seconds a request may take from arrival, queueing included (504 past it; default: none)")
     p.add_argument("--max-queue-time", type=float, default=DEFAULT_MAX_QUEUE_TIME,
@@ -43,6 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile-cache-memory", default=None,
                    help="memory budget of the compiled-constraint cache, e.g. 512MB or 2GiB (default: 256 MiB); "
                         "least recently used constraints are dropped past it")
+    p.add_argument("--kv-cache-memory", default=None,
+                   help="bytes of KV cache the engine may hold, e.g. 4GiB or 512MiB; bounds the running requests' KV "
+                        "memory at admission (default: no bound)")
     p.add_argument("--served-model-name", default=None, help="model id in /v1/models and responses")
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
@@ -54,14 +58,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-queue-time must be >= 0, --max-body-bytes >= 1 and --shutdown-timeout > 0")
     if args.grammar_dir is not None and not args.grammar_dir.is_dir():
         p.error(f"--grammar-dir {args.grammar_dir} is not a directory")
-    if args.compile_cache_memory is not None:
-        from dllm_constrain.constraints.byte_lru import parse_bytes
-        from dllm_constrain.errors import InvalidRequestError
+    for name in ("compile_cache_memory", "kv_cache_memory"):
+        if getattr(args, name) is not None:
+            from dllm_constrain.constraints.byte_lru import parse_bytes
+            from dllm_constrain.errors import InvalidRequestError
 
-        try:
-            args.compile_cache_memory = parse_bytes(args.compile_cache_memory, "--compile-cache-memory")
-        except InvalidRequestError as exc:
-            p.error(str(exc))
+            try:
+                setattr(args, name, parse_bytes(getattr(args, name), "--" + name.replace("_", "-")))
+            except InvalidRequestError as exc:
+                p.error(str(exc))
     return args
 
 
@@ -86,9 +91,9 @@ def build_server_app(args: argparse.Namespace) -> ServerApp:
     from dllm_constrain.serve.grammar_access import GrammarAccess
     from dllm_constrain.serve.limits import ServeLimits, prompt_char_bound
 
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, compile_cache_memory=args.compile_cache_memory)
-    backend = EngineBackend(llm, model_id=args.served_model_name, max_queue=args.max_queue,
-                            max_batch_size=args.max_batch_size)
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, compile_cache_memory=args.compile_cache_memory,
+              max_num_seqs=args.max_batch_size, kv_cache_memory=args.kv_cache_memory)
+    backend = EngineBackend(llm, model_id=args.served_model_name, max_queue=args.max_queue)
     limits = ServeLimits(max_body_bytes=args.max_body_bytes, max_prompt_chars=prompt_char_bound(llm),
                          max_queue_time=args.max_queue_time or None)
     drain = Drain()

@@ -6,14 +6,14 @@ scheduler can replace `EngineBackend` without touching the routes: it has to acc
 event loop (`submit`, non-blocking, raising QueueFullError when it will not take more), publish events to each
 handle from whatever thread runs the engine (`RequestHandle.publish`, thread-safe), and honour `aborted`.
 
-`EngineBackend` hands each request to the LLM's engine loop (`LLM.submit`, dllm_constrain.engine_loop): one
-thread owns the engine and runs its continuous batch, so requests with different constraints and sampling options
-denoise together, each joining at the next step and leaving as soon as it ends. Requests wait in a bounded FIFO
-while `max_batch_size` of them are in the engine; a finished one lets the next waiting one in. Each request's
-progress events (its own canvas only) announce Started; a streaming request also takes the engine's committed-
-prefix updates (`on_stream`), turned into final-text deltas by `CommittedText` (as in `AsyncLLM.stream`). An
-aborted or timed-out request is dropped from the queue, or, when it runs, removed from the engine at its next step
-(`CallHandle.abort`): its neighbours go on.
+`EngineBackend` hands each request straight to the LLM's engine loop (`LLM.submit`, dllm_constrain.engine_loop),
+whose scheduler is the one queue and the one admission limit (its `max_num_seqs`, the server's --max-batch-size):
+the backend holds nothing back. It only counts the requests the scheduler has not admitted yet (at most
+`max_queue` of them; more get QueueFullError) and marks a request admitted when the engine serves it a step
+(`on_start`), which ends its queue time. Each request's progress events announce Started; a streaming request
+also takes the engine's committed-prefix updates (`on_stream`), turned into final-text deltas by `CommittedText`
+(as in `AsyncLLM.stream`). An aborted or timed-out request leaves the engine at its next step (`CallHandle.abort`):
+its neighbours go on. Prompt tokens are counted from the ids the request was built with (`CallHandle.requests`).
 """
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ import itertools
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from dataclasses import dataclass
@@ -40,8 +39,9 @@ from dllm_constrain.serve.errors import (
 )
 from dllm_constrain.serve.streaming import CommittedText
 
-if TYPE_CHECKING:  # only for annotations: the engine's result and progress types
+if TYPE_CHECKING:  # only for annotations: the engine's result, progress and constraint types
     from dllm_constrain.api import GenerationResult
+    from dllm_constrain.engine.state import OutputConstraint
     from dllm_constrain.engine.llm_engine import StepEvent
     from dllm_constrain.engine.outputs import StreamUpdate
 
@@ -50,27 +50,11 @@ log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------- requests
 @dataclass(frozen=True)
-class ConstraintSpec:
-    """One output constraint: a JSON Schema (`strict` picks the library's generation narrowings), a regex or a
-    Lark grammar (a shipped name or grammar text)."""
-
-    kind: str  # "schema" | "regex" | "grammar"
-    value: Any
-    strict: bool = True
-
-    def generate_kwargs(self) -> dict[str, Any]:
-        """The OutputConstraint fields this constraint sets (keywords of `LLM.submit`, routed onto them)."""
-        if self.kind == "schema":
-            return {"schema": self.value, "strict": self.strict}
-        return {self.kind: self.value}
-
-
-@dataclass(frozen=True)
 class GenerationRequest:
     """What the HTTP layer asks of a backend, free of any wire format."""
 
-    prompt: Any  # handed to LLM.generate (which applies the checkpoint's prompt format): text or a conversation
-    constraint: ConstraintSpec | None = None
+    prompt: Any  # handed to LLM.submit (which applies the checkpoint's prompt format): text or a conversation
+    constraint: OutputConstraint | None = None  # built by the HTTP layer through Processor.output_constraint
     max_new_tokens: int | None = None  # None: the checkpoint's default canvas
     temperature: float = 0.0
     seed: int | None = None
@@ -238,29 +222,35 @@ class _RequestStopped(Exception):
 class _Job:
     handle: RequestHandle
     text: CommittedText
-    started: bool = False
-    call: CallHandle | None = None  # the engine loop's handle once the request runs
+    started: bool = False  # Started was published
+    admitted: bool = False  # the engine served it a step (the scheduler admitted it)
+    drained: bool = False  # stopped by a drain before the engine admitted it
+    call: CallHandle | None = None  # the engine loop's handle once submitted
+
+
+_DRAINED = "the server is shutting down; the request did not start"
 
 
 class EngineBackend:
-    """Requests of an `LLM` through its engine loop (continuous batching); FIFO of at most `max_queue` waiting
-    requests, at most `max_batch_size` in the engine at once."""
+    """Requests of an `LLM` through its engine loop (continuous batching): each request goes to the engine at once;
+    at most `max_queue` of them may wait for the scheduler to admit them (see the module docstring)."""
 
-    def __init__(self, llm: Any, *, model_id: str | None = None, max_queue: int = 64,
-                 max_batch_size: int = 8) -> None:
+    def __init__(self, llm: Any, *, model_id: str | None = None, max_queue: int = 64) -> None:
         from dllm_constrain.api import bundled_model_path
 
-        if max_queue < 1 or max_batch_size < 1:
-            raise ValueError("max_queue and max_batch_size must be >= 1")
+        if max_queue < 1:
+            raise ValueError("max_queue must be >= 1")
         self.llm = llm
         path = getattr(llm, "path", None)
         bundled = path is None or Path(path).resolve() == bundled_model_path().resolve()
         self.model_id = model_id or ("dllm-constrain-bundled" if bundled else Path(path).name)
         self.max_queue = max_queue
-        self.max_batch_size = max_batch_size
-        self._waiting: deque[_Job] = deque()
-        self._running: list[_Job] = []
-        # reentrant: a call that ends at once runs its done-callback inside _pump, under the lock
+        # the engine scheduler's running-request limit (the one admission limit), read to tell whether a request
+        # will wait in the scheduler's queue; None: no limit (an LLM stand-in without an engine)
+        engine = getattr(llm, "engine", None)
+        self._engine_limit: int | None = engine.scheduler_config.max_num_seqs if engine is not None else None
+        self._jobs: list[_Job] = []  # every request not finished yet, in arrival order
+        # reentrant: a call that ends at once runs its done-callback inside _launch, under the lock
         self._cond = threading.Condition(threading.RLock())
         self._closing = False
         self._draining = False
@@ -280,50 +270,61 @@ class EngineBackend:
             self._started = True
             self._closing = False
             self._draining = False
-            self._pump()
+            for job in list(self._jobs):  # submitted before the start: they go to the engine now
+                if not job.handle.wanted():
+                    self._jobs.remove(job)  # timed out while held (aborted ones already left)
+                elif job.call is None:
+                    self._enter(job)
+
+    def _stop_waiting(self) -> None:
+        """Fail every request the engine has not admitted (call with the lock held): one not submitted yet at
+        once, one in the engine's queue once its abort reaches the engine loop."""
+        for job in [j for j in self._jobs if not j.admitted and not j.drained]:
+            job.drained = True
+            if job.call is None:
+                self._jobs.remove(job)
+                job.handle.publish(Failed(ServerDrainingError(_DRAINED)))
+            else:
+                job.call.abort()
 
     def drain(self) -> None:
         """Stop admitting: refuse new requests and fail the waiting ones (503 server_shutting_down); the running
         ones go on until they finish or `close` stops them."""
         with self._cond:
             self._draining = True
-            waiting, self._waiting = list(self._waiting), deque()
-        for job in waiting:
-            job.handle.publish(Failed(ServerDrainingError("the server is shutting down; the request did not start")))
+            self._stop_waiting()
 
     def close(self, timeout: float = 10.0) -> None:
         """Refuse new requests, fail the waiting ones, stop the running ones at their next step, wait for them."""
         with self._cond:
             self._closing = True
-            waiting, self._waiting = list(self._waiting), deque()
-            running = list(self._running)
-            for job in running:
+            self._stop_waiting()
+            for job in list(self._jobs):  # an abort may end a call (and drop its job) at once
                 job.handle._aborted = True  # stopped at its next step
-                if job.call is not None:
+                if job.call is not None and not job.drained:
                     job.call.abort()
-        for job in waiting:
-            job.handle.publish(Failed(ServerDrainingError("the server is shutting down; the request did not start")))
-        with self._cond:
-            self._cond.wait_for(lambda: not self._running, timeout)
+            self._cond.wait_for(lambda: not self._jobs, timeout)
             self._started = False
 
     def stats(self) -> dict[str, int]:
-        """Waiting and running requests now, aborted ones so far (for monitoring and tests)."""
+        """Requests waiting for admission and running now, aborted ones so far (for monitoring and tests)."""
         with self._cond:
-            return {"waiting": len(self._waiting), "running": len(self._running), "aborted": self._aborted}
+            running = sum(job.admitted for job in self._jobs)
+            return {"waiting": len(self._jobs) - running, "running": running, "aborted": self._aborted}
 
     def check_health(self, stall_timeout: float) -> None:
         """Raise EngineUnhealthyError unless this backend takes requests and its engine advances: started, neither
-        draining nor closing, and, while requests are in the engine, a step of one of them within the last `stall_timeout`
-        seconds. An idle engine is healthy (its loop thread ends when idle and the next request starts one; a
-        loop that failed has failed its calls and restarts the same way), so only a wedged step is a fault."""
+        draining nor closing, and, while requests are in the engine, a step of one of them within the last
+        `stall_timeout` seconds. An idle engine is healthy (its loop thread ends when idle and the next request
+        starts one; a loop that failed has failed its calls and restarts the same way), so only a wedged step is a
+        fault."""
         with self._cond:
             if not self._started or self._closing or self._draining:
                 raise EngineUnhealthyError("the backend is not serving (not started, or shutting down)")
-            running = len(self._running)
+            in_engine = sum(job.call is not None for job in self._jobs)
             quiet = time.monotonic() - self._last_step
-        if running and quiet > stall_timeout:
-            raise EngineUnhealthyError(f"the engine made no step for {quiet:.0f} s with {running} request(s) "
+        if in_engine and quiet > stall_timeout:
+            raise EngineUnhealthyError(f"the engine made no step for {quiet:.0f} s with {in_engine} request(s) "
                                        f"in it (stall limit {stall_timeout:g} s)")
 
     # ------------------------------------------------------------------ submission (event loop)
@@ -332,65 +333,77 @@ class EngineBackend:
         with self._cond:
             if self._closing or self._draining:
                 raise ServerDrainingError("the server is shutting down; retry on another replica")
-            if len(self._waiting) >= self.max_queue:
+            waiting = sum(not job.admitted for job in self._jobs)
+            if waiting >= self.max_queue:
                 raise QueueFullError(f"the server's queue is full ({self.max_queue} requests waiting); "
                                      "retry later")
-            self._waiting.append(_Job(handle, CommittedText(request.stop)))
-            self._pump()
+            job = _Job(handle, CommittedText(request.stop))
+            self._jobs.append(job)
+            if self._started:
+                self._enter(job)
         return handle
 
+    def _enter(self, job: _Job) -> None:
+        """Hand a request to the engine (call with the lock held). One the scheduler will admit at its next step
+        (a running slot is free and nobody waits ahead of it) is admitted now: it has no queue time to count;
+        any other one is admitted when the engine first serves it (`on_start`)."""
+        ahead = self._jobs[:self._jobs.index(job)]
+        running = sum(j.admitted for j in self._jobs)
+        if all(j.admitted for j in ahead) and (self._engine_limit is None or running < self._engine_limit):
+            self._admit(job)
+        self._launch(job)
+
     def _forget(self, handle: RequestHandle) -> None:
-        """An aborted request leaves the queue at once, or the engine at its next step."""
+        """An aborted request leaves at once if it was not submitted yet, else the engine at its next step."""
         with self._cond:
             self._aborted += 1
-            for job in self._waiting:
+            for job in self._jobs:
                 if job.handle is handle:
-                    self._waiting.remove(job)
-                    return
-            for job in self._running:
-                if job.handle is handle and job.call is not None:
-                    job.call.abort()
+                    if job.call is None:
+                        self._jobs.remove(job)
+                    else:
+                        job.call.abort()
                     return
 
     # ------------------------------------------------------------------ engine loop
-    def _pump(self) -> None:
-        """Move waiting requests into the engine while there is room (call with the lock held)."""
-        while self._started and not self._closing and not self._draining and self._waiting and len(self._running) < self.max_batch_size:
-            job = self._waiting.popleft()
-            if not job.handle.wanted():
-                continue  # timed out while waiting (aborted ones already left the queue)
-            job.handle.admitted = True
-            if not self._running:  # the engine was idle: its quiet time starts now, not at its last step
-                self._last_step = time.monotonic()
-            self._running.append(job)
-            try:
-                job.call = self._launch(job)
-            except BaseException as exc:  # refused before it reached the engine (bad options)
-                self._running.remove(job)
-                job.handle.publish(Failed(exc))
-                continue
-            job.call.future.add_done_callback(lambda future, job=job: self._finished(job, future))
-        self._cond.notify_all()
-
-    def _launch(self, job: _Job) -> CallHandle:
-        """Submit the request through `LLM.submit`, whose keyword routing puts each field on its object
-        (SamplingParams: max_new_tokens, None being the checkpoint's canvas, temperature, seed; OutputConstraint:
-        the constraint's fields)."""
+    def _launch(self, job: _Job) -> None:
+        """Submit the request through `LLM.submit` (call with the lock held), whose Processor routes each field
+        onto its object (SamplingParams: max_new_tokens, None being the checkpoint's canvas, temperature, seed,
+        the canvas fields; the OutputConstraint the HTTP layer built)."""
         request = job.handle.request
-        options: dict[str, Any] = {"max_new_tokens": request.max_new_tokens, "temperature": request.temperature,
-                                   "seed": request.seed}
-        if request.constraint is not None:
-            options.update(request.constraint.generate_kwargs())
-        options.update(request.canvas)
+        if all(j.call is None for j in self._jobs if j is not job):
+            self._last_step = time.monotonic()  # the engine was idle: its quiet time starts now, not at its last step
         on_stream = (lambda index, update: self._stream(job, update)) if request.stream else None
-        return self.llm.submit(request.prompt, on_stream=on_stream,
-                               progress=lambda event: self._progress(job, event), **options)
+        options: dict[str, Any] = {"max_new_tokens": request.max_new_tokens, "temperature": request.temperature,
+                                   "seed": request.seed, **dict(request.canvas)}
+        try:
+            job.call = self.llm.submit(request.prompt, constraint=request.constraint, on_stream=on_stream,
+                                       on_start=lambda: self._served(job),
+                                       progress=lambda event: self._progress(job, event), **options)
+        except BaseException as exc:  # refused before it reached the engine (bad options)
+            self._jobs.remove(job)
+            job.handle.publish(Failed(exc))
+            return
+        job.call.future.add_done_callback(lambda future, job=job: self._finished(job, future))
+
+    @staticmethod
+    def _admit(job: _Job) -> None:
+        """The request is the scheduler's to run (any thread): its queue time ends."""
+        job.admitted = True
+        job.handle.admitted = True
+
+    def _served(self, job: _Job) -> None:
+        """The engine served the request its first step (engine loop thread)."""
+        self._last_step = time.monotonic()
+        self._admit(job)
 
     def _finished(self, job: _Job, future: Any) -> None:
-        """The request's call ended (on the engine loop thread): publish its answer or error, let the next one in."""
+        """The request's call ended (on the engine loop thread): publish its answer or error."""
         try:
             exc = future.exception()
-            if exc is None:
+            if job.drained and not job.admitted:
+                job.handle.publish(Failed(ServerDrainingError(_DRAINED)))
+            elif exc is None:
                 if job.handle.wanted():
                     [result] = future.result()
                     job.handle.publish(self._complete(job, result))
@@ -407,9 +420,9 @@ class EngineBackend:
             job.handle.publish(Failed(exc))
         finally:
             with self._cond:
-                if job in self._running:
-                    self._running.remove(job)
-                self._pump()
+                if job in self._jobs:
+                    self._jobs.remove(job)
+                self._cond.notify_all()
 
     def _abort_error(self) -> RequestAbortedError:
         if self._closing:
@@ -418,12 +431,13 @@ class EngineBackend:
         return RequestAbortedError("the request was aborted")
 
     def _progress(self, job: _Job, event: StepEvent) -> None:
-        """After every engine step of this request: announce it started (once its constraint has compiled: until
-        then a compilation error is still a 400), stop it when it is no longer wanted."""
+        """After every engine step while the request is in the engine: stop it when it is no longer wanted; once
+        it is admitted (waiting in the scheduler's queue it has not started) and its constraint has compiled
+        (until then a compilation error is still a 400), announce it started."""
         self._last_step = time.monotonic()
         if not job.handle.wanted() or self._closing:
             raise _RequestStopped()
-        if all(snapshot.constraint_ready for snapshot in event.snapshots):
+        if job.admitted and all(snapshot.constraint_ready for snapshot in event.snapshots):
             self._start(job)
 
     def _stream(self, job: _Job, update: StreamUpdate) -> None:
@@ -447,9 +461,8 @@ class EngineBackend:
         text, delta, stopped = job.text.finish(result.text)
         if request.stream and delta:
             job.handle.publish(Delta(delta))
-        schema = request.constraint.value if request.constraint is not None and \
-            request.constraint.kind == "schema" else None
-        prompt_tokens = len(self.llm.prompt_ids(request.prompt, schema))
+        assert job.call is not None
+        prompt_tokens = len(job.call.requests[0].prompt_ids)  # the ids the engine got, not a second encoding
         completion_tokens = len(result.token_ids)  # what the model produced, before any stop string cut it
         finish = "stop" if stopped or result.finish_reason == "eos" else "length"
         return Done(Completion(text, finish, prompt_tokens, completion_tokens, result))

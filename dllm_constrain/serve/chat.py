@@ -19,22 +19,6 @@ from dllm_constrain.errors import InvalidRequestError
 from dllm_constrain.serve.errors import BadRequest
 
 
-def message_text(content: Any, index: int) -> str:
-    """A message's content as text: a string, or a list of text parts (other part types are refused)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    parts = []
-    for part in content:
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind != "text" or not isinstance(part.get("text"), str):
-            raise BadRequest(f"messages[{index}]: only text content parts are supported, got {kind!r}",
-                             param=f"messages[{index}].content")
-        parts.append(part["text"])
-    return "".join(parts)
-
-
 class ChatFormatter:
     """Renders a conversation into the prompt handed to the LLM (see the module docstring)."""
 
@@ -79,17 +63,16 @@ class ChatFormatter:
         messages (a tuple of dicts); BadRequest when there is nothing to answer."""
         if not messages:
             raise BadRequest("messages must not be empty", param="messages")
-        if self._template is None and not self.pass_messages:
-            users = [message_text(m.get("content"), i) for i, m in enumerate(messages) if m.get("role") == "user"]
-            text = "\n".join(u for u in users if u.strip())
-            if not text:
-                raise BadRequest("no user message with text content", param="messages")
-            return text
         try:
+            checked = normalize_messages(messages)  # content as text, one check for every path
             if self.pass_messages:
-                return normalize_messages(messages)
-            assert self._template is not None
-            text = self._template.render(messages)
+                return checked
+            if self._template is None:
+                text = "\n".join(m["content"] for m in checked if m["role"] == "user" and m["content"].strip())
+                if not text:
+                    raise BadRequest("no user message with text content", param="messages")
+                return text
+            text = self._template.render(checked)
         except InvalidRequestError as exc:
             raise BadRequest(str(exc), param="messages") from None
         if self.strip_prefix and text.startswith(self.strip_prefix):

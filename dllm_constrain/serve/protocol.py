@@ -1,10 +1,12 @@
-"""The OpenAI wire format: request bodies, their mapping to `GenerationRequest`, and response / chunk bodies.
+"""The OpenAI wire format: request bodies, their mapping to `GenerationRequest` (the constraint built by the
+library's `Processor.output_constraint`), and response / chunk bodies.
 
 Requests are validated with pydantic models that allow unknown fields (clients send fields such as `user` that
 do not change what is generated), then every field that would change the output but is not implemented is
 refused by name (400), never silently ignored.
 
-Constraints, at most one per request:
+Constraints, at most one per request (schema keywords the compiler does not enforce come back as the
+X-Constraint-Warnings header, `constraint_warnings`):
   response_format   {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}: that schema
                     (strict true or absent: the library's generation narrowings; false: the JSON Schema spec's
                     semantics); {"type": "json_object"}: any JSON object ({"type": "object"}, spec semantics);
@@ -22,8 +24,10 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from dllm_constrain.engine.state import OutputConstraint
 from dllm_constrain.errors import InvalidGrammarError
-from dllm_constrain.serve.backend import Completion, ConstraintSpec, GenerationRequest
+from dllm_constrain.processor import Processor
+from dllm_constrain.serve.backend import Completion, GenerationRequest
 from dllm_constrain.serve.constraint_fields import JSON_OBJECT_SCHEMA, choice_regex
 from dllm_constrain.serve.errors import BadRequest
 from dllm_constrain.serve.grammar_access import GrammarAccess
@@ -188,14 +192,15 @@ def _choice_regex(choices: list[str], param: str) -> str:
     return choice_regex(choices)
 
 
-# A schema given as JSON text goes to the library as it is: `LLM.compile` parses it, and a bad one is a 400
-# invalid_schema naming the field it came from (error_info's constraint_param).
-ANY_JSON_OBJECT = ConstraintSpec("schema", JSON_OBJECT_SCHEMA, strict=False)
+# A constraint as the request gives it: the OutputConstraint fields it sets (normalised later, in one place:
+# Processor.output_constraint, where a bad schema is a 400 naming the request field it came from).
+ConstraintFields = dict[str, Any]
+ANY_JSON_OBJECT: ConstraintFields = {"schema": JSON_OBJECT_SCHEMA, "strict": False}
 
 
-def constraint_of(body: _GenerationBody) -> tuple[ConstraintSpec | None, str | None]:
-    """(the request's constraint, the request field it came from); BadRequest when several are given."""
-    found: list[tuple[ConstraintSpec, str]] = []
+def constraint_of(body: _GenerationBody) -> tuple[ConstraintFields | None, str | None]:
+    """(the request's constraint fields, the request field it came from); BadRequest when several are given."""
+    found: list[tuple[ConstraintFields, str]] = []
     rf = body.response_format
     if rf is not None and rf.type == "json_object":
         found.append((ANY_JSON_OBJECT, "response_format"))
@@ -203,33 +208,96 @@ def constraint_of(body: _GenerationBody) -> tuple[ConstraintSpec | None, str | N
         if rf.json_schema is None or rf.json_schema.schema_ is None:
             raise BadRequest("response_format.json_schema.schema is required for type json_schema",
                              param="response_format.json_schema")
-        strict = rf.json_schema.strict is not False
-        found.append((ConstraintSpec("schema", rf.json_schema.schema_, strict), "response_format"))
+        found.append(({"schema": rf.json_schema.schema_, "strict": rf.json_schema.strict is not False},
+                      "response_format"))
     so = body.structured_outputs
     if so is not None:
         if so.json_ is not None:
-            found.append((ConstraintSpec("schema", so.json_),
-                          "structured_outputs.json"))
+            found.append(({"schema": so.json_}, "structured_outputs.json"))
         if so.regex is not None:
-            found.append((ConstraintSpec("regex", so.regex), "structured_outputs.regex"))
+            found.append(({"regex": so.regex}, "structured_outputs.regex"))
         if so.grammar is not None:
-            found.append((ConstraintSpec("grammar", so.grammar), "structured_outputs.grammar"))
+            found.append(({"grammar": so.grammar}, "structured_outputs.grammar"))
         if so.choice is not None:
-            found.append((ConstraintSpec("regex", _choice_regex(so.choice, "structured_outputs.choice")),
+            found.append(({"regex": _choice_regex(so.choice, "structured_outputs.choice")},
                           "structured_outputs.choice"))
         if so.json_object:
             found.append((ANY_JSON_OBJECT, "structured_outputs.json_object"))
-    if body.guided_json is not None:
-        found.append((ConstraintSpec("schema", body.guided_json), "guided_json"))
-    if body.guided_regex is not None:
-        found.append((ConstraintSpec("regex", body.guided_regex), "guided_regex"))
-    if body.guided_grammar is not None:
-        found.append((ConstraintSpec("grammar", body.guided_grammar), "guided_grammar"))
+    for name, kind in (("guided_json", "schema"), ("guided_regex", "regex"), ("guided_grammar", "grammar")):
+        if getattr(body, name) is not None:
+            found.append(({kind: getattr(body, name)}, name))
     if body.guided_choice is not None:
-        found.append((ConstraintSpec("regex", _choice_regex(body.guided_choice, "guided_choice")), "guided_choice"))
+        found.append(({"regex": _choice_regex(body.guided_choice, "guided_choice")}, "guided_choice"))
     if len(found) > 1:
         raise BadRequest("give at most one constraint; got " + ", ".join(p for _, p in found), param=found[1][1])
     return found[0] if found else (None, None)
+
+
+def output_constraint(fields: ConstraintFields | None, param: str | None,
+                      grammars: GrammarAccess | None = None) -> OutputConstraint | None:
+    """The request's OutputConstraint, built (checked, normalised) by `Processor.output_constraint`. A grammar
+    field is resolved by `grammars` first (default: shipped names and grammar text only), so the constraint
+    carries grammar text, never a file name. Raises the library's typed error of a bad value (error_info maps it
+    onto `param`)."""
+    if fields is None:
+        return None
+    if "grammar" in fields:
+        try:
+            text = (grammars or GrammarAccess()).resolve(fields["grammar"], param or "grammar")
+        except InvalidGrammarError as exc:  # bad parameters of a shipped name (csv:x)
+            raise BadRequest(str(exc), param=param, code="invalid_grammar") from None
+        fields = {"grammar": text}
+    return Processor.output_constraint(**fields)
+
+
+# What the server tells a client about its constraint besides accepting it: schema keywords that are not enforced.
+# A keyword outside the JSON Schema vocabularies (`x-*`, `nullable`, a typo such as `maxLenght`) is never enforced;
+# the library reports it (UnknownKeywordWarning, `compiled.ignored_keywords`) rather than fail, and over HTTP that
+# report has to reach the client. The walk is the compiler's own (`json_schema.unknown.unknown_keywords`), run on
+# the request's schema before it is queued, so the warnings are known before the response headers go out (for
+# streams too): the `X-Constraint-Warnings` header (a JSON array of strings) and, in a non-streamed body,
+# `constraint_warnings`.
+WARNINGS_HEADER = "X-Constraint-Warnings"
+MAX_WARNINGS = 32  # listed in full up to this many; the rest are counted
+MAX_HEADER_CHARS = 4096
+
+
+def constraint_warnings(constraint: OutputConstraint | None) -> list[str]:
+    """One line per schema keyword the compiler will not enforce (empty for other constraints, or for a schema
+    the compiler will refuse anyway: its error is the answer then)."""
+    if constraint is None or not isinstance(constraint.schema, dict):  # normalised: a dict, or a bool schema
+        return []
+    from dllm_constrain.constraints.json_schema.options import SchemaOptions
+    from dllm_constrain.constraints.json_schema.refs import RefResolver
+    from dllm_constrain.constraints.json_schema.unknown import unknown_keywords
+    from dllm_constrain.errors import DllmConstrainError
+
+    try:
+        found = unknown_keywords(RefResolver(constraint.schema, SchemaOptions().max_recursion_depth))
+    except (DllmConstrainError, ValueError, RecursionError):
+        return []
+    lines = [f"JSON Schema keyword {_short(kw)!r} at {_short(path)} is not enforced (outside the JSON Schema "
+             "vocabularies)" for path, kw in found[:MAX_WARNINGS]]
+    if len(found) > MAX_WARNINGS:
+        lines.append(f"... and {len(found) - MAX_WARNINGS} more keywords not enforced")
+    return lines
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def warnings_header(warnings: list[str]) -> dict[str, str]:
+    """The response header for `warnings` (none when empty): a JSON array, ASCII-escaped, at most
+    MAX_HEADER_CHARS long (later entries dropped and counted)."""
+    if not warnings:
+        return {}
+    shown = list(warnings)
+    value = json.dumps(shown, ensure_ascii=True)
+    while len(value) > MAX_HEADER_CHARS and len(shown) > 1:
+        shown.pop()
+        value = json.dumps(shown + [f"... and {len(warnings) - len(shown)} more"], ensure_ascii=True)
+    return {WARNINGS_HEADER: value[:MAX_HEADER_CHARS]}
 
 
 def _stop_of(body: _GenerationBody) -> tuple[str, ...]:
@@ -276,31 +344,21 @@ def canvas_options(xargs: dict[str, Any] | None, max_tokens: int | None) -> tupl
     return tuple(out.items())
 
 
-def to_generation_request(body: _GenerationBody, prompt: str, *, timeout: float | None,
-                          queue_time: float | None = None, grammars: GrammarAccess | None = None
-                          ) -> tuple[GenerationRequest, str | None]:
-    """(the backend request for `body` with the already rendered `prompt`, the constraint's request field).
-    A grammar field is resolved by `grammars` (default: shipped names and grammar text only), so the request
-    carries grammar text, never a file name."""
+def to_generation_request(body: _GenerationBody, prompt: Any, constraint: OutputConstraint | None, *,
+                          timeout: float | None, queue_time: float | None = None) -> GenerationRequest:
+    """The backend request for `body` with the already rendered `prompt` and built `constraint`
+    (`output_constraint`); BadRequest for fields this server does not implement."""
     _refuse_unsupported(body)
-    constraint, param = constraint_of(body)
-    if constraint is not None and constraint.kind == "grammar":
-        try:
-            text = (grammars or GrammarAccess()).resolve(constraint.value, param or "grammar")
-        except InvalidGrammarError as exc:  # bad parameters of a shipped name (csv:x)
-            raise BadRequest(str(exc), param=param, code="invalid_grammar") from None
-        constraint = ConstraintSpec("grammar", text)
     max_tokens = body.max_tokens
     if isinstance(body, ChatCompletionBody) and body.max_completion_tokens is not None:
         if max_tokens is not None and max_tokens != body.max_completion_tokens:
             raise BadRequest("max_tokens and max_completion_tokens differ; give one", param="max_tokens")
         max_tokens = body.max_completion_tokens
-    request = GenerationRequest(
+    return GenerationRequest(
         prompt=prompt, constraint=constraint, max_new_tokens=max_tokens,
         temperature=0.0 if body.temperature is None else float(body.temperature), seed=body.seed,
         stop=_stop_of(body), stream=body.stream, timeout=timeout, queue_time=queue_time,
         canvas=canvas_options(body.vllm_xargs, max_tokens))
-    return request, param
 
 
 def completion_prompt(body: CompletionBody) -> str:
