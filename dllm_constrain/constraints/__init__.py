@@ -11,7 +11,8 @@ See docs/constraints.md.
 """
 from .protocol import CanvasConstraint
 from .tokenizer_info import TokenizerInfo
-from .compiler import CompiledConstraint, ConstraintCompiler, GrammarCompiler, LeftToRightMatcher, clear_cache
+from .compiler import CompiledConstraint, ConstraintCompiler, GrammarCompiler, clear_cache
+from .matcher import LeftToRightMatcher
 from .canvas import CanvasState
 
 __all__ = [

@@ -42,6 +42,7 @@ from .compile_cache import (  # noqa: F401  (the cache's names, re-exported: `co
 )
 from .deadline import CallDeadline, Deadline, activate
 from .deriv import DEAD, START, DerivDFA
+from .matcher import LeftToRightMatcher
 from .protocol import CanvasConstraint, Compiled
 from .bounds import INF
 from .regex_parser import parse_regex
@@ -224,9 +225,10 @@ class CompiledConstraint:
         return CanvasState(self.algebra, canvas_len, self.mask_id, self.vocab_size, expand_budget,
                            timeout_s=timeout_s, kind=self.kind)
 
-    def matcher(self) -> "LeftToRightMatcher":
-        """Autoregressive (left-to-right, unbounded length) matcher, for benchmarks and debugging."""
-        return LeftToRightMatcher(self)
+    def matcher(self, max_tokens: int | None = None) -> LeftToRightMatcher:
+        """A left-to-right (autoregressive) matcher: unbounded length by default (benchmarks, evals); with
+        `max_tokens`, its rows allow only tokens after which a valid answer still fits (matcher.py)."""
+        return LeftToRightMatcher(self, max_tokens)
 
     def accepts_text(self, text: str | bytes) -> bool:
         data = text.encode("utf-8") if isinstance(text, str) else text
@@ -241,42 +243,6 @@ class CompiledConstraint:
             if s == DEAD:
                 return False
         return bool(self.dfa.accepting[s])
-
-
-class LeftToRightMatcher:
-    def __init__(self, cc: CompiledConstraint):
-        self.cc = cc
-        self.state = START
-        self.ended = False
-        self._mask: np.ndarray | None = None
-
-    def fill_mask(self) -> np.ndarray:
-        cc = self.cc
-        row = np.zeros(cc.vocab_size, dtype=bool)
-        if not self.ended and self.state != DEAD:
-            cc.ta.mask_row([self.state], [], bool(cc.dfa.accepting[self.state]), row)
-        self._mask = row
-        return row
-
-    def is_allowed(self, tid: int) -> bool:
-        return bool(self._mask[tid])
-
-    def advance(self, tid: int) -> bool:
-        if self.ended or self.state == DEAD:
-            return False
-        if tid == self.cc.eos_id:
-            if self.cc.dfa.accepting[self.state]:
-                self.ended = True
-                return True
-            return False
-        nxt = self.cc.ta.delta(self.state, int(tid))
-        if nxt == DEAD:
-            return False
-        self.state = nxt
-        return True
-
-    def is_accepting(self) -> bool:
-        return self.ended or bool(self.cc.dfa.accepting[self.state])
 
 
 # ---------------------------------------------------------------------------------- one compiled type
