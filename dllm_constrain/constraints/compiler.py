@@ -288,12 +288,12 @@ def compile_constraint(builder: Any, fingerprint: str, cache: CompileCache | Non
         build = (lambda: builder._build_grammar(grammar, start, name, **limit)) if ours else (  # noqa: E731
             lambda: builder.compile_grammar(grammar, start))
     else:
-        from .json_schema import SchemaOptions, normalize_schema_input
+        from .json_schema import SchemaOptions, normalize_schema
 
-        sch = normalize_schema_input(schema)
+        normalized = normalize_schema(schema)  # the one reading of the schema (a NormalizedSchema is taken as is)
+        sch = normalized.schema
         options = {"whitespace": whitespace, **schema_options}
-        src = json.dumps(sch, sort_keys=False, separators=(",", ":"), ensure_ascii=False, default=str)
-        key = ConstraintKey("json_schema", src, SchemaOptions.from_options(**options).key())
+        key = ConstraintKey("json_schema", normalized.text, SchemaOptions.from_options(**options).key())
         build = lambda: (builder._build_json_schema if ours  # noqa: E731
                          else builder.compile_json_schema)(sch, **options, **limit)
     scope = fingerprint if ours else (fingerprint, builder)
@@ -327,7 +327,8 @@ class ConstraintCompiler:
                 start: str = "start", timeout_s: Any = _COMPILER_DEFAULT, whitespace: str = "compact",
                 **schema_options: Any) -> Compiled:
         """The compiled constraint for exactly one of: a JSON Schema (dict, JSON string, Pydantic model class,
-        outlines type; `whitespace` and `schema_options` are `json_schema.SchemaOptions` fields), a full-match
+        outlines type, or a `json_schema.NormalizedSchema` from `normalize_schema`, taken as it is; `whitespace`
+        and `schema_options` are `json_schema.SchemaOptions` fields), a full-match
         regex (Python `re` syntax, regular subset) or Lark grammar text (`start`: its start rule; load shipped
         names and .lark paths with dllm_constrain.grammars.load_grammar). timeout_s: this compilation's limit
         (default: the compiler's; a timeout is not cached, a later call with more time compiles again)."""

@@ -43,9 +43,9 @@ a `context.LoweringContext`):
 * compiler: SchemaCompiler (memo, per-type dispatch) and schema_to_regex_ast.
 """
 from .compiler import SchemaCompiler, schema_to_regex_ast
-from .inputs import normalize_schema_input
+from .inputs import NormalizedSchema, normalize_schema, normalize_schema_input
 from .json_text import ANY_STRING_BODY, json_encode_string_body, json_literal, strings_except
 from .options import SchemaOptions
 
-__all__ = ["ANY_STRING_BODY", "SchemaCompiler", "SchemaOptions", "json_encode_string_body", "json_literal",
-           "normalize_schema_input", "schema_to_regex_ast", "strings_except"]
+__all__ = ["ANY_STRING_BODY", "NormalizedSchema", "SchemaCompiler", "SchemaOptions", "json_encode_string_body",
+           "json_literal", "normalize_schema", "normalize_schema_input", "schema_to_regex_ast", "strings_except"]
