@@ -19,8 +19,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from ..errors import (
     ConstraintTooLongError,
     InvalidGrammarError,

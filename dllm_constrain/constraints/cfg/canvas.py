@@ -85,7 +85,7 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
                       "lark_rejections": 0, "deadline_hits": 0}
         self._prefix_c: tuple = ()
         self._prefix_cfgs: list[Config | None] = [cg.initial]
-        self._an: _Analysis | None = None
+        self._an: Analysis | None = None
         self._stall = False
         self._rows: OrderedDict = OrderedDict()
         self._open_memo: dict = {}
