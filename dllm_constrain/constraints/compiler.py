@@ -27,7 +27,8 @@ from ..errors import (
     UnsatisfiableSchemaError,
 )
 from . import regex_ast as A
-from .canvas import AUTO, DEFAULT_CALL_TIMEOUT_S, CanvasState, SetAlgebra
+from .call_bounds import AUTO, DEFAULT_CALL_TIMEOUT_S
+from .canvas import CanvasState, SetAlgebra
 from .cfg import CompiledGrammar, load_spec
 from .compile_cache import (  # noqa: F401  (the cache's names, re-exported: `compiler.COMPILE_CACHE` and kin)
     COMPILE_CACHE,
@@ -213,8 +214,8 @@ class CompiledConstraint:
         """Per-request CanvasConstraint for a canvas of `canvas_len` positions.
         Raises ConstraintTooLongError when even the shortest accepted text does not fit.
         expand_budget: new states per call in the request's explored set (None: unlimited, always exact; AUTO:
-        canvas.EXPAND_WORK token-steps at this vocabulary size; see canvas.py). timeout_s: the last-resort limit of every call of the state (and of the fit check here; None:
-        unbounded), see "Time bounds" in docs/constraints.md."""
+        call_bounds.EXPAND_WORK token-steps at this vocabulary size). timeout_s: the last-resort limit of every call
+        of the state and of the fit check here (None: unbounded), see "Time bounds" in docs/constraints.md."""
         canvas_len = int(canvas_len)
         if canvas_len <= 0:
             raise InvalidRequestError(f"the canvas length must be a positive integer, got {canvas_len}")

@@ -43,7 +43,7 @@ import torch
 from dllm_constrain.kernels.bitmask import bitmask_bytes, row_tokens, set_token, write_row
 
 from ...errors import ConstraintTimeoutError, ConstraintTooLongError, InvalidRequestError
-from ..canvas import DEFAULT_CALL_TIMEOUT_S
+from ..call_bounds import DEFAULT_CALL_TIMEOUT_S
 from ..deadline import CallDeadline, activate
 from .canvas_rows import GrammarRows
 from .canvas_search import WitnessSearch

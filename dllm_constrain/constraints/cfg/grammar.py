@@ -25,7 +25,7 @@ import numpy as np
 
 from ...errors import InvalidGrammarError
 from ..bounds import INF
-from ..canvas import DEFAULT_CALL_TIMEOUT_S
+from ..call_bounds import DEFAULT_CALL_TIMEOUT_S
 from ..deadline import Deadline, check_active
 from ..tokenizer_info import TokenizerInfo
 from .approx import Approx
