@@ -75,10 +75,11 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
         self._tok_memo: dict = {}
         self._fin_true: dict[int, int] = {}
         self._fin_false: dict[int, int] = {}
+        self.witness: list[int] | None = None  # none until the first search below finds one
         w = self._search(tuple([None] * self.n))
         if w is None:
             raise ConstraintTooLongError(int(cg.min_tokens()), self.n)
-        self.witness: list[int] = w
+        self.witness = w
 
     # ------------------------------------------------------------------ time bounds
     def _deadline(self, operation: str, c: tuple) -> _CallScope:
@@ -159,7 +160,7 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
                 return None
             w = [x for x in c[:f]] + [self.eos] * (n - f)
             return w if self._lark_ok(w) else None
-        srch = WitnessSearch(self, c, an, self.search_budget)
+        srch = self._witness_search(c, an, self.search_budget)
         rest = srch.run(f, cfg)
         if rest is None:
             self.stats["search_failures"] += 1
@@ -168,6 +169,10 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
         if not self._lark_ok(w):
             return None
         return w
+
+    def _witness_search(self, c: tuple, an: Analysis, budget: int) -> WitnessSearch:
+        """A witness search over canvas c within `budget` nodes, the current witness's tokens tried first."""
+        return WitnessSearch(self.cg, c, an, budget, n=self.n, eos=self.eos, prefer=self.witness, stats=self.stats)
 
     def _lark_ok(self, w: list[int]) -> bool:
         if not self.verify_with_lark:
