@@ -65,3 +65,14 @@ def test_a_row_mask_constraint_is_adapted_with_its_rows_packed() -> None:
     assert torch.equal(unpack_bitmask(out, VOCAB), user.allowed_tokens(canvas, [0, 1]))
     assert adapted.prefix_hint(canvas, 0) is None
     assert adapted.is_completable(canvas) and adapted.select_commits(canvas, [(0, 4, 1.0)]) == [(0, 4)]
+
+
+def test_the_packages_classes_declare_their_protocols(compiler) -> None:
+    """The engine's per-call adaptation (`as_canvas_constraint`) and the compile cache tell the package's classes by
+    their declared bases, a nominal check, not a structural one."""
+    from dllm_constrain.constraints.protocol import declares
+
+    for kind in KINDS:
+        compiled = compiler.compile(**KINDS[kind])
+        assert declares(compiled, Compiled) and declares(compiled.new_canvas_state(6), CanvasConstraint)
+    assert not declares(DigitsConstraint(), CanvasConstraint)

@@ -32,6 +32,7 @@ from .canvas_hint import PrefixHint
 from .canvas_frontier import FrontierMemo, FrontierSearch, first_open, last_committed
 from .deadline import CallDeadline, activate
 from .json_pointer import json_pointer_of_prefix
+from .protocol import CanvasConstraint
 from .set_algebra import (  # noqa: F401  (re-exported: canvas.py was their home)
     ENDED,
     ENDED_BIT,
@@ -88,7 +89,7 @@ class Analysis:
         self.J = J
 
 
-class CanvasState(PrefixHint):
+class CanvasState(PrefixHint, CanvasConstraint):
     """CanvasConstraint for one request (one canvas length) of a regular compiled constraint; its prefix hint is
     canvas_hint.py's."""
 

@@ -62,7 +62,7 @@ MIN_TOKENS_STATES = 256
 _COMPILER_DEFAULT: Any = object()  # compile_*(timeout_s=...) not given: the compiler's timeout_s
 
 
-class CompiledConstraint:
+class CompiledConstraint(Compiled):
     """A regular constraint compiled against one tokenizer. Thread-safe to share between requests."""
 
     def __init__(self, kind: str, source: Any, node: A.Node, tok: TokenizerInfo, deadline: Deadline,

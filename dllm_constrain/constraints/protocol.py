@@ -4,6 +4,7 @@
   CanvasConstraint    a request's canvas state, made by `Compiled.new_canvas_state` for one canvas length
   RowMaskConstraint   the smaller protocol a caller's own constraint may implement; `as_canvas_constraint` adapts it
   fill_token_bitmask  `as_canvas_constraint(c).fill_token_bitmask(...)`, for callers holding either kind
+  declares            the cheap nominal check: the package's classes name their protocol among their bases
   first_unfit_pin     the admission check of a pinned canvas (one protocol method, `is_completable`)
 
 The canvas passed to a state is the answer region only (length = canvas_len), token ids with `mask_id` at every
@@ -80,11 +81,7 @@ class Compiled(Protocol):
     Thread-safe to share between requests; cached by the process's compile cache."""
 
     kind: str  # "regex", "json_schema", "grammar" or "ast"
-
-    @property
-    def tokenizer_info(self) -> Any:
-        """The `TokenizerInfo` the constraint was compiled against."""
-        ...
+    tokenizer_info: Any  # the TokenizerInfo the constraint was compiled against
 
     def min_tokens(self, timeout_s: float | None = ...) -> int:
         """Fewest tokens of an accepted text (EOS not counted), or a bound of it that never refuses a request that
@@ -168,10 +165,16 @@ class RowMaskAdapter:
         return None
 
 
+def declares(obj: object, protocol: type) -> bool:
+    """Whether obj's class names `protocol` among its bases (the package's compiled constraints and states do): a
+    nominal check, ~0.1 us, where a structural isinstance against a protocol with properties takes ~20 us."""
+    return protocol in type(obj).__mro__
+
+
 def as_canvas_constraint(constraint: CanvasConstraint | RowMaskConstraint) -> CanvasConstraint:
     """`constraint` itself when it implements `CanvasConstraint`, else a `RowMaskAdapter` over it: the one place
     where a caller's own constraint is told apart (the engine adapts a request's constraint once, on admission)."""
-    if isinstance(constraint, CanvasConstraint):
+    if declares(constraint, CanvasConstraint) or isinstance(constraint, CanvasConstraint):
         return constraint
     return RowMaskAdapter(constraint)
 

@@ -27,6 +27,7 @@ from dllm_constrain.kernels.bitmask import bitmask_bytes, row_tokens, set_token,
 from ...errors import ConstraintTimeoutError, ConstraintTooLongError, InvalidRequestError
 from ..call_bounds import DEFAULT_CALL_TIMEOUT_S
 from ..deadline import CallDeadline, activate
+from ..protocol import CanvasConstraint
 from .canvas_rows import GrammarRows
 from .canvas_search import WitnessSearch
 from .canvas_sets import ENDED, Analysis, GrammarSets  # noqa: F401  (ENDED, Analysis: re-exported)
@@ -36,7 +37,7 @@ if TYPE_CHECKING:  # annotations only: grammar.py imports this module to build c
     from .grammar import CompiledGrammar
 
 
-class GrammarCanvasState(GrammarSets, GrammarRows):
+class GrammarCanvasState(GrammarSets, GrammarRows, CanvasConstraint):
     """CanvasConstraint of a compiled Lark grammar for one canvas length (see the module docstring): the exact
     prefix parse, the witness and the protocol here; the approximate sets in canvas_sets.py, the mask rows in
     canvas_rows.py, the witness search in canvas_search.py."""

@@ -27,6 +27,7 @@ from ...errors import InvalidGrammarError
 from ..bounds import INF
 from ..call_bounds import DEFAULT_CALL_TIMEOUT_S
 from ..deadline import Deadline, check_active
+from ..protocol import Compiled
 from ..tokenizer_info import TokenizerInfo
 from .approx import Approx
 from .canvas import GrammarCanvasState
@@ -57,7 +58,7 @@ def _continuations(lx: Lexer, q: int) -> Iterator[tuple[int, int]]:
 # bytes charged per memo entry of a compiled grammar (a configuration key, its answer, the dict slot)
 MEMO_ENTRY_BYTES = 320
 
-class CompiledGrammar:
+class CompiledGrammar(Compiled):
     """A Lark grammar compiled against one tokenizer (protocol.Compiled). Thread-safe to share between requests."""
 
     kind = "grammar"
