@@ -2,7 +2,7 @@
 
 Public API (the engine and generate() use it through protocol.py's seams):
     TokenizerInfo.from_tokenizer(path_or_tokenizer, eos_id=..., mask_id=..., special_ids=...)
-    ConstraintCompiler(tokenizer_info).compile(schema= | regex= | grammar=) -> Compiled (protocol.Compiled)
+    ConstraintCompiler(tokenizer_info).compile(schema= | regex= | grammar=) -> protocol.CompiledKind
     compiled.new_canvas_state(canvas_len) -> CanvasConstraint; compiled.min_tokens()
     compiled.matcher(max_tokens=None) -> LeftToRightMatcher (regular constraints)
     normalize_schema(x) -> NormalizedSchema: a schema read once; compile(schema=) takes it as it is

@@ -9,8 +9,8 @@ later try may have more time). `compile_regex`, `compile_json_schema` and `compi
 `ConstraintCompiler(info, cache=False)` compiles afresh every time (benchmarks, deadline tests).
 
 Both compiled kinds (`CompiledConstraint`: regular languages; `cfg.CompiledGrammar`: Lark grammars) implement
-`protocol.Compiled` (re-exported here); `new_request_state(compiled, canvas_len, timeout_s)` makes a request's canvas state,
-the canvas length given once (the engine passes the request's `SamplingParams.max_new_tokens`).
+`protocol.CompiledKind`; `protocol.Compiled` (what the engine needs) is re-exported here. `new_request_state(compiled,
+canvas_len, timeout_s)` makes a request's canvas state (the engine passes the request's max_new_tokens).
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ from .compile_cache import (  # noqa: F401  (the cache's names, re-exported: `co
 from .deadline import CallDeadline, Deadline, activate
 from .deriv import DEAD, START, DerivDFA
 from .matcher import LeftToRightMatcher
-from .protocol import CanvasConstraint, Compiled
+from .protocol import CanvasConstraint, Compiled, CompiledKind, RowMaskConstraint, declares
 from .bounds import INF
 from .regex_parser import parse_regex
 from .token_automaton import TokenAutomaton
@@ -62,7 +62,7 @@ MIN_TOKENS_STATES = 256
 _COMPILER_DEFAULT: Any = object()  # compile_*(timeout_s=...) not given: the compiler's timeout_s
 
 
-class CompiledConstraint(Compiled):
+class CompiledConstraint(CompiledKind):
     """A regular constraint compiled against one tokenizer. Thread-safe to share between requests."""
 
     def __init__(self, kind: str, source: Any, node: A.Node, tok: TokenizerInfo, deadline: Deadline,
@@ -246,12 +246,18 @@ class CompiledConstraint(Compiled):
 
 # ---------------------------------------------------------------------------------- one compiled type
 def new_request_state(compiled: Compiled, canvas_len: int,
-                      timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S) -> CanvasConstraint:
-    """A request's canvas constraint for `canvas_len` positions (the request's max_new_tokens), whatever the kind
-    (protocol.Compiled): refused with ConstraintTooLongError when even the shortest accepted text does not fit.
-    The fewest-token search decides what a kind's own fit check may leave undecided, so a request too long is refused
-    here, not at its first mask call; a shortest text that fits by its bytes needs no search (a breadth-first walk
-    over token transitions, milliseconds per state at 128K tokens). timeout_s bounds every call of the state."""
+                      timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S) -> CanvasConstraint | RowMaskConstraint:
+    """A request's canvas constraint for `canvas_len` positions (the request's max_new_tokens), refused with
+    ConstraintTooLongError when even the shortest accepted text does not fit: the fewest-token search decides what a
+    kind's own fit check may leave undecided, so a request too long is refused here, not at its first mask call. For
+    the package's kinds (protocol.CompiledKind) a shortest text that fits by its bytes needs no search (a
+    breadth-first walk over token transitions, milliseconds per state at 128K tokens), and timeout_s bounds every
+    call of the state; a substitute compiler's result is asked `Compiled`'s two calls only."""
+    if not declares(compiled, CompiledKind):
+        min_tokens = int(compiled.min_tokens())
+        if min_tokens > canvas_len:
+            raise ConstraintTooLongError(min_tokens, canvas_len)
+        return compiled.new_canvas_state(canvas_len)
     if not compiled.fits_by_bytes(canvas_len):
         min_tokens = int(compiled.min_tokens(timeout_s))
         if min_tokens > canvas_len:

@@ -1,6 +1,7 @@
 """The seams between the engine and the constraint layer: what the engine calls, and nothing else.
 
-  Compiled            a compiled constraint (regex, JSON Schema or Lark grammar): one interface for every kind
+  Compiled            what the engine needs of a compiled constraint (min_tokens, new_canvas_state)
+  CompiledKind        the one interface of the package's compiled kinds (regex, JSON Schema, Lark grammar)
   CanvasConstraint    a request's canvas state, made by `Compiled.new_canvas_state` for one canvas length
   RowMaskConstraint   the smaller protocol a caller's own constraint may implement; `as_canvas_constraint` adapts it
   fill_token_bitmask  `as_canvas_constraint(c).fill_token_bitmask(...)`, for callers holding either kind
@@ -77,15 +78,28 @@ class CanvasConstraint(Protocol):
 
 @runtime_checkable
 class Compiled(Protocol):
-    """A constraint compiled against one tokenizer, whatever its kind: what `ConstraintCompiler.compile` returns.
-    Thread-safe to share between requests; cached by the process's compile cache."""
+    """What the engine needs of a compiled constraint, whatever made it (the package's kinds, or a substitute
+    compiler's result: tests, adapters): the fewest tokens of an accepted text, and a request's canvas state for a
+    canvas length. `compiler.new_request_state` is the engine's one call on it."""
+
+    def min_tokens(self) -> int:
+        """Fewest tokens of an accepted text (EOS not counted), or a bound that never refuses a request that fits."""
+        ...
+
+    def new_canvas_state(self, canvas_len: int) -> CanvasConstraint | RowMaskConstraint:
+        """A request's canvas state for `canvas_len` positions; ConstraintTooLongError when none fits."""
+        ...
+
+
+class CompiledKind(Compiled, Protocol):
+    """The whole interface of the package's compiled kinds (`CompiledConstraint`, `cfg.CompiledGrammar`, which
+    declare it): what `ConstraintCompiler.compile` returns. Thread-safe to share between requests."""
 
     kind: str  # "regex", "json_schema", "grammar" or "ast"
     tokenizer_info: Any  # the TokenizerInfo the constraint was compiled against
 
     def min_tokens(self, timeout_s: float | None = ...) -> int:
-        """Fewest tokens of an accepted text (EOS not counted), or a bound of it that never refuses a request that
-        fits; memoised. timeout_s: the last-resort limit of the search (None: unbounded)."""
+        """`Compiled.min_tokens`, memoised; timeout_s: the last-resort limit of the search (None: unbounded)."""
         ...
 
     def fits_by_bytes(self, canvas_len: int) -> bool:
