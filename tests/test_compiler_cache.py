@@ -119,3 +119,25 @@ def test_a_state_made_for_another_canvas_is_a_typed_error(info) -> None:
         Request([5], SamplingParams(max_new_tokens=6), compiled.new_canvas_state(4)).constraint_state()
     with pytest.raises(InvalidRequestError, match="canvas length must be a positive integer"):
         compiled.new_canvas_state(0)
+
+
+def test_a_normalized_schema_is_compiled_without_reading_the_schema_again(monkeypatch) -> None:
+    """normalize_schema reads a schema once; compile(schema=) takes the NormalizedSchema as it is and shares the
+    cache entry of the same schema given raw."""
+    from dllm_constrain.constraints import json_schema
+    from dllm_constrain.constraints.json_schema import NormalizedSchema, inputs, normalize_schema
+
+    compiler = ConstraintCompiler(TokenizerInfo.from_tokenizer(build_tiny_tokenizer(), eos_id=1, vocab_size=260),
+                                  cache=CompileCache(4))
+    normalized = normalize_schema('{"type": "integer", "maximum": 5}')
+    assert isinstance(normalized, NormalizedSchema) and normalized.schema == {"type": "integer", "maximum": 5}
+    assert normalize_schema(normalized) is normalized
+
+    def read_again(x):
+        raise AssertionError("the schema was read again")
+
+    monkeypatch.setattr(inputs, "normalize_schema_input", read_again)
+    monkeypatch.setattr(json_schema, "normalize_schema_input", read_again)
+    compiled = compiler.compile(schema=normalized)
+    monkeypatch.undo()
+    assert compiler.compile(schema={"type": "integer", "maximum": 5}) is compiled

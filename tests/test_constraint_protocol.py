@@ -11,8 +11,10 @@ from dllm_constrain.constraints.compiler import CompileCache, new_request_state
 from dllm_constrain.constraints.protocol import (
     CanvasConstraint,
     Compiled,
+    CompiledKind,
     RowMaskAdapter,
     as_canvas_constraint,
+    declares,
     fill_token_bitmask,
 )
 from dllm_constrain.kernels.bitmask import allocate_token_bitmask, unpack_bitmask
@@ -32,7 +34,7 @@ KINDS = {"regex": {"regex": "[0-9]{2,4}"}, "json_schema": {"schema": {"type": "i
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_every_compiled_kind_and_its_state_implement_the_protocols(compiler, kind) -> None:
     compiled = compiler.compile(**KINDS[kind])
-    assert isinstance(compiled, Compiled) and compiled.kind == kind
+    assert isinstance(compiled, Compiled) and declares(compiled, CompiledKind) and compiled.kind == kind
     state = new_request_state(compiled, 6, None)
     assert isinstance(state, CanvasConstraint)
     assert as_canvas_constraint(state) is state
@@ -65,3 +67,12 @@ def test_a_row_mask_constraint_is_adapted_with_its_rows_packed() -> None:
     assert torch.equal(unpack_bitmask(out, VOCAB), user.allowed_tokens(canvas, [0, 1]))
     assert adapted.prefix_hint(canvas, 0) is None
     assert adapted.is_completable(canvas) and adapted.select_commits(canvas, [(0, 4, 1.0)]) == [(0, 4)]
+
+
+def test_the_packages_classes_declare_their_protocols(compiler) -> None:
+    """The engine's per-call adaptation (`as_canvas_constraint`) and the compile cache tell the package's classes by
+    their declared bases, a nominal check, not a structural one."""
+    for kind in KINDS:
+        compiled = compiler.compile(**KINDS[kind])
+        assert declares(compiled, CompiledKind) and declares(compiled.new_canvas_state(6), CanvasConstraint)
+    assert not declares(DigitsConstraint(), CanvasConstraint)

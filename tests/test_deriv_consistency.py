@@ -11,7 +11,7 @@ import pytest
 
 from dllm_constrain.constraints import deriv
 from dllm_constrain.constraints.deriv import DEAD, START, DerivDFA, Terms
-from dllm_constrain.constraints.deriv_terms import NativeTerms
+from dllm_constrain.constraints.native_terms import NativeTerms
 from dllm_constrain.constraints.regex_parser import parse_regex
 from dllm_constrain.errors import CompilationTimeoutError
 

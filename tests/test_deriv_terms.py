@@ -63,7 +63,8 @@ def test_converting_a_big_ast_checks_the_compilation_deadline() -> None:
     import pytest
 
     from dllm_constrain.constraints.deadline import Deadline
-    from dllm_constrain.constraints.deriv_terms import AST_CHECK_EVERY, new_terms
+    from dllm_constrain.constraints.deriv_terms import AST_CHECK_EVERY
+    from dllm_constrain.constraints.native_terms import new_terms
     from dllm_constrain.errors import CompilationTimeoutError
 
     expired = Deadline(0.0)
@@ -75,7 +76,8 @@ def test_converting_a_big_ast_checks_the_compilation_deadline() -> None:
 def test_a_compilation_pauses_while_it_converts_a_big_ast() -> None:
     """The conversion's checks are where a compilation beside the request loop pauses (deadline.pausing)."""
     from dllm_constrain.constraints.deadline import Deadline, pausing
-    from dllm_constrain.constraints.deriv_terms import AST_CHECK_EVERY, new_terms
+    from dllm_constrain.constraints.deriv_terms import AST_CHECK_EVERY
+    from dllm_constrain.constraints.native_terms import new_terms
 
     pauses: list[int] = []
     with pausing(lambda: pauses.append(1) or 0.0):

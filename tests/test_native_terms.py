@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from dllm_constrain.constraints import _cwalk
 from dllm_constrain.constraints.deriv import DEAD, START, DerivDFA
-from dllm_constrain.constraints.deriv_terms import NativeTerms, Terms, new_terms
+from dllm_constrain.constraints.deriv_terms import Terms
+from dllm_constrain.constraints.native_terms import NativeTerms, new_terms
 from dllm_constrain.constraints.regex_parser import parse_regex
 from dllm_constrain.errors import CompilationTimeoutError
 

@@ -1,17 +1,17 @@
-"""Constraint layer: JSON Schema / regex -> byte DFA -> token automaton -> exact per-position canvas masks.
+"""Constraint layer: JSON Schema / regex / Lark grammar -> token automata -> per-position canvas masks.
 
-Public API (used by the engine / generate()):
+Public API (the engine and generate() use it through protocol.py's seams):
     TokenizerInfo.from_tokenizer(path_or_tokenizer, eos_id=..., mask_id=..., special_ids=...)
-    ConstraintCompiler(tokenizer_info).compile_json_schema(schema, whitespace="compact") -> CompiledConstraint
-    ConstraintCompiler(tokenizer_info).compile_regex(pattern) -> CompiledConstraint
-    CompiledConstraint.new_canvas_state(canvas_len) -> CanvasConstraint   (raises ConstraintTooLongError)
-    CompiledConstraint.min_tokens(), CompiledConstraint.vocab_size
-    normalize_schema_input(x) -> dict
+    ConstraintCompiler(tokenizer_info).compile(schema= | regex= | grammar=) -> protocol.CompiledKind
+    compiled.new_canvas_state(canvas_len) -> CanvasConstraint; compiled.min_tokens()
+    compiled.matcher(max_tokens=None) -> LeftToRightMatcher (regular constraints)
+    normalize_schema(x) -> NormalizedSchema: a schema read once; compile(schema=) takes it as it is
 See docs/constraints.md.
 """
 from .protocol import CanvasConstraint
 from .tokenizer_info import TokenizerInfo
-from .compiler import CompiledConstraint, ConstraintCompiler, GrammarCompiler, LeftToRightMatcher, clear_cache
+from .compiler import CompiledConstraint, ConstraintCompiler, GrammarCompiler, clear_cache
+from .matcher import LeftToRightMatcher
 from .canvas import CanvasState
 
 __all__ = [
@@ -23,12 +23,14 @@ __all__ = [
     "LeftToRightMatcher",
     "TokenizerInfo",
     "clear_cache",
+    "NormalizedSchema",
+    "normalize_schema",
     "normalize_schema_input",
 ]
 
 
 def __getattr__(name):
-    if name in ("normalize_schema_input", "SchemaOptions"):
+    if name in ("normalize_schema_input", "normalize_schema", "NormalizedSchema", "SchemaOptions"):
         from . import json_schema
 
         return getattr(json_schema, name)

@@ -1,52 +1,21 @@
-"""Exact per-position masks on a fixed-length canvas for a regular constraint.
+"""Exact per-position masks on a fixed-length canvas for a regular constraint: `CanvasState`, one per request.
 
-Canvas c[0..n-1]: each position is open (mask_id) or holds a committed token. Automaton states are
-the DFA states plus ENDED ("an EOS has been emitted"). One position acts on a state q as
+Canvas c[0..n-1]: each position open (mask_id) or committed. Automaton states are the DFA states plus ENDED ("an
+EOS has been emitted"); state sets are int bitsets (set_algebra.py). Forward sets F[i+1] = step(F[i], c[i]);
+backward sets B[i], restricted to reachable states, keep the members that can still finish:
 
-    open          : q -> {delta(q, t) : t a text token} U {ENDED if q accepts};  ENDED -> {ENDED}
-    committed EOS : q -> {ENDED} if q accepts or q = ENDED, else {}
-    committed t   : q -> {delta(q, t)} (DEAD dropped);  ENDED -> {}
+    token t allowed at open i  iff  some q in B[i] has delta(q, t) in B[i+1]
+    the canvas is completable  iff  B[0] is non-empty
 
-Forward sets  F[0] = {start},  F[i+1] = step(F[i], c[i]).
-Backward sets restricted to reachable states (exact, and never larger than F):
-    B[H] = {q in F[H] : q can finish within the n-H open positions after H}
-    B[i] = {q in F[i] : step(q, c[i]) meets B[i+1]}
-where H = one past the last committed position (or past the last queried one): the tail after H is all
-open, so "can finish within m positions" is a property of q alone (accepting -> pad with EOS; otherwise
-a token-level shortest path, bounded below by the byte distance).
+Map: `_analyze` (the sets of one call, reused across calls from the first changed position), `_allowed_into` (mask
+rows into the packed token bitmask), `_frontier_sets` (the left frontier decided by a witness search,
+canvas_frontier.py), `select_commits` / `is_completable` (joint verification, redone exactly when a budget left a
+call inconclusive), `prefix_hint` (the frontier's forced token from the committed prefix alone).
 
-Token t is allowed at open position i  iff  exists q in B[i], delta(q, t) in B[i+1];
-EOS is allowed at i  iff  ENDED in B[i+1] and some q in B[i] accepts (or is ENDED).
-The canvas is completable iff B[0] is non-empty.
-
-State sets are Python ints used as bitsets: bit q = DFA state q, and bit 0 (DEAD never belongs to a set)
-stands for ENDED. Unions/intersections are then single big-int operations; every set-level step is
-memoised per compiled constraint, so a canvas that changes by a few commits per step recomputes little.
-
-Expansion budget (work, never time). The successors of a state over "any token" need its token transitions (one
-trie walk). Large schemas reach tens of thousands of DFA states within a 32-token open block, so each request keeps
-its own explored set K (a bitset of states, set_algebra.Budget) and each call may add at most `expand_budget` states
-to it (default: EXPAND_WORK token-steps, 128 states at 4K tokens, 4 at 128K; a set's new members all or none, left to right: the positions next to the committed frontier
-first); the sets follow the token transitions of K's states only. Sets cut short are the states reachable through
-K, a subset of the exact ones, so every allowed token is still part of a valid completion (sound), and
-select_commits verifies in the same system. The states of minimal distance to acceptance are followed past the
-budget while they are at most SPINE_WORK token-steps' worth (a "spine"). Right of the last committed position "can
-finish in the positions left" is decided per state without a search (set_algebra.finish_cheap). Rows other than the left frontier's are computed while their backward sets hold at
-most ROW_WORK token-steps' worth of states in all (the rest stay empty this call: sound, `rows_deferred`). The left frontier (the first open
-position) is decided by a depth-first search for one completion per state whenever the budget cut any set of the
-call (_frontier_sets: at most FRONTIER_WORK token-steps of states per call, in a canonical order; right of the last
-committed position its can-finish questions expand at most FINISH_WORK token-steps of states each, breadth first; a
-state left undecided is left out, and a row left empty gets its first witness unbounded), so the engine always has a
-position to commit; select_commits / is_completable redo an inconclusive call by the same search, exactly.
-
-Reproducibility: every allowance above counts states, and the sets and rows of a call are functions of the
-constraint, the canvas and K, where K grows by the same states on any machine: the automaton's transition cache
-(shared by all requests of the compiled constraint, never shrinking) only makes the same work cheaper, and a set's
-members are taken by what they are, not by the automaton's state numbering (which follows the order in which requests
-discovered them). So a request gets the same masks on an idle or a loaded machine, from any thread, with a cold or a
-warm cache, whatever its batch-mates. The call deadline (`timeout_s`) is the last resort: when it fires the call
-raises ConstraintTimeoutError and the request ends; no answer is ever cut by the clock. Without a budget
-(expand_budget=None) every row is exact.
+Each call adds at most `expand_budget` states to its request's explored set and computes rows within the work
+allowances of call_bounds.py: sets cut short are sound subsets, the left frontier's row is never empty while a
+completion exists, and answers depend on work, never on the clock. docs/constraints.md, "Canvas algorithm",
+"Reproducibility" and "Time bounds", has the whole argument.
 """
 from __future__ import annotations
 
@@ -59,9 +28,11 @@ import torch
 from dllm_constrain.kernels.bitmask import bitmask_bytes, row_allows, row_tokens, set_token, write_row
 
 from ..errors import ConstraintTimeoutError, ConstraintTooLongError, InvalidRequestError
+from .canvas_hint import PrefixHint
 from .canvas_frontier import FrontierMemo, FrontierSearch, first_open, last_committed
 from .deadline import CallDeadline, activate
 from .json_pointer import json_pointer_of_prefix
+from .protocol import CanvasConstraint
 from .set_algebra import (  # noqa: F401  (re-exported: canvas.py was their home)
     ENDED,
     ENDED_BIT,
@@ -73,59 +44,18 @@ from .set_algebra import (  # noqa: F401  (re-exported: canvas.py was their home
     checked_chunks,
 )
 
-# Per-call time limit (seconds) of every canvas call of a request (allowed_tokens, select_commits,
-# is_completable, forced_tokens) and of min_tokens / the fit check of new_canvas_state: the last resort. The answers
-# are bounded by work (the allowances below), never by this limit: a call that reaches it raises
-# ConstraintTimeoutError and its request ends (the work it finished stays cached in the shared automaton). 2 s: the
-# exact decisions a call may need (the left frontier's witness search, select_commits' exact fallback) walk the
-# token trie of every new state they meet, about 1 ms each at 128K tokens, and a loaded machine takes several times
-# longer; 0.5 s (when the limit cut answers instead of ending requests) ended about one JSONSchemaBench walk in
-# three on the shared 2-core machine (docs/measurements.md).
-DEFAULT_CALL_TIMEOUT_S = 2.0
-# The work allowances are counted in token-steps (a state times the vocabulary size: a new state's transitions are one
-# walk of the token trie, a row one pass over the vocabulary's bitmask), so that one allowance costs about the same
-# time at 4K and at 128K tokens; each gives the states it allows at the constraint's vocabulary size.
-# New states a mask call may add to its request's explored set: 128 at 4K tokens, 4 at 128K (EXPAND_S = 5 ms used to
-# bound the same by the clock: about 5-10 new transitions at 128K; so which states a call explored followed the load).
-EXPAND_WORK = 128 * 4096
-# States of backward sets (summed over the rows) up to which a mask call computes rows other than the left
-# frontier's: 4096 at 4K tokens, 128 at 128K. Past it, the open positions left keep an empty row this call (sound: no
-# token is offered there this step). ROWS_S = 5 ms did the same by the clock, so which rows a step offered followed
-# the load.
-ROW_WORK = 4096 * 4096
-# States one can-finish question of the left frontier's search may expand (SetAlgebra.finish_bounded): 256 at 4K
-# tokens, 8 at 128K. FRONTIER_S = 8 ms did the same by the clock; without any bound, refuting the states of a nearly
-# closed canvas walked the transitions of 14,000 states (9 s at 128K tokens) in one call.
-FINISH_WORK = 256 * 4096
-# States the left frontier's search may expand in one mask call between the frontier and the last committed position
-# (each before an open position: its token transitions are a trie walk; before a committed one a token step is not
-# counted) and in its can-finish questions right of it (the states their breadth-first searches expand, memoised or
-# not): 2048 at 4K tokens, 64 at 128K. Its questions (does this successor of the frontier's state complete the
-# canvas?) are taken in a canonical order (SetAlgebra.succ_canonical), so what the allowance decides is the same with
-# a cold or a warm automaton; a question left undecided is left out (sound) and a row left empty gets the first witness
-# in the same order, unbounded. Unbounded, refuting the successors that committed tokens further right exclude walked
-# 13,000-15,000 new states (2 s, the call limit, at 128K tokens) in one call; 32 states at 128K (1024 x 4096) left
-# one JSONSchemaBench walk of 36 without its instance's token at 20 retries (docs/measurements.md).
-FRONTIER_WORK = 2048 * 4096
-# A mask call on the canvas of the previous one, whose frontier search the allowance cut, doubles that search's
-# allowance, up to this factor: asked again, the row gets more complete (the proofs found before are memoised too)
-FRONTIER_RETRY_MAX = 8
-# expand_budget's default: EXPAND_WORK at the constraint's vocabulary size
-AUTO = -1
+from .call_bounds import (  # noqa: F401  (re-exported: canvas.py was their home)
+    AUTO,
+    DEFAULT_CALL_TIMEOUT_S,
+    EXPAND_WORK,
+    EXPLORE_MAX_STATES,
+    FINISH_WORK,
+    FRONTIER_RETRY_MAX,
+    FRONTIER_WORK,
+    ROW_WORK,
+    work_states,
+)
 
-
-def work_states(work: int, vocab_size: int, least: int) -> int:
-    """The states a token-step allowance `work` gives at `vocab_size` tokens (at least `least`)."""
-    return max(least, work // max(1, vocab_size))
-# States a request's explored set may hold (set_algebra.Budget.known): past it, calls add no state ahead of what their
-# own answer needs (the left frontier's search, the spine, verified commits), and masks come from the explored states
-# (sound subsets; the left frontier's row is never empty while a completion exists). Per request, so that it does not
-# depend on what other requests explored (the automaton-wide memory bound, set_algebra.EXPLORE_MAX_BYTES, only decides
-# when the compile cache compiles the constraint afresh: CompiledConstraint.worn_out).
-EXPLORE_MAX_STATES = 8192
-# States of the frontier's forward set up to which the prefix hint (prefix_forced_token) computes their transitions
-# (a few trie walks; past it only the request's explored states answer)
-HINT_STATES = 8
 
 def common_prefix(a: tuple, b: tuple, limit: int) -> int:
     """The length (at most `limit`) of the common prefix of a and b, by bisection over slice comparisons (each a
@@ -159,8 +89,9 @@ class Analysis:
         self.J = J
 
 
-class CanvasState:
-    """CanvasConstraint for one request (one canvas length) of a regular compiled constraint."""
+class CanvasState(PrefixHint, CanvasConstraint):
+    """CanvasConstraint for one request (one canvas length) of a regular compiled constraint; its prefix hint is
+    canvas_hint.py's."""
 
     def __init__(self, algebra: SetAlgebra, canvas_len: int, mask_id: int | None, vocab_size: int,
                  expand_budget: int | None = AUTO, timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S,
@@ -620,72 +551,6 @@ class CanvasState:
     def shared_state(self) -> SetAlgebra:
         """The compiled constraint's set algebra (its automaton and memo tables), shared by its requests."""
         return self.alg
-
-    def prefix_hint(self, canvas: Sequence[int], position: int) -> int | None:
-        """The token the committed prefix alone forces at `position` when it is the left frontier (the first open
-        position): the only token of the left-to-right prefix row there (EOS included), from transitions already
-        known; None when the prefix allows several tokens, when `position` is not the frontier, or when deciding it
-        would need new work (an unknown transition). No call deadline, no budget, no exploration: a cheap hint.
-
-        Why it is enough: the prefix row is a superset of the canvas mask at the frontier, and the canvas is kept
-        completable, so a single prefix token is the frontier's forced token. The converse does not hold (committed
-        tokens to the right can force a position the prefix leaves free): the engine uses the hint only to choose
-        between committing forced tokens before the forward and computing the masks beside it, and either choice
-        keeps every commit verified."""
-        view = canvas.tolist() if isinstance(canvas, torch.Tensor) else canvas
-        if len(view) != self.n:
-            self._norm(view)  # raises the canvas-length error
-        m = self.mask_id
-        if not 0 <= position < self.n or view[position] != m:
-            return None
-        prefix = tuple(map(int, view[:position]))
-        if m in prefix:  # an open position left of it: not the frontier
-            return None
-        # the answer depends on the prefix and on the request's explored set (it never computes a transition; the
-        # automaton's other known states do not count, so the hint is the same whatever other requests explored), so
-        # an unchanged prefix with nothing explored since answers as before: a request whose frontier stays put over
-        # steps asks once
-        known = self._explored()
-        memo = self._hint_memo
-        if memo is not None and memo[0] == known and memo[1] == prefix:
-            return memo[2]
-        # the positions right of the frontier do not enter its forward set: left open, the canvas costs no pass
-        c = prefix + (None,) * (self.n - position)
-        F = self._forward(c, position)[position]  # every position before it is committed: exact token steps
-        token = self._single_prefix_token(F, known)
-        if self._fwd_ok[position]:
-            self._hint_memo = (known, prefix, token)
-        return token
-
-    prefix_forced_token = prefix_hint  # the name the engine looks up while it still probes for the hint
-
-    def _single_prefix_token(self, F: int, known: int | None) -> int | None:
-        """The only token the states of forward set F allow next by their transitions (EOS when one of them
-        accepts), or None when they allow several or none, or when F holds more than HINT_STATES states and one of
-        them is outside the request's explored set `known` (None: exact mode). A function of F and `known`: the
-        transitions other requests had the automaton compute do not enter it."""
-        if not F:
-            return None
-        alg = self.alg
-        few = F.bit_count() <= HINT_STATES
-        token: int | None = self.eos if alg.any_accepting(F) else None  # EOS ends an accepted text
-        for q in alg.members(F):
-            if q == ENDED:
-                continue  # after an EOS only EOS follows
-            if known is None or few or (known >> q) & 1:
-                tt = self.ta.trans(q)  # computed if need be (exact mode, or a small set: a few trie walks at most)
-            else:
-                tt = None
-            if tt is None or tt.n_allowed > 1:
-                return None
-            if tt.n_allowed == 1:
-                if tt.all_sparse is None or tt.all_sparse.size != 1:
-                    return None
-                t = int(tt.all_sparse[0])
-                if token is not None and t != token:
-                    return None
-                token = t
-        return token
 
     # ------------------------------------------------------------------ extras
     def allowed_sets(self, canvas: Sequence[int]) -> list[set[int] | None]:

@@ -1,30 +1,14 @@
 """The mask at the left frontier of a regular constraint's canvas, when the expansion budget cut a set.
 
-Under the per-call expansion budget the backward sets B[i] are subsets of the exact ones (sound, possibly missing
-tokens). At the left frontier f (every position before f committed, so F[f] is exact) the engine must always have
-a position to commit, so there B[f] and B[f+1] are decided by a search: a state w after the frontier's token belongs
-to B[f+1] iff some completion of c[f+1:] starts from it, a depth-first search over (state, position) with exact token
-transitions that stops at the first witness.
+At the left frontier f (every position before it committed, so F[f] is exact) B[f] and B[f+1] are decided by a
+depth-first search for one completion of c[f+1:] per state (exact token transitions, first witness wins):
 
-  * States of the budgeted backward sets are certified (they are subsets of the exact ones).
-  * A committed next token prunes the successors that cannot read it.
-  * Right of the last committed position the answer is a can-finish question of the positions left.
-  * Answers are memoised by position across calls while c[i:] is unchanged (`FrontierMemo`): proofs only (a witness,
-    or a refutation whose whole subtree was decided).
+  FrontierSearch   one call's search: certified states, committed-token pruning, can-finish questions right of
+                   the last commit, bounded by `question_states` / `call_states` (work, never time)
+  FrontierMemo     proofs kept by position across calls while c[i:] is unchanged
 
-A state without a completion is refuted only by exhausting what it reaches before the committed tokens stop it:
-at worst the exact forward sets, at best one path per state; unbounded, refuting the successors that committed
-tokens further right exclude walked 13,000-15,000 new states (seconds at 128K tokens) in one call. So a mask call's
-search is bounded by work (`question_states` per question, `call_states` in all, counting the states expanded before
-an open position and the states the can-finish questions right of the last commit expand, `SetAlgebra.finish_bounded`,
-breadth first, whole levels). What a bound decides must not depend on what was cached: the questions and each
-state's children are taken in a canonical order (`SetAlgebra.succ_canonical`: distance to acceptance, then the
-smallest token id leading there, never the state numbering, which follows the order in which requests discovered
-the states, nor whether a transition is cached), and the bounded searches keep their own memo (the exact search's
-proofs follow its cache-dependent order). A question the bound stops is left out of the row (sound: every token
-offered is part of a valid completion; `undecided` counts them); a row it leaves empty gets, in the same order and
-unbounded, its first witness (`sets(first_only=True)`: empty only when no completion exists). Without a budget
-(exact mode), and for the exact completability checks, the search is exact (`finish3`), in the fastest order.
+Questions and children are taken in a canonical order (SetAlgebra.succ_canonical), so what a bound decides does not
+depend on what was cached. docs/constraints.md, "The left frontier's search", has the argument.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import CompilationTimeoutError, CompilationWorkLimitError, ConstraintError, InvalidRequestError
 from .byte_lru import ByteLRU, deep_size
 from .deadline import pause_point
-from .protocol import Compiled
+from .protocol import CompiledKind, declares
 
 # The compile cache's default memory budget: what the cached constraints are charged (`entry_bytes`), not counting
 # the tokenizer's tables they share. Set per process with `LLM(compile_cache_memory=...)`, the server's
@@ -33,7 +33,7 @@ def entry_bytes(entry: Any) -> int:
     requests explore it), a grammar's, or a refusal's message and record."""
     if isinstance(entry, BaseException):
         return REFUSAL_BYTES + sum(len(str(a)) for a in entry.args)
-    if isinstance(entry, Compiled):
+    if declares(entry, CompiledKind):
         return entry.memory_bytes()
     return deep_size(entry, limit=10_000)  # a substitute compiler's result (tests, adapters)
 
@@ -98,7 +98,7 @@ class CompileCache:
         compiles it afresh, and the requests holding the old one go on with it."""
         key = _stored_key(key)
         hit = self._lru.get(key)
-        if isinstance(hit, Compiled) and hit.worn_out():
+        if declares(hit, CompiledKind) and hit.worn_out():
             self._lru.pop(key)
             hit = None
         if hit is None:

@@ -9,8 +9,8 @@ later try may have more time). `compile_regex`, `compile_json_schema` and `compi
 `ConstraintCompiler(info, cache=False)` compiles afresh every time (benchmarks, deadline tests).
 
 Both compiled kinds (`CompiledConstraint`: regular languages; `cfg.CompiledGrammar`: Lark grammars) implement
-`protocol.Compiled` (re-exported here); `new_request_state(compiled, canvas_len, timeout_s)` makes a request's canvas state,
-the canvas length given once (the engine passes the request's `SamplingParams.max_new_tokens`).
+`protocol.CompiledKind`; `protocol.Compiled` (what the engine needs) is re-exported here. `new_request_state(compiled,
+canvas_len, timeout_s)` makes a request's canvas state (the engine passes the request's max_new_tokens).
 """
 from __future__ import annotations
 
@@ -18,8 +18,6 @@ import json
 import threading
 from collections.abc import Callable
 from typing import Any
-
-import numpy as np
 
 from ..errors import (
     ConstraintTooLongError,
@@ -29,7 +27,8 @@ from ..errors import (
     UnsatisfiableSchemaError,
 )
 from . import regex_ast as A
-from .canvas import AUTO, DEFAULT_CALL_TIMEOUT_S, CanvasState, SetAlgebra
+from .call_bounds import AUTO, DEFAULT_CALL_TIMEOUT_S
+from .canvas import CanvasState, SetAlgebra
 from .cfg import CompiledGrammar, load_spec
 from .compile_cache import (  # noqa: F401  (the cache's names, re-exported: `compiler.COMPILE_CACHE` and kin)
     COMPILE_CACHE,
@@ -42,7 +41,8 @@ from .compile_cache import (  # noqa: F401  (the cache's names, re-exported: `co
 )
 from .deadline import CallDeadline, Deadline, activate
 from .deriv import DEAD, START, DerivDFA
-from .protocol import CanvasConstraint, Compiled
+from .matcher import LeftToRightMatcher
+from .protocol import CanvasConstraint, Compiled, CompiledKind, RowMaskConstraint, declares
 from .bounds import INF
 from .regex_parser import parse_regex
 from .token_automaton import TokenAutomaton
@@ -62,7 +62,7 @@ MIN_TOKENS_STATES = 256
 _COMPILER_DEFAULT: Any = object()  # compile_*(timeout_s=...) not given: the compiler's timeout_s
 
 
-class CompiledConstraint:
+class CompiledConstraint(CompiledKind):
     """A regular constraint compiled against one tokenizer. Thread-safe to share between requests."""
 
     def __init__(self, kind: str, source: Any, node: A.Node, tok: TokenizerInfo, deadline: Deadline,
@@ -214,8 +214,8 @@ class CompiledConstraint:
         """Per-request CanvasConstraint for a canvas of `canvas_len` positions.
         Raises ConstraintTooLongError when even the shortest accepted text does not fit.
         expand_budget: new states per call in the request's explored set (None: unlimited, always exact; AUTO:
-        canvas.EXPAND_WORK token-steps at this vocabulary size; see canvas.py). timeout_s: the last-resort limit of every call of the state (and of the fit check here; None:
-        unbounded), see "Time bounds" in docs/constraints.md."""
+        call_bounds.EXPAND_WORK token-steps at this vocabulary size). timeout_s: the last-resort limit of every call
+        of the state and of the fit check here (None: unbounded), see "Time bounds" in docs/constraints.md."""
         canvas_len = int(canvas_len)
         if canvas_len <= 0:
             raise InvalidRequestError(f"the canvas length must be a positive integer, got {canvas_len}")
@@ -224,9 +224,10 @@ class CompiledConstraint:
         return CanvasState(self.algebra, canvas_len, self.mask_id, self.vocab_size, expand_budget,
                            timeout_s=timeout_s, kind=self.kind)
 
-    def matcher(self) -> "LeftToRightMatcher":
-        """Autoregressive (left-to-right, unbounded length) matcher, for benchmarks and debugging."""
-        return LeftToRightMatcher(self)
+    def matcher(self, max_tokens: int | None = None) -> LeftToRightMatcher:
+        """A left-to-right (autoregressive) matcher: unbounded length by default (benchmarks, evals); with
+        `max_tokens`, its rows allow only tokens after which a valid answer still fits (matcher.py)."""
+        return LeftToRightMatcher(self, max_tokens)
 
     def accepts_text(self, text: str | bytes) -> bool:
         data = text.encode("utf-8") if isinstance(text, str) else text
@@ -243,50 +244,20 @@ class CompiledConstraint:
         return bool(self.dfa.accepting[s])
 
 
-class LeftToRightMatcher:
-    def __init__(self, cc: CompiledConstraint):
-        self.cc = cc
-        self.state = START
-        self.ended = False
-        self._mask: np.ndarray | None = None
-
-    def fill_mask(self) -> np.ndarray:
-        cc = self.cc
-        row = np.zeros(cc.vocab_size, dtype=bool)
-        if not self.ended and self.state != DEAD:
-            cc.ta.mask_row([self.state], [], bool(cc.dfa.accepting[self.state]), row)
-        self._mask = row
-        return row
-
-    def is_allowed(self, tid: int) -> bool:
-        return bool(self._mask[tid])
-
-    def advance(self, tid: int) -> bool:
-        if self.ended or self.state == DEAD:
-            return False
-        if tid == self.cc.eos_id:
-            if self.cc.dfa.accepting[self.state]:
-                self.ended = True
-                return True
-            return False
-        nxt = self.cc.ta.delta(self.state, int(tid))
-        if nxt == DEAD:
-            return False
-        self.state = nxt
-        return True
-
-    def is_accepting(self) -> bool:
-        return self.ended or bool(self.cc.dfa.accepting[self.state])
-
-
 # ---------------------------------------------------------------------------------- one compiled type
 def new_request_state(compiled: Compiled, canvas_len: int,
-                      timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S) -> CanvasConstraint:
-    """A request's canvas constraint for `canvas_len` positions (the request's max_new_tokens), whatever the kind
-    (protocol.Compiled): refused with ConstraintTooLongError when even the shortest accepted text does not fit.
-    The fewest-token search decides what a kind's own fit check may leave undecided, so a request too long is refused
-    here, not at its first mask call; a shortest text that fits by its bytes needs no search (a breadth-first walk
-    over token transitions, milliseconds per state at 128K tokens). timeout_s bounds every call of the state."""
+                      timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S) -> CanvasConstraint | RowMaskConstraint:
+    """A request's canvas constraint for `canvas_len` positions (the request's max_new_tokens), refused with
+    ConstraintTooLongError when even the shortest accepted text does not fit: the fewest-token search decides what a
+    kind's own fit check may leave undecided, so a request too long is refused here, not at its first mask call. For
+    the package's kinds (protocol.CompiledKind) a shortest text that fits by its bytes needs no search (a
+    breadth-first walk over token transitions, milliseconds per state at 128K tokens), and timeout_s bounds every
+    call of the state; a substitute compiler's result is asked `Compiled`'s two calls only."""
+    if not declares(compiled, CompiledKind):
+        min_tokens = int(compiled.min_tokens())
+        if min_tokens > canvas_len:
+            raise ConstraintTooLongError(min_tokens, canvas_len)
+        return compiled.new_canvas_state(canvas_len)
     if not compiled.fits_by_bytes(canvas_len):
         min_tokens = int(compiled.min_tokens(timeout_s))
         if min_tokens > canvas_len:
@@ -322,12 +293,12 @@ def compile_constraint(builder: Any, fingerprint: str, cache: CompileCache | Non
         build = (lambda: builder._build_grammar(grammar, start, name, **limit)) if ours else (  # noqa: E731
             lambda: builder.compile_grammar(grammar, start))
     else:
-        from .json_schema import SchemaOptions, normalize_schema_input
+        from .json_schema import SchemaOptions, normalize_schema
 
-        sch = normalize_schema_input(schema)
+        normalized = normalize_schema(schema)  # the one reading of the schema (a NormalizedSchema is taken as is)
+        sch = normalized.schema
         options = {"whitespace": whitespace, **schema_options}
-        src = json.dumps(sch, sort_keys=False, separators=(",", ":"), ensure_ascii=False, default=str)
-        key = ConstraintKey("json_schema", src, SchemaOptions.from_options(**options).key())
+        key = ConstraintKey("json_schema", normalized.text, SchemaOptions.from_options(**options).key())
         build = lambda: (builder._build_json_schema if ours  # noqa: E731
                          else builder.compile_json_schema)(sch, **options, **limit)
     scope = fingerprint if ours else (fingerprint, builder)
@@ -361,7 +332,8 @@ class ConstraintCompiler:
                 start: str = "start", timeout_s: Any = _COMPILER_DEFAULT, whitespace: str = "compact",
                 **schema_options: Any) -> Compiled:
         """The compiled constraint for exactly one of: a JSON Schema (dict, JSON string, Pydantic model class,
-        outlines type; `whitespace` and `schema_options` are `json_schema.SchemaOptions` fields), a full-match
+        outlines type, or a `json_schema.NormalizedSchema` from `normalize_schema`, taken as it is; `whitespace`
+        and `schema_options` are `json_schema.SchemaOptions` fields), a full-match
         regex (Python `re` syntax, regular subset) or Lark grammar text (`start`: its start rule; load shipped
         names and .lark paths with dllm_constrain.grammars.load_grammar). timeout_s: this compilation's limit
         (default: the compiler's; a timeout is not cached, a later call with more time compiles again)."""

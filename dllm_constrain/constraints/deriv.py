@@ -22,7 +22,8 @@ from . import regex_ast as A
 from .bounds import INF
 from .byte_dfa import DEAD, START, LazyByteDFA
 from .deadline import Deadline, check_active
-from .deriv_terms import T_EMPTY, T_NOTHING, MembersTerms, Terms, new_terms
+from .deriv_terms import T_EMPTY, T_NOTHING, MembersTerms, Terms
+from .native_terms import new_terms
 
 # Bytes charged per DFA state's entries (term_of, state_of) beyond its table row
 STATE_ENTRY_BYTES = 120

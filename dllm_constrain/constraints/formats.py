@@ -285,39 +285,12 @@ def with_length(node: A.Node, mn: int, mx: int | None, deadline=None, limit: int
             raise FormatLengthTooLarge()
         return with_length(capped, mn, None, deadline, limit)
     rows, acc, mincp, start = full
-    # layered product: layer i holds the format states after i code points (saturating at mn when there is
-    # no maximum: that layer is closed under its edges); states that cannot end within mx are never built,
-    # so without a minimum every built state is co-reachable
-    nlayers = (mx if mx is not None else mn) + 1
-    layers: list[list[int]] = []
+    layers = _length_layers(rows, mincp, start, mn, mx, deadline)
     ids: list[dict[int, int]] = []
     n = 0
-    cur = [start]
-    for i in range(nlayers):
-        if deadline is not None:
-            deadline.check()
-        seen = dict.fromkeys(cur)
-        todo = list(cur)
-        # closure under continuation bytes (same code point count); the saturating layer (no maximum, i = mn) holds
-        # every state after at least mn code points: closed under every edge
-        saturating = mx is None and i == mn
-        while todo:
-            q = todo.pop()
-            for _, t, lead in rows[q]:
-                if (saturating or not lead) and t not in seen and (mx is None or i + mincp[t] <= mx):
-                    seen[t] = None
-                    todo.append(t)
-        layer = list(seen)
-        layers.append(layer)
+    for layer in layers:
         ids.append({q: n + k for k, q in enumerate(layer)})
         n += len(layer)
-        if mx is None and i == mn:
-            break
-        nxt = dict.fromkeys(t for q in layer for _, t, lead in rows[q]
-                            if lead and (mx is None or i + 1 + mincp[t] <= mx))
-        if not nxt or i + 1 >= nlayers:
-            break
-        cur = list(nxt)
     edges = []
     finals = []
     last = len(layers) - 1
@@ -337,6 +310,39 @@ def with_length(node: A.Node, mn: int, mx: int | None, deadline=None, limit: int
     if mn == 0:
         return A.Graph(n, 0, tuple(finals), tuple(edges))
     return _prune(n, 0, finals, edges)
+
+
+def _length_layers(rows: list, mincp: list, start: int, mn: int, mx: int | None, deadline) -> list[list[int]]:
+    """The layers of `with_length`'s product: layer i holds the format states after i code points (saturating at
+    mn when there is no maximum: that layer is closed under its edges); states that cannot end within mx are never
+    built, so without a minimum every built state is co-reachable."""
+    nlayers = (mx if mx is not None else mn) + 1
+    layers: list[list[int]] = []
+    cur = [start]
+    for i in range(nlayers):
+        if deadline is not None:
+            deadline.check()
+        seen = dict.fromkeys(cur)
+        todo = list(cur)
+        # closure under continuation bytes (same code point count); the saturating layer (no maximum, i = mn) holds
+        # every state after at least mn code points: closed under every edge
+        saturating = mx is None and i == mn
+        while todo:
+            q = todo.pop()
+            for _, t, lead in rows[q]:
+                if (saturating or not lead) and t not in seen and (mx is None or i + mincp[t] <= mx):
+                    seen[t] = None
+                    todo.append(t)
+        layer = list(seen)
+        layers.append(layer)
+        if mx is None and i == mn:
+            break
+        nxt = dict.fromkeys(t for q in layer for _, t, lead in rows[q]
+                            if lead and (mx is None or i + 1 + mincp[t] <= mx))
+        if not nxt or i + 1 >= nlayers:
+            break
+        cur = list(nxt)
+    return layers
 
 
 class FormatLengthTooLarge(Exception):

@@ -1,23 +1,19 @@
-"""Parser for the regular-expression dialect of Python's `re` (the engine jsonschema uses to check
-`pattern`), restricted to the regular subset: literals, classes, `.`, `\\d \\w \\s` (and negations),
-quantifiers (`* + ? {m} {m,} {,n} {m,n}`, lazy variants), alternation, groups, anchors `^ $ \\A \\Z`
+r"""Parser for the regular-expression dialect of Python's `re` (the engine jsonschema uses to check
+`pattern`), restricted to the regular subset: literals, classes, `.`, `\d \w \s` (and negations),
+quantifiers (`* + ? {m} {m,} {,n} {m,n}`, lazy variants), alternation, groups, anchors `^ $ \A \Z`
 anywhere (read exactly, see regex_anchors.py).
 
 Refused with `InvalidRegexError`: backreferences, lookaround, word boundaries, inline flags, atomic
 groups/possessive quantifiers, conditionals, a group with an anchor inside repeated more than
 regex_anchors.MAX_ANCHORED_COPIES times.
 
-Semantics of the shorthand classes (soundness): outside a negated class, `\\d \\w \\s` use their ASCII
-sets (a subset of Python's Unicode sets, so everything we produce matches); `\\D \\W \\S` and negated
+Semantics of the shorthand classes (soundness): outside a negated class, `\d \w \s` use their ASCII
+sets (a subset of Python's Unicode sets, so everything we produce matches); `\D \W \S` and negated
 classes use exact Unicode complements computed from `str.isdecimal / isalnum / isspace` (what `re` uses),
 so they never admit a character Python would not match.
 
-Readings (`parse_regex(pattern, reading=...)`): "python" (the default, above: a subset of what Python's
-`re` matches, used for `regex=`); "all": a subset of what both Python's `re` and ECMA-262 (with the `u`
-flag, as JSON Schema validators use it) match -- `.` excludes `\\r \\u2028 \\u2029` too, `\\S \\D \\W`
-exclude both readings' sets; "any": a superset of what either matches -- Unicode `\\d \\w`, both
-readings' `\\s`, `$` also before a final newline (Python). JSON Schema uses "all" where a string must
-match and "any" where it must not.
+Readings (`parse_regex(pattern, reading=...)`): "python" (the default), "all" (a subset of what both Python's
+`re` and ECMA-262 match) and "any" (a superset of what either matches): docs/constraints.md, "Pattern readings".
 """
 from __future__ import annotations
 

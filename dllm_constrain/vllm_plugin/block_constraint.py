@@ -16,8 +16,7 @@ positions, the committed blocks on the left are fixed and everything right of th
   best-scoring token of its exact row given everything already placed, so the committed canvas stays completable,
   and records the block as committed.
 
-Tokens past the constraint's vocabulary (a padded logits width) are masked. The canvas follows the layer's
-conventions: after the first EOS only EOS is valid, so a block after the answer's end is EOS throughout.
+Tokens past the constraint's vocabulary (a padded logits width) are masked; after the first EOS only EOS is valid.
 """
 from __future__ import annotations
 

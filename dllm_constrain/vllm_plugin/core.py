@@ -13,15 +13,13 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from ..constraints import CompiledConstraint, ConstraintCompiler, TokenizerInfo
-from ..constraints.canvas import CanvasState
-from ..constraints.set_algebra import START_BIT, SetAlgebra
+from ..constraints.matcher import LeftToRightMatcher
 from ..constraints.compiler import COMPILE_CACHE, CompileCache
 from ..engine.state import STRICT_SCHEMA_OPTIONS
 from ..kernels.bitmask import packed_width, write_row
@@ -193,8 +191,9 @@ class RequestConstraint:
         self.state = compiled.new_canvas_state(self.n, timeout_s=timeout_s)
         self.mask_id = compiled.mask_id
         self.steps = 0
-        self.left_to_right = (_LeftToRight(self.state.alg, self.n, self.state.vocab_size)
-                              if timeout_s is None and isinstance(self.state, CanvasState) else None)
+        # exact rows without a deadline: the layer's bounded left-to-right matcher (matcher.py), its forward set
+        # carried token by token (docs/vllm.md, "Figures")
+        self.left_to_right = compiled.matcher(self.n) if timeout_s is None else None
 
     def next_row(self, output_ids: Sequence[int]) -> torch.Tensor | None:
         """Bool [width]: the tokens allowed at the next position, or None when the canvas is full."""
@@ -211,7 +210,7 @@ class RequestConstraint:
         if k >= self.n:
             return None
         if self.left_to_right is not None:
-            row = self.left_to_right.packed_row(output_ids)
+            row = self._follow(output_ids).packed_row()
             write_row(dst, row)
             nonempty = row is not None  # the algebra's rows hold a token of a valid completion, or are None
         else:
@@ -222,34 +221,14 @@ class RequestConstraint:
         self.steps += 1
         return nonempty
 
+    def _follow(self, output_ids: Sequence[int]) -> LeftToRightMatcher:
+        """The matcher advanced over `output_ids` (usually the one token sampled since the last step)."""
+        m = self.left_to_right
+        if len(output_ids) < m.consumed:  # not expected (outputs only grow); start over
+            m.reset()
+        for i in range(m.consumed, len(output_ids)):
+            m.advance(int(output_ids[i]))
+        return m
+
     def accepts(self, output_ids: Sequence[int]) -> bool:
         return self.compiled.accepts_tokens(output_ids)
-
-
-@dataclass
-class _LeftToRight:
-    """The frontier row of a canvas that is open everywhere right of its frontier, from the layer's own set
-    algebra: the row `CanvasState.allowed_tokens(canvas, [k])` answers without a deadline (forward set F[k],
-    then B[k] and B[k+1] as the members that can finish in the positions left, and the row between them), but
-    with F carried along token by token instead of recomputed over the canvas, and without the backward pass
-    over the committed prefix that a diffusion canvas needs and an autoregressive one does not (every token of
-    it was drawn from such a row). The algebra caches sets and rows, so once a request's states are known a
-    step costs a few dict lookups instead of O(k) work (docs/vllm.md, "Figures")."""
-
-    alg: SetAlgebra
-    n: int
-    vocab_size: int
-    forward: int = START_BIT
-    folded: int = 0  # tokens folded into `forward`
-
-    def packed_row(self, output_ids: Sequence[int]) -> np.ndarray | None:
-        """The row as packed bytes (the algebra's cached row itself: read it, do not write it), None when
-        nothing is allowed."""
-        if len(output_ids) < self.folded:  # not expected (outputs only grow); start over
-            self.forward, self.folded = START_BIT, 0
-        alg = self.alg
-        k = len(output_ids)
-        for i in range(self.folded, k):  # usually the one token sampled since the last step
-            self.forward = alg.step_tok(self.forward, int(output_ids[i]))
-        self.folded = k
-        return alg.left_to_right_row(self.forward, self.n - k, self.vocab_size)

@@ -3,9 +3,9 @@
 vLLM runs DiffusionGemma through a model-state class that the model names (`get_model_state_cls()`), and the
 state supplies the sampler (`custom_sampler()` -> `DiffusionSampler`). Both are extension points, so nothing of
 vLLM's is patched here: `ConstrainedDiffusionGemma` is vLLM's model class with our state class,
-`ConstrainedDiffusionGemmaModelState` is vLLM's state with our sampler around vLLM's, and
-`ConstrainedDiffusionSampler` (diffusion_sampler.py) delegates every step to vLLM's `DiffusionSampler`, with two additions for the
-requests that carry a constraint (`extra_args["dllm_constrain"]`, put there at admission by routing.claim):
+`ConstrainedDiffusionGemmaModelState` is vLLM's state with our sampler around vLLM's, `ConstrainedDiffusionSampler`
+(diffusion_sampler.py), which delegates every step to vLLM's `DiffusionSampler` with two additions for the requests
+that carry a constraint (`extra_args["dllm_constrain"]`, put there at admission by routing.claim):
 
 - before the step, each such request's rows of the flat `[sum of canvas widths, V]` logits are masked to its
   block's rows (block_constraint.py), where vLLM's own `_mask_rows_to_allowed` masks `diffusion_constrained`
@@ -14,10 +14,9 @@ requests that carry a constraint (`extra_args["dllm_constrain"]`, put there at a
   positions cannot hold together, repaired in the sampler's output (`sampled_token_ids`) before vLLM emits it.
 
 `register()` (this plugin's vLLM entry point) registers the class for the architecture
-`DiffusionGemmaForBlockDiffusion` when DLLM_CONSTRAIN_VLLM_DIFFUSION=1 is set in the server's environment (opt-in:
-it replaces vLLM's class for that architecture). Requests without a constraint take vLLM's path unchanged.
-Importing this module imports vLLM's DiffusionGemma module, which needs a vLLM build with it (0.32 has it) and
-transformers' Gemma4 processor (torchvision): docs/vllm.md, "DiffusionGemma".
+`DiffusionGemmaForBlockDiffusion` when DLLM_CONSTRAIN_VLLM_DIFFUSION=1 is set in the server's environment (opt-in).
+Requests without a constraint take vLLM's path unchanged. Importing this module imports vLLM's DiffusionGemma module
+(vLLM 0.32 has it; transformers' Gemma4 processor needs torchvision): docs/vllm.md, "DiffusionGemma".
 """
 from __future__ import annotations
 

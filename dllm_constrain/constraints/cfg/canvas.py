@@ -1,35 +1,17 @@
 """GrammarCanvasState: the CanvasConstraint of a Lark grammar on one fixed-length canvas.
 
-Canvas c[0..n-1] (open positions = None). Valid: the tokens before the first EOS spell a sentence of the
-grammar, everything after it is EOS.
+  frontier f      the first open position; the committed prefix is parsed exactly (LALR stack + pending lexeme),
+                  cached position by position (`_prefix`)
+  masks           exact at f; right of f from forward/backward sets of approx.py's regular over-approximation
+                  (sound; sets larger than `set_cap` become TOP): canvas_sets.py, canvas_rows.py
+  completability  decided by a witness, a full assignment whose text parses, searched depth first within a node
+                  budget (canvas_search.py); a canvas is reported completable only with a witness in hand
+  termination     when a step's proposals are all refused, the next frontier mask is narrowed to the witness's token
+  time            every public call runs under the request's deadline, the last resort: answers are bounded by
+                  work (set_cap, node budgets, `cold_walks`), and a call that reaches it raises
+                  ConstraintTimeoutError (no answer is loosened by the clock)
 
-* Frontier f = first open position. The committed prefix c[0..f-1] is parsed exactly (LALR stack + pending
-  lexeme, so tokens that split a lexeme are handled) and cached position by position.
-* Right of f, positions are tracked with the regular over-approximation of approx.py: forward sets F[i] of
-  approximate states from the frontier's state, backward sets B[i] of the states from which the rest of the
-  canvas (its committed tokens, its length, the EOS tail) is still reachable. Sets larger than `set_cap`
-  become TOP (everything): masks there are sound but loose.
-* Mask at f (exact): token t is allowed iff the exact parser accepts what t emits, its pending lexeme can
-  still end as an acceptable terminal, its approximate state is in B[f+1], and, when nothing but the EOS tail
-  follows, a concrete completion fits in the positions left. Masks right of f: approximate (sound).
-* Completability is decided by a *witness*: a full assignment of the open positions whose text parses
-  (built concretely, checked with the exact machinery, and optionally with Lark itself). `is_completable`
-  keeps the current witness when it agrees with the canvas, else searches a new one (depth-first over token
-  groups from the frontier, pruned by the exact parser and the B sets, bounded by a node budget). A canvas is
-  only ever reported completable with a witness in hand, so a committed canvas can always be finished, and
-  the final canvas is the witness itself: it parses. When the search gives up (budget) the answer is False
-  (conservative): the engine then re-masks or backtracks the step.
-* Time: every public call runs under a per-call deadline (`timeout_s`, the request's constraint_timeout; see
-  "Time bounds" in docs/constraints.md): the witness search, the set computation and the row computation check
-  it cooperatively between updates, so an interrupted call leaves the state and the shared compiled grammar
-  whole (and the vocabulary walks it finished cached). The deadline is the last resort: every answer is bounded
-  by work (set_cap, the search and refinement node budgets, `cold_walks` new lexer states per call counted in the
-  request's own walked set), so a call that reaches it raises ConstraintTimeoutError naming the call and the
-  frontier, and the request ends; no answer (the exact frontier row included) is ever loosened by the clock.
-  The constructor's fit check is bounded by the search budget only, as `CompiledGrammar.min_tokens` is.
-* Termination: when a step's proposals are all refused, the next mask at the frontier is narrowed to the
-  witness's token (counted in `stats["witness_forced"]`), which the engine commits as a forced token (and
-  `forced_tokens` reports it too), so the frontier advances at least every other step.
+docs/grammars.md, "How it works", has the whole argument.
 """
 from __future__ import annotations
 
@@ -43,8 +25,9 @@ import torch
 from dllm_constrain.kernels.bitmask import bitmask_bytes, row_tokens, set_token, write_row
 
 from ...errors import ConstraintTimeoutError, ConstraintTooLongError, InvalidRequestError
-from ..canvas import DEFAULT_CALL_TIMEOUT_S
+from ..call_bounds import DEFAULT_CALL_TIMEOUT_S
 from ..deadline import CallDeadline, activate
+from ..protocol import CanvasConstraint
 from .canvas_rows import GrammarRows
 from .canvas_search import WitnessSearch
 from .canvas_sets import ENDED, Analysis, GrammarSets  # noqa: F401  (ENDED, Analysis: re-exported)
@@ -54,7 +37,7 @@ if TYPE_CHECKING:  # annotations only: grammar.py imports this module to build c
     from .grammar import CompiledGrammar
 
 
-class GrammarCanvasState(GrammarSets, GrammarRows):
+class GrammarCanvasState(GrammarSets, GrammarRows, CanvasConstraint):
     """CanvasConstraint of a compiled Lark grammar for one canvas length (see the module docstring): the exact
     prefix parse, the witness and the protocol here; the approximate sets in canvas_sets.py, the mask rows in
     canvas_rows.py, the witness search in canvas_search.py."""
@@ -85,7 +68,7 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
                       "lark_rejections": 0, "deadline_hits": 0}
         self._prefix_c: tuple = ()
         self._prefix_cfgs: list[Config | None] = [cg.initial]
-        self._an: _Analysis | None = None
+        self._an: Analysis | None = None
         self._stall = False
         self._rows: OrderedDict = OrderedDict()
         self._open_memo: dict = {}
@@ -93,10 +76,11 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
         self._tok_memo: dict = {}
         self._fin_true: dict[int, int] = {}
         self._fin_false: dict[int, int] = {}
+        self.witness: list[int] | None = None  # none until the first search below finds one
         w = self._search(tuple([None] * self.n))
         if w is None:
             raise ConstraintTooLongError(int(cg.min_tokens()), self.n)
-        self.witness: list[int] = w
+        self.witness = w
 
     # ------------------------------------------------------------------ time bounds
     def _deadline(self, operation: str, c: tuple) -> _CallScope:
@@ -177,7 +161,7 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
                 return None
             w = [x for x in c[:f]] + [self.eos] * (n - f)
             return w if self._lark_ok(w) else None
-        srch = WitnessSearch(self, c, an, self.search_budget)
+        srch = self._witness_search(c, an, self.search_budget)
         rest = srch.run(f, cfg)
         if rest is None:
             self.stats["search_failures"] += 1
@@ -186,6 +170,10 @@ class GrammarCanvasState(GrammarSets, GrammarRows):
         if not self._lark_ok(w):
             return None
         return w
+
+    def _witness_search(self, c: tuple, an: Analysis, budget: int) -> WitnessSearch:
+        """A witness search over canvas c within `budget` nodes, the current witness's tokens tried first."""
+        return WitnessSearch(self.cg, c, an, budget, n=self.n, eos=self.eos, prefer=self.witness, stats=self.stats)
 
     def _lark_ok(self, w: list[int]) -> bool:
         if not self.verify_with_lark:

@@ -20,7 +20,6 @@ from dllm_constrain.kernels.bitmask import set_token
 from ..bounds import INF
 from ..deadline import check_active
 from .canvas_sets import ENDED, Analysis
-from .canvas_search import WitnessSearch
 
 if TYPE_CHECKING:
     from .configuration import Config
@@ -66,7 +65,7 @@ class GrammarRows:
             passing.append((g, nxt))
         if not tail_only and len(passing) <= self.refine_groups:
             # right of f the B sets are approximate: decide each group by a witness search from f+1
-            srch = WitnessSearch(self, c, an, self.refine_budget)
+            srch = self._witness_search(c, an, self.refine_budget)
             kept = []
             total = 4 * self.refine_budget
             for g, nxt in passing:

@@ -17,8 +17,8 @@ from ..deadline import check_active
 from .canvas_sets import Analysis, in_backward
 from .configuration import Config
 
-if TYPE_CHECKING:
-    from .canvas import GrammarCanvasState
+if TYPE_CHECKING:  # annotations only: grammar.py imports the canvas state, which imports this module
+    from .grammar import CompiledGrammar
 
 
 class SearchBudgetExhausted(Exception):
@@ -31,18 +31,20 @@ class WitnessSearch:
     breadth-first search. `exhaustive` stays True unless a budget cut the search short (then a None result
     proves nothing)."""
 
-    def __init__(self, st: GrammarCanvasState, c: tuple, an: Analysis, budget: int):
-        self.st = st
-        self.cg = st.cg
+    def __init__(self, cg: CompiledGrammar, c: tuple, an: Analysis, budget: int, *, n: int, eos: int,
+                 prefer: list[int] | None, stats: dict[str, int]):
+        """`prefer`: the current witness (its token groups are tried first; None before the first one);
+        `stats`: the state's counters (search_nodes counted here)."""
+        self.cg = cg
         self.c = c
         self.an = an
-        self.n = st.n
-        self.eos = st.eos
+        self.n = n
+        self.eos = eos
         self.budget = budget
         self.failed: set = set()
         self.exhaustive = True
-        w = getattr(st, "witness", None)
-        self.prefer = w
+        self.prefer = prefer
+        self.stats = stats
 
     def run(self, i: int, cfg: Config) -> list[int] | None:
         try:
@@ -120,7 +122,7 @@ class WitnessSearch:
                     continue
             check_active(None, "searching a completion of the canvas at position %d", i)
             self.budget -= 1
-            self.st.stats["search_nodes"] += 1
+            self.stats["search_nodes"] += 1
             if self.budget < 0:
                 raise SearchBudgetExhausted
             rest = self.fill(i + 1, nxt)

@@ -25,8 +25,9 @@ import numpy as np
 
 from ...errors import InvalidGrammarError
 from ..bounds import INF
-from ..canvas import DEFAULT_CALL_TIMEOUT_S
+from ..call_bounds import DEFAULT_CALL_TIMEOUT_S
 from ..deadline import Deadline, check_active
+from ..protocol import CompiledKind
 from ..tokenizer_info import TokenizerInfo
 from .approx import Approx
 from .canvas import GrammarCanvasState
@@ -57,8 +58,8 @@ def _continuations(lx: Lexer, q: int) -> Iterator[tuple[int, int]]:
 # bytes charged per memo entry of a compiled grammar (a configuration key, its answer, the dict slot)
 MEMO_ENTRY_BYTES = 320
 
-class CompiledGrammar:
-    """A Lark grammar compiled against one tokenizer (protocol.Compiled). Thread-safe to share between requests."""
+class CompiledGrammar(CompiledKind):
+    """A Lark grammar compiled against one tokenizer (protocol.CompiledKind). Thread-safe to share between requests."""
 
     kind = "grammar"
 
@@ -518,7 +519,7 @@ class CompiledGrammar:
 
     def min_tokens(self, timeout_s: float | None = None) -> int:
         """Tokens of the shortest concrete output (an upper bound of the true minimum; EOS not counted). Bounded by
-        its own search budget (3,000 configurations), so `timeout_s` (protocol.Compiled) has nothing to bound."""
+        its own search budget (3,000 configurations), so `timeout_s` (protocol.CompiledKind) has nothing to bound."""
         if self._min_tokens is None:
             toks = self.complete_tokens(self.initial)
             m = INF if toks is None else len(toks)
@@ -556,7 +557,7 @@ class CompiledGrammar:
             return False
 
     def fits_by_bytes(self, canvas_len: int) -> bool:
-        """False: not decided without a search (protocol.Compiled); `min_tokens` decides."""
+        """False: not decided without a search (protocol.CompiledKind); `min_tokens` decides."""
         return False
 
     def worn_out(self) -> bool:

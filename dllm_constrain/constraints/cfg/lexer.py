@@ -1,28 +1,11 @@
 """Lark's basic lexer as a deterministic byte automaton with output, and its token-level view.
 
-A lexer state describes the pending lexeme (the bytes since the last lexeme boundary):
-    (A, s_0 .. s_{m-1}, kw_s, kw_i)
-where s_j is the state of scanner terminal j's byte DFA on the pending bytes (0 = dead; for a regex terminal
-the DFA of pike.py, whose accepting states are exactly the ends of Python's re.match), A is the first
-terminal in Lark's order that has matched some prefix of the pending bytes (-1: none yet; terminals after A
-are dropped, since Lark will never pick them), and kw_s / kw_i are nodes of the keyword tries (exact and
-ASCII-case-folded) that tell whether the pending bytes equal a keyword (Lark's "unless" retyping).
-
-On byte b:
-  * if some terminal j <= A (any j while A = -1) survives b, the lexeme goes on;
-  * else, if A accepts the pending bytes now, the lexeme is emitted with A's type (or the keyword it spells)
-    and a new lexeme starts with b;
-  * else the text is rejected: Lark would back up to an earlier match of A, which we never rely on.
-So every text we accept is lexed exactly as Lark's scanner lexes it (first terminal in order that matches,
-with the match Python's re.match returns: an accepting pike state that no thread survives past).
-
-State 0 is DEAD, state 1 is START (nothing pending: only the very beginning of the text).
-T[q, b] is the next state and E[q, b] the type id emitted on that transition (-1: none, -2: an ignored
-lexeme ended there).
-
-Token level: `trans(q)` walks the vocabulary's byte trie once from q (vectorised level by level) and groups
-the tokens by (emitted type sequence, end state). Type sequences are interned in a trie: seq id 0 is the
-empty sequence, seq (parent, type) extends parent by one type.
+A lexer state is the pending lexeme: the first terminal in Lark's order that has matched a prefix of it, each
+scanner terminal's DFA state on it (pike.py's for regex terminals), and the keyword tries' nodes. State 0 is DEAD,
+1 is START; T[q, b] is the next state and E[q, b] the type emitted on that transition (-1: none, -2: an ignored
+lexeme ended). Every accepted text is lexed exactly as Lark's scanner lexes it. `trans(q)` groups the vocabulary's
+tokens by (emitted type sequence, end state) in one walk of the byte trie. docs/grammars.md, "The lexer
+automaton", has the rules.
 """
 from __future__ import annotations
 

@@ -1,25 +1,9 @@
-"""A terminal regex with Python's own match semantics, as a lazy byte DFA.
+"""A terminal regex with Python's own match semantics (`re.match`: the first match in priority order, not the
+longest), as a lazy byte DFA: a Pike VM made deterministic, a state the ordered tuple of live NFA threads.
 
-Lark's lexer calls `re.match`, which is a backtracking matcher: it returns the FIRST match in the regex's
-priority order (alternatives left to right, greedy quantifiers trying one more iteration first, lazy ones one
-fewer), which need not be the longest one: `re.match("a|ab", "abc")` consumes "a". A longest-match automaton
-would therefore accept texts Lark lexes differently.
-
-This module builds a byte-level Thompson NFA from Python's own parse of the regex (`re._parser`), keeping the
-priority order of every split, and runs it as a Pike VM made deterministic: a DFA state is the ORDERED tuple
-of live NFA threads (highest priority first). After each byte the threads are closed over epsilon moves in
-priority order (a thread reaching an NFA state a higher-priority thread already holds is dropped), and
-everything after the first MATCH is cut: a lower-priority thread can never override that match. So a state
-is *accepting* when the best match so far ends exactly here; the threads before the MATCH may still find a
-better (higher-priority) match later, and when every thread is gone the last accepting position is Python's
-match. Threads that can never reach MATCH are pruned, so a non-dead state can always still match.
-
-The lexer (lexer.py) only ends a lexeme where the terminal's state is accepting and no thread survives the
-next byte, so every lexeme we accept is exactly what `re.match` returns there.
-
-Refused (InvalidGrammarError, by the caller): anything but literals, classes, `.`, groups, alternation and
-greedy/lazy quantifiers; inline flags; a repeated group that can match the empty string (Python's empty-
-iteration rule differs from a Pike VM's there); NFAs past a size bound.
+The lexer (lexer.py) ends a lexeme only where the terminal's state is accepting and no thread survives the next
+byte, so every lexeme accepted is exactly what `re.match` returns there. docs/grammars.md, "Terminals with Python's
+match semantics", has the construction and what is refused (InvalidGrammarError, by the caller).
 """
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
-"""The forms a schema may be given in (dict, bool, JSON text, Pydantic model, outlines type), read as a dict."""
+"""The forms a schema may be given in (dict, bool, JSON text, Pydantic model, outlines type), read as a dict, and
+`NormalizedSchema`, a schema read once (what the compiler keys its cache by), so that no caller reads it twice."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from ...errors import InvalidSchemaError
@@ -45,3 +47,23 @@ def normalize_schema_input(x: Any) -> dict:
     raise InvalidSchemaError(
         f"schema must be a dict, a JSON string, a Pydantic model class or an outlines type, got {type(x).__name__}")
 
+
+
+@dataclass(frozen=True, eq=False)
+class NormalizedSchema:
+    """A JSON Schema read once by `normalize_schema`: the dict, and its compact JSON text (the compile cache's key).
+    `ConstraintCompiler.compile(schema=...)` takes it as it is: the schema is neither read nor serialised again.
+    The dict belongs to it: do not change it afterwards."""
+
+    schema: dict
+    text: str
+
+
+def normalize_schema(x: Any) -> NormalizedSchema:
+    """`x` read as a JSON Schema (any form `normalize_schema_input` takes; a NormalizedSchema is returned as it
+    is), with its compact JSON text; InvalidSchemaError when it is none."""
+    if isinstance(x, NormalizedSchema):
+        return x
+    sch = normalize_schema_input(x)
+    return NormalizedSchema(sch, json.dumps(sch, sort_keys=False, separators=(",", ":"), ensure_ascii=False,
+                                            default=str))
