@@ -299,7 +299,7 @@ class Request:
             return None
         if isinstance(c, Compiled):
             return new_request_state(c, n, self.params.constraint_timeout)
-        made_for = getattr(c, "n", None)  # the canvas length the state was made for (CanvasState, grammar states)
+        made_for = c.canvas_len if isinstance(c, CanvasConstraint) else None  # the length the state was made for
         if isinstance(made_for, int) and made_for != n:
             raise InvalidRequestError(f"the constraint state was made for a canvas of {made_for} positions, the "
                                       f"request's max_new_tokens is {n}: pass the compiled constraint instead")

@@ -53,8 +53,6 @@ class PrefixHint:
             self._hint_memo = (known, prefix, token)
         return token
 
-    prefix_forced_token = prefix_hint  # the name the engine looks up while it still probes for the hint
-
     def _single_prefix_token(self, F: int, known: int | None) -> int | None:
         """The only token the states of forward set F allow next by their transitions (EOS when one of them
         accepts), or None when they allow several or none, or when F holds more than HINT_STATES states and one of
