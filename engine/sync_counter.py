@@ -53,7 +53,7 @@ from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
 from dllm_constrain.engine import host_sync
@@ -229,6 +229,16 @@ class SyncCounter(TorchDispatchMode):
             frame = frame.f_back
         self._sync("copy")
 
+    def _host_twin(self, t: torch.Tensor) -> torch.Tensor:
+        """A read of the device tensor `t` on the host that dispatched no copy (`.to("cpu")` of a CPU tensor returns
+        it as it is): counted, and answered with an uncounted host copy, as a real device would give, so later reads
+        of the result are not counted again while `t` stays a device tensor."""
+        self._host_copy()
+        with _disable_current_modes():
+            twin = t.clone()
+        self.mark_host(twin)
+        return twin
+
     def _enter_layer(self, inputs: list[torch.Tensor]) -> None:
         for t in inputs:
             ref = _storage_ref(t) if t.device.type != "meta" else None
@@ -332,7 +342,7 @@ class SyncCounter(TorchDispatchMode):
             finally:
                 counter._to_names_host = None
             if out is t:  # no copy dispatched: the device tensor is read on the host as it is
-                counter._host_copy()
+                out = counter._host_twin(t)
             return out
 
         def to(t: torch.Tensor, *a: Any, **k: Any) -> Any:
@@ -345,7 +355,7 @@ class SyncCounter(TorchDispatchMode):
             finally:
                 counter._to_names_host = None
             if out is t and names:
-                counter._host_copy()
+                out = counter._host_twin(t)
             return out
 
         return {"tolist": tolist, "numpy": numpy, "cpu": cpu, "to": to}

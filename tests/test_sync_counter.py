@@ -161,3 +161,13 @@ def test_wrappers_are_restored_and_other_threads_are_not_counted(weight) -> None
         worker.start()
         worker.join()
     assert torch.Tensor.tolist is original and counter.counts.total_syncs == 0
+
+
+def test_a_host_copy_is_read_once_and_the_device_tensor_stays_on_the_device(weight) -> None:
+    def fn(d):
+        host = d.to("cpu")
+        host.tolist(), host[0].item()  # reads of the copy: no more syncs
+        (d * 2).sum()  # the original is still a device tensor: a launch
+
+    counter = counted(weight, fn)
+    assert dict(counter.counts.syncs) == {"copy": 1} and counter.counts.launches == 1 + 2
