@@ -33,7 +33,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -156,8 +156,11 @@ def roofline(model: LLaDAModel, result: dict[str, Any], bandwidth: float) -> dic
             "measured_over_roofline": {k: round(v / ms, 2) for k, v in result["step_ms_median"].items()}}
 
 
-def compile_section(model: LLaDAModel, args: argparse.Namespace) -> dict[str, Any]:
-    out: dict[str, Any] = {"eager": timed_run(model, args, args.compile_batch)}
+def compile_section(model: LLaDAModel, args: argparse.Namespace, out: dict[str, Any],
+                    saved: Callable[[], None]) -> dict[str, Any]:
+    """Eager, then each torch.compile mode, into `out` (`saved` called after each)."""
+    out["eager"] = timed_run(model, args, args.compile_batch)
+    saved()
     blocks = model.transformer["blocks"]
     for mode in ("default", "reduce-overhead"):
         torch._dynamo.reset()
@@ -170,6 +173,7 @@ def compile_section(model: LLaDAModel, args: argparse.Namespace) -> dict[str, An
         finally:
             for block in blocks:
                 block.__dict__.pop("forward_with", None)
+        saved()
     return out
 
 
@@ -180,6 +184,14 @@ def constrained_section(model: LLaDAModel, args: argparse.Namespace) -> dict[str
     compiled = llm.compile(schema=SCHEMA)
     return {"unconstrained": timed_run(model, args, args.constrained_batch),
             "constrained": timed_run(model, args, args.constrained_batch, compiled)}
+
+
+def save(report: dict[str, Any], out: str | None) -> None:
+    """The report so far to `out`/bench_gpu.json (after every section: a run cut short by its time limit keeps what
+    it measured)."""
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "bench_gpu.json").write_text(json.dumps(report, indent=1) + "\n")
 
 
 def byte_tokenizer() -> Any:
@@ -223,6 +235,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               "build_s": round(time.perf_counter() - start, 2),
                               "weight_bytes": dict(zip(("layers", "lm_head"), weight_bytes(model)))}
     report["warm_up_s"] = round(warm_up(new_engine(model, 1)), 2)
+    save(report, args.out)
     sections = set(args.sections.split(","))
     if "steps" in sections:
         report["steps"] = []
@@ -232,16 +245,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             result.update(launches(model, args, b))
             report["steps"].append(result)
             print(json.dumps(result), flush=True)
+            save(report, args.out)
     if "constrained" in sections:
         report["constrained"] = constrained_section(model, args)
         print(json.dumps(report["constrained"]), flush=True)
+        save(report, args.out)
     if "compile" in sections:
-        report["compile"] = compile_section(model, args)
+        report["compile"] = {}
+        compile_section(model, args, report["compile"], lambda: save(report, args.out))
         print(json.dumps(report["compile"]), flush=True)
     report["total_s"] = round(time.perf_counter() - start, 1)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "bench_gpu.json").write_text(json.dumps(report, indent=1) + "\n")
+    save(report, args.out)
     print(json.dumps({"total_s": report["total_s"]}))
     return report
 
