@@ -2,6 +2,7 @@
 
     python benchmarks/bench_step.py                      # B = 1, 8, 32, 64 on a random LLaDA (4 layers, d 512, head dim 128)
     python benchmarks/bench_step.py --batches 8 --json   # one batch, the JSON only
+    python benchmarks/bench_step.py --project run.json   # a saved run's counts projected onto LLaDA-8B / H200
 
 A random LLaDA-shaped model (released tensor names, `--layers` x `--hidden`, vocabulary `--vocab`) serves B
 requests through `LLMEngine.step()` with the dual KV cache on: a canvas of `--canvas` tokens in blocks of
@@ -201,6 +202,31 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# LLaDA-8B on an H200, for the projection below: bf16 bytes of the 32 layers' weights and of the LM head; HBM bytes/s
+LLADA_8B_LAYERS, LLADA_8B_LAYER_BYTES, LLADA_8B_HEAD_BYTES = 32, 2 * 32 * 218_112_000, 2 * 126_464 * 4096
+H200_BANDWIDTH = 4.8e12
+LAUNCH_US = 5.0  # the least a CUDA kernel launch costs the host (eager PyTorch ops cost more: 10-20 us)
+
+
+def llada_8b_projection(report: dict[str, Any], kind: str = "reuse") -> str:
+    """What the counted steps would ask of LLaDA-8B on an H200: launches at 32 layers (the non-layer launches plus
+    32 x the per-layer ones), their host floor at LAUNCH_US each, the weight bytes read (the layers once, the LM head
+    once per head pass: the fused head kernel streams the whole head for each call) over the HBM bandwidth, and the
+    host syncs (each drains the device queue before the host goes on)."""
+    lines = ["| B | launches/step (32 layers) | launch floor ms | head passes/step | weight reads GB/step | "
+             "weight-read floor ms | with one head pass ms | syncs/step |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    layers = report["model"]["layers"]
+    for r in report["results"]:
+        s = r["per_step"].get(kind, r["per_step"]["all"])
+        per_layer = s["launches_per_layer"]
+        launches = s["launches"] - per_layer * layers + per_layer * LLADA_8B_LAYERS
+        gb = (LLADA_8B_LAYER_BYTES + s["head_passes"] * LLADA_8B_HEAD_BYTES) / 1e9
+        one = (LLADA_8B_LAYER_BYTES + LLADA_8B_HEAD_BYTES) / H200_BANDWIDTH * 1e3
+        lines.append(f"| {r['batch']} | {launches:.0f} | {launches * LAUNCH_US / 1e3:.1f} | {s['head_passes']:.1f} | "
+                     f"{gb:.1f} | {gb * 1e9 / H200_BANDWIDTH * 1e3:.2f} | {one:.2f} | {s['syncs']:.0f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="1,8,32,64")
@@ -214,7 +240,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--per-step", type=int, default=4, help="quota commits per step")
     ap.add_argument("--offset", type=int, default=3, help="steps after which the late half of the requests arrives")
     ap.add_argument("--json", action="store_true", help="print the JSON only, write nothing")
+    ap.add_argument("--project", metavar="JSON", help="print the LLaDA-8B / H200 projection of a saved run's JSON")
     args = ap.parse_args(argv)
+    if args.project:
+        report = json.loads(Path(args.project).read_text())
+        print(llada_8b_projection(report))
+        return report
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
     model = build_model(args.layers, args.hidden, args.heads, args.vocab)
@@ -228,6 +259,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(text)
         return report
     print(table(results))
+    print("\nLLaDA-8B on an H200, Reuse steps (llada_8b_projection):")
+    print(llada_8b_projection(report))
     if RESULTS.is_dir():
         (RESULTS / "bench_step.json").write_text(text + "\n")
         print(f"wrote {RESULTS / 'bench_step.json'}")
