@@ -151,6 +151,7 @@ class SyncCounter(TorchDispatchMode):
         self._layer: int | None = None
         self._to_host_frame: Any = None  # the to_host call that already counted its one sync
         self._thread: int | None = None
+        self._reading = False  # inside a wrapped read (`.tolist()`, `.numpy()`), which counted itself
         self._added = 0
         for t in device_tensors:
             self.mark_device(t)
@@ -213,7 +214,17 @@ class SyncCounter(TorchDispatchMode):
 
     # ------------------------------------------------------------------ counting
     def _sync(self, kind: str) -> None:
-        self.counts.syncs[kind] += 1
+        if not self._reading:  # a wrapped read already counted the copy it makes inside (CUDA `.tolist()`)
+            self.counts.syncs[kind] += 1
+
+    def _read(self, kind: str, fn: Any, t: torch.Tensor, *a: Any, **k: Any) -> Any:
+        """A wrapped host read of the device tensor `t`: one sync, whatever it dispatches inside."""
+        self._sync(kind)
+        self._reading = True
+        try:
+            return fn(t, *a, **k)
+        finally:
+            self._reading = False
 
     def _host_copy(self) -> None:
         """A device tensor copied to the host: one sync per `to_host` call, one per copy elsewhere."""
@@ -325,12 +336,12 @@ class SyncCounter(TorchDispatchMode):
 
         def tolist(t: torch.Tensor, *a: Any, **k: Any) -> Any:
             if counted(t):
-                counter._sync("tolist")
+                return counter._read("tolist", _ORIGINAL["tolist"], t, *a, **k)
             return _ORIGINAL["tolist"](t, *a, **k)
 
         def numpy(t: torch.Tensor, *a: Any, **k: Any) -> Any:
             if counted(t):
-                counter._sync("numpy")
+                return counter._read("numpy", _ORIGINAL["numpy"], t, *a, **k)
             return _ORIGINAL["numpy"](t, *a, **k)
 
         def cpu(t: torch.Tensor, *a: Any, **k: Any) -> Any:
@@ -361,8 +372,8 @@ class SyncCounter(TorchDispatchMode):
         return {"tolist": tolist, "numpy": numpy, "cpu": cpu, "to": to}
 
     def __enter__(self) -> "SyncCounter":
-        if self._thread is not None:
-            raise RuntimeError("a SyncCounter is already active")
+        if self._thread is not None or any(getattr(torch.Tensor, n) is not f for n, f in _ORIGINAL.items()):
+            raise RuntimeError("a SyncCounter is already active (counters do not nest, nor run in two threads)")
         self._thread = threading.get_ident()
         for name, fn in self._wrapped().items():
             setattr(torch.Tensor, name, fn)

@@ -171,3 +171,9 @@ def test_a_host_copy_is_read_once_and_the_device_tensor_stays_on_the_device(weig
 
     counter = counted(weight, fn)
     assert dict(counter.counts.syncs) == {"copy": 1} and counter.counts.launches == 1 + 2
+
+
+def test_counters_do_not_nest(weight) -> None:
+    with SyncCounter([weight]):
+        with pytest.raises(RuntimeError, match="already active"):
+            SyncCounter().__enter__()
