@@ -123,14 +123,14 @@ def timed_run(model: LLaDAModel, args: argparse.Namespace, batch: int, constrain
 
 
 def launches(model: LLaDAModel, args: argparse.Namespace, batch: int) -> dict[str, Any]:
-    """Device ops dispatched per step (SyncCounter over the whole run) and, on CUDA, kernels per step seen by
-    torch.profiler over the same run."""
+    """Device ops dispatched per step (SyncCounter over the first `--count-steps` steps: the refresh, the late
+    arrivals' mixed step and Reuse steps) and, on CUDA, kernels per step seen by torch.profiler over the same steps."""
     counter = SyncCounter.for_model(model)
     engine = new_engine(model, batch)
     steps = [0]
     with counter:
         run_steps(engine, workload(args, batch), args.offset if batch > 1 else 0,
-                  lambda *_: steps.__setitem__(0, steps[0] + 1))
+                  lambda *_: steps.__setitem__(0, steps[0] + 1), args.count_steps)
     c = counter.counts
     out = {"dispatched_device_ops_per_step": round(c.launches / steps[0], 1),
            "host_syncs_per_step": round((c.total_syncs - c.syncs.get("numpy", 0)) / steps[0], 2)}
@@ -142,7 +142,7 @@ def launches(model: LLaDAModel, args: argparse.Namespace, batch: int) -> dict[st
         steps[0] = 0
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             run_steps(engine, workload(args, batch), args.offset if batch > 1 else 0,
-                      lambda *_: steps.__setitem__(0, steps[0] + 1))
+                      lambda *_: steps.__setitem__(0, steps[0] + 1), args.count_steps)
         kernels = sum(e.count for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
         out["cuda_kernels_per_step"] = round(kernels / steps[0], 1)
     return out
@@ -219,6 +219,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--offset", type=int, default=3)
     ap.add_argument("--bandwidth", type=float, default=4.8e12, help="HBM bytes/s (H200: 4.8e12)")
     ap.add_argument("--sections", default="steps,constrained,compile")
+    ap.add_argument("--count-steps", type=int, default=8, help="steps counted and profiled for launches")
     ap.add_argument("--constrained-batch", type=int, default=8)
     ap.add_argument("--compile-batch", type=int, default=8)
     ap.add_argument("--out", default=None, help="folder for bench_gpu.json")

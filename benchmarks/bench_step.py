@@ -1,6 +1,6 @@
 """What one engine step asks of the device, counted on the CPU: ops, kernel launches, LM-head passes, host syncs.
 
-    python benchmarks/bench_step.py                      # B = 1, 8, 32, 64 on a random LLaDA (4 layers, d 512, head dim 128)
+    python benchmarks/bench_step.py                      # B = 1, 8, 32, 64, random LLaDA (4 layers, d 512)
     python benchmarks/bench_step.py --batches 8 --json   # one batch, the JSON only
     python benchmarks/bench_step.py --project run.json   # a saved run's counts projected onto LLaDA-8B / H200
 
@@ -104,14 +104,15 @@ def new_engine(model: LLaDAModel, batch: int) -> LLMEngine:
     return LLMEngine(model, config=config, scheduler_config=SchedulerConfig(max_num_seqs=batch, policy="fcfs"))
 
 
-def run_steps(engine: LLMEngine, reqs: list[Request], offset: int, on_step: Any) -> int:
+def run_steps(engine: LLMEngine, reqs: list[Request], offset: int, on_step: Any,
+              max_steps: int | None = None) -> int:
     """Every request through `engine.step()`, the late half added at step `offset`; on_step(kind, seconds) after
-    each step; returns the committed tokens."""
+    each step; returns the committed tokens. max_steps: stop after that many steps (requests left unfinished)."""
     early, late = reqs[:(len(reqs) + 1) // 2], reqs[(len(reqs) + 1) // 2:]
     for r in early:
         engine.add_request(r)
     committed, step = 0, 0
-    while engine.has_unfinished() or late:
+    while (engine.has_unfinished() or late) and (max_steps is None or step < max_steps):
         if step == offset:
             for r in late:
                 engine.add_request(r)

@@ -292,7 +292,8 @@ class SyncCounter(TorchDispatchMode):
             return out
         if func is aten.copy_.default and self.is_device(inputs[1]) and not self.is_device(inputs[0]):
             dst, src = inputs[0], inputs[1]
-            if (self._is_host(dst) or src.device.type != "cpu") and not (args[2] if len(args) > 2 else kwargs.get("non_blocking", False)):
+            blocking = not (args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
+            if blocking and (self._is_host(dst) or src.device.type != "cpu"):
                 self._host_copy()
                 return out
         if func in (aten._to_copy.default, aten.copy_.default) and not on_device and outputs \
