@@ -1,44 +1,17 @@
 """Counts what a region of engine code asks of the device: ops dispatched, kernels it would launch, host syncs.
 
-`SyncCounter` is a `TorchDispatchMode`: every aten op the counted thread dispatches passes through it. It counts
+`SyncCounter` is a `TorchDispatchMode`: every aten op the entering thread dispatches passes through it (mask
+workers and other threads are not the step's device work). It counts every op by name, the ops that would launch
+a kernel on a GPU, those inside the transformer layers, host syncs by kind and host-to-device uploads (`Counts`).
+A host sync is a read on the host of a value the device computed: on CUDA it waits for every kernel queued before
+it. `engine.host_sync.to_host` counts one sync per call, however many tensors it copies.
 
-  ops         every aten op, by overload name (`aten.add.Tensor`);
-  launches    ops with a device operand that would launch a kernel on a GPU: views, allocations without a fill,
-              aliasing and the host reads below are not launches (eager CUDA launches roughly one kernel per such
-              op; a fused op such as SDPA may launch two or three, a torch.compile'd region fewer);
-  layer_ops   the launches attributed to a transformer layer (`layers`: the storage of each layer's parameters ->
-              the layer; an op that reads a layer's parameter enters that layer, one that reads a parameter outside
-              every layer, e.g. the embedding, the final norm or the LM head, leaves it);
-  syncs       host syncs, by kind: reads on the host of a value the device computed, each of which waits for every
-              kernel queued before it on CUDA:
-                item       `aten._local_scalar_dense` (`.item()`, `bool(t)`, `int(t)`, `float(t)`)
-                equal      `torch.equal` (its answer is a Python bool)
-                nonzero    `aten.nonzero` (also `torch.where(cond)`), `masked_select`, `unique*`, `bincount`,
-                           `repeat_interleave` without `output_size`, and indexing or index_put with a bool mask:
-                           the output's size depends on the values
-                to_host    one per call of `engine.host_sync.to_host` that copies a device tensor (one wait per
-                           call, however many tensors it copies)
-                copy       any other copy of a device tensor to the host (`.to("cpu", ...)`, `.cpu()`,
-                           `host.copy_(device)`)
-                tolist, numpy   `Tensor.tolist()` / `.numpy()` (and `np.asarray(t)`) of a device tensor
-  uploads     copies from the host to a device tensor; a blocking one (non_blocking=False) also waits for the
-              queue on CUDA. Visible only on a real device: on the CPU `.to(device)` of a host tensor is a no-op.
-
-Which tensors are "device" tensors: on a real device, every tensor not on the CPU. On the CPU, where every tensor is
-a CPU tensor, the counter keeps a taint set: the `device_tensors` it is given (the model's parameters and buffers)
-and every output of an op that read a device tensor are device tensors; a tensor made from Python data or by a
-factory op with no device input (`torch.tensor`, `torch.full`, `torch.arange` on the host) is not, and reading it is
-no sync. The sets hold storages (weakly), so views and in-place writes share their base's placement. A factory op
-on the model's device (`torch.zeros(..., device=model_device)`) cannot be told from a host one on the CPU, so a
-copy of a device tensor into a buffer made in the region makes that buffer a device buffer (no sync), while a copy
-into a host tensor (Python data, a host copy, a tensor from before the region) is a read. `.to(device)` is a read
-when it names the host ("cpu" as a string, or `engine.host_sync.HOST`), placement when it names the model's
-device (a torch.device, the CPU when the model is there).
-
-`Tensor.tolist`, `.numpy`, `.cpu` and `.to` do not always dispatch (on a CPU tensor `.to("cpu")` returns the tensor
-itself), so while a counter is active they are wrapped on the class, for the entering thread only, and restored on
-exit. Only the thread that entered the counter is counted (mask workers and other threads are not the step's device
-work), and counters do not nest.
+It is honest on the CPU, where every tensor is a CPU tensor: the model's parameters are the "device", and so is
+every output of an op that read a device tensor (a taint set of storages, held weakly, so views and in-place writes
+share their base's placement); tensors made from Python data or by host ops are the host's, and reading them is no
+sync (`SyncCounter.is_device`). `Tensor.tolist`, `.numpy`, `.cpu` and `.to` do not always dispatch (`.to("cpu")` of
+a CPU tensor returns it as it is), so while a counter is active they are wrapped on the class, counted for the
+entering thread only, and restored on exit; counters do not nest.
 """
 from __future__ import annotations
 
@@ -81,7 +54,25 @@ _ORIGINAL = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy", "
 
 @dataclass
 class Counts:
-    """What a counted region dispatched (see the module docstring); `b - a` is what happened between two snapshots."""
+    """What a counted region dispatched; `b - a` is what happened between two snapshots.
+
+    ops        every aten op, by overload name (`aten.add.Tensor`)
+    launches   ops with a device operand that would launch a kernel on a GPU: views, allocations without a fill,
+               aliasing and host reads are not launches (eager CUDA launches about one kernel per such op; a fused
+               op such as SDPA may launch two or three, a torch.compile'd region fewer)
+    layer_ops  launches inside a transformer layer: an op reading a layer's parameter enters that layer, one reading
+               a parameter outside every layer (embedding, final norm, LM head) leaves it
+    syncs      host syncs by kind:
+                 item      `aten._local_scalar_dense` (`.item()`, `bool(t)`, `int(t)`, `float(t)`)
+                 equal     `torch.equal` (its answer is a Python bool)
+                 nonzero   outputs sized by values: `nonzero` (`torch.where(cond)`), `masked_select`, `unique*`,
+                           `bincount`, `repeat_interleave` without `output_size`, indexing / index_put by a bool mask
+                 to_host   one per `engine.host_sync.to_host` call that copies a device tensor
+                 copy      any other copy of a device tensor to the host (`.to("cpu")`, `.cpu()`, `host.copy_(d)`)
+                 tolist, numpy   `.tolist()` / `.numpy()` (`np.asarray(t)`) of a device tensor
+    uploads    copies from the host to a device tensor (a blocking one waits for the queue on CUDA); visible on a
+               real device only: on the CPU `.to(device)` of a host tensor is a no-op
+    """
 
     ops: Counter = field(default_factory=Counter)  # aten overload name -> calls
     launches: int = 0
@@ -207,6 +198,12 @@ class SyncCounter(TorchDispatchMode):
                     self._made = {k: v for k, v in self._made.items() if not v.expired()}
 
     def is_device(self, t: torch.Tensor) -> bool:
+        """On a real device, every tensor not on the CPU. On the CPU, the taint set: the model's tensors and every
+        output of an op that read a device tensor. A factory op on the model's device (`torch.zeros(...,
+        device=model_device)`) cannot be told from a host one there, so a copy of a device tensor into a buffer made
+        in the region makes it a device buffer (no sync), while a copy into a host tensor (Python data, a host copy,
+        a tensor from before the region) is a read (`_is_host`). `.to(device)` is a read when it names the host
+        ("cpu" as a string, or `engine.host_sync.HOST`), placement when it names the model's device."""
         if t.device.type != "cpu":
             return True
         ref = _storage_ref(t)
