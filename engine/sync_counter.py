@@ -35,17 +35,22 @@ aten = torch.ops.aten
 
 # ops whose output size depends on the values of a device input: the host waits for them to learn it
 _VALUE_SIZED = {
-    aten.nonzero.default, aten.masked_select.default, aten._unique.default, aten._unique2.default,
+    aten.nonzero.default, aten.where.default, aten.argwhere.default, aten.masked_select.default, aten._unique.default, aten._unique2.default,
     aten.unique_dim.default, aten.unique_consecutive.default, aten.bincount.default,
 }
+# a Python scalar of a device value (`item` and `is_nonzero` reach the mode undecomposed under inference mode)
+_SCALAR_READS = {aten._local_scalar_dense.default, aten.item.default, aten.is_nonzero.default}
 _REPEAT_INTERLEAVE = {aten.repeat_interleave.Tensor, aten.repeat_interleave.self_Tensor}
 _MASK_INDEXED = {aten.index.Tensor, aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default}
 # ops that launch nothing: allocation without a fill, aliasing, lifting Python data
 _NO_LAUNCH = {
     aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default, aten.new_empty.default,
     aten.new_empty_strided.default, aten.detach.default, aten.alias.default, aten.lift_fresh.default,
-    aten.lift_fresh_copy.default, aten._local_scalar_dense.default, aten.equal.default,
+    aten.lift_fresh_copy.default, aten.equal.default, *_SCALAR_READS,
 }
+# copies to another device or dtype: `_to_copy`, and the `to` overloads themselves, which reach the mode undecomposed
+# under torch.inference_mode
+_TO = {aten._to_copy.default, aten.to.dtype_layout, aten.to.device, aten.to.dtype, aten.to.other}
 _TO_HOST_CODE: CodeType = host_sync.to_host.__code__
 _CPU = torch.device("cpu")
 _LAYER_NAME = re.compile(r"(?:^|\.)(?:blocks|layers|h)\.(\d+)\.")
@@ -112,6 +117,15 @@ def layer_params(model: torch.nn.Module) -> dict[StorageWeakRef, int]:
         if ref is not None:
             out[ref] = int(m.group(1)) if m else -1  # -1: a parameter outside every layer
     return out
+
+
+def _target_device(func: Any, args: tuple, kwargs: dict) -> Any:
+    """The device a `_TO` op copies to (None: the source's own)."""
+    if func is aten.to.device:
+        return args[1] if len(args) > 1 else kwargs.get("device")
+    if func is aten.to.other:
+        return (args[1] if len(args) > 1 else kwargs["other"]).device
+    return kwargs.get("device")
 
 
 def _held(refs: dict[StorageWeakRef, StorageWeakRef], ref: StorageWeakRef) -> bool:
@@ -259,7 +273,7 @@ class SyncCounter(TorchDispatchMode):
         """The sync kind of this op, None for an op the host does not wait for."""
         if not on_device:
             return None
-        if func is aten._local_scalar_dense.default:
+        if func in _SCALAR_READS:
             return "item"
         if func is aten.equal.default:
             return "equal"
@@ -283,8 +297,9 @@ class SyncCounter(TorchDispatchMode):
             self._enter_layer(inputs)
         out = func(*args, **kwargs)
         outputs = _tensors(out)
-        if func is aten._to_copy.default and on_device and self._is_read(inputs[0], kwargs):
-            self._host_copy()
+        if func in _TO and on_device and outputs and outputs[0] is not inputs[0] \
+                and self._is_read(inputs[0], _target_device(func, args, kwargs)):
+            self._host_copy()  # (a `.to` that returned its input copied nothing: the `.to` wrapper counts it)
             self.mark_host(outputs[0])
             return out
         if func is aten.copy_.default and self.is_device(inputs[1]) and not self.is_device(inputs[0]):
@@ -293,7 +308,7 @@ class SyncCounter(TorchDispatchMode):
             if blocking and (self._is_host(dst) or src.device.type != "cpu"):
                 self._host_copy()
                 return out
-        if func in (aten._to_copy.default, aten.copy_.default) and not on_device and outputs \
+        if (func in _TO or func is aten.copy_.default) and not on_device and outputs \
                 and outputs[0].device.type != "cpu":
             counts.uploads += 1
         if func in (aten.lift_fresh.default, aten.lift_fresh_copy.default):
@@ -307,17 +322,17 @@ class SyncCounter(TorchDispatchMode):
         if on_device:
             for t in outputs:
                 self.mark_device(t)
-            if kind is None and func not in _NO_LAUNCH and not func.is_view:
+            copied = func in _TO and outputs and outputs[0] is not inputs[0]  # `to` is a view when it copies nothing
+            if kind is None and func not in _NO_LAUNCH and (copied or not func.is_view):
                 counts.launches += 1
                 if self._layer is not None:
                     counts.layer_ops += 1
         return out
 
-    def _is_read(self, src: torch.Tensor, kwargs: dict) -> bool:
-        """Whether `_to_copy` of the device tensor `src` is a read on the host: on a real device, a copy to the CPU;
-        on the CPU, a copy that named the host (`.to("cpu")`, `to_host`; see `_names_host`), not `.to(dtype)` or
-        `.to(model_device)`."""
-        target = kwargs.get("device")
+    def _is_read(self, src: torch.Tensor, target: Any) -> bool:
+        """Whether a copy of the device tensor `src` to `target` is a read on the host: on a real device, a copy to
+        the CPU; on the CPU, a copy that named the host (`.to("cpu")`, `to_host`; see `_names_host`), not
+        `.to(dtype)` or `.to(model_device)`."""
         if target is None or torch.device(target).type != "cpu":
             return False
         if src.device.type != "cpu":

@@ -177,3 +177,34 @@ def test_counters_do_not_nest(weight) -> None:
     with SyncCounter([weight]):
         with pytest.raises(RuntimeError, match="already active"):
             SyncCounter().__enter__()
+
+
+@pytest.mark.parametrize("name", sorted(READS))
+def test_reads_count_the_same_under_inference_mode(weight, name) -> None:
+    """Under torch.inference_mode the `to` overloads reach the counter undecomposed (the engine's step runs so)."""
+    with torch.inference_mode():
+        counter = counted(weight, READS[name])
+    assert dict(counter.counts.syncs) == {KIND.get(name, "nonzero"): 1}
+
+
+def test_to_host_results_are_host_tensors_under_inference_mode(weight) -> None:
+    counter = SyncCounter([weight])
+    with torch.inference_mode(), counter:
+        d = weight @ torch.ones(4)
+        host = to_host(d, d.argmax())
+        host[0].tolist(), host[1].item(), d.to(torch.float64)
+    assert dict(counter.counts.syncs) == {"to_host": 1} and not counter.is_device(host[0])
+    assert counter.is_device(d)
+
+
+def test_launches_count_the_same_under_inference_mode(weight) -> None:
+    def run(counter):
+        with counter:
+            y = weight @ torch.ones(4)
+            y.to(torch.float64), y.to(torch.float32), y.view(2, 2)  # a conversion launches; a no-op `to` or view not
+
+    plain, inference = SyncCounter([weight]), SyncCounter([weight])
+    run(plain)
+    with torch.inference_mode():
+        run(inference)
+    assert plain.counts.launches == inference.counts.launches == 2
