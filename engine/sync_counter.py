@@ -35,7 +35,8 @@ aten = torch.ops.aten
 
 # ops whose output size depends on the values of a device input: the host waits for them to learn it
 _VALUE_SIZED = {
-    aten.nonzero.default, aten.where.default, aten.argwhere.default, aten.masked_select.default, aten._unique.default, aten._unique2.default,
+    aten.nonzero.default, aten.where.default, aten.argwhere.default, aten.masked_select.default,
+    aten._unique.default, aten._unique2.default,
     aten.unique_dim.default, aten.unique_consecutive.default, aten.bincount.default,
 }
 # a Python scalar of a device value (`item` and `is_nonzero` reach the mode undecomposed under inference mode)
