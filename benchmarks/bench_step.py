@@ -215,16 +215,15 @@ def llada_8b_projection(report: dict[str, Any], kind: str = "reuse") -> str:
     once per head pass: the fused head kernel streams the whole head for each call) over the HBM bandwidth, and the
     host syncs (each drains the device queue before the host goes on)."""
     lines = ["| B | launches/step (32 layers) | launch floor ms | head passes/step | weight reads GB/step | "
-             "weight-read floor ms | with one head pass ms | syncs/step |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "weight-read floor ms | syncs/step |", "|---:|---:|---:|---:|---:|---:|---:|"]
     layers = report["model"]["layers"]
     for r in report["results"]:
         s = r["per_step"].get(kind, r["per_step"]["all"])
         per_layer = s["launches_per_layer"]
         launches = s["launches"] - per_layer * layers + per_layer * LLADA_8B_LAYERS
         gb = (LLADA_8B_LAYER_BYTES + s["head_passes"] * LLADA_8B_HEAD_BYTES) / 1e9
-        one = (LLADA_8B_LAYER_BYTES + LLADA_8B_HEAD_BYTES) / H200_BANDWIDTH * 1e3
         lines.append(f"| {r['batch']} | {launches:.0f} | {launches * LAUNCH_US / 1e3:.1f} | {s['head_passes']:.1f} | "
-                     f"{gb:.1f} | {gb * 1e9 / H200_BANDWIDTH * 1e3:.2f} | {one:.2f} | {s['syncs']:.0f} |")
+                     f"{gb:.1f} | {gb * 1e9 / H200_BANDWIDTH * 1e3:.2f} | {s['syncs']:.0f} |")
     return "\n".join(lines)
 
 
