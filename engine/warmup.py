@@ -8,10 +8,10 @@ later starts find Triton's on-disk cache and take far less. On the CPU the kerne
 does nothing.
 
 What is planned (`plan_warm_up`), from the engine's settings and the model's shapes:
-  row statistics from hidden states (kernels.masked_row_stats, the LM-head pass): one variant per row-chunk bucket
-      (BLOCK_R 16 / 32 / 64 by the chunk's rows), per specialisation of the row count (1, a multiple of 16, other),
-      with and without a mask, greedy and sampling: row counts ROW_COUNTS up to the most rows a chunk holds
-      (`EngineConfig.max_logit_rows`, else MAX_BLOCK_ROWS);
+  row statistics from hidden states (kernels.masked_row_stats, the step's one LM-head pass): one row count per
+      distinct (BLOCK_R bucket, specialisation of the rows, of the vocabulary split's tiles per program and of its
+      program count) up to the most rows a chunk holds (`EngineConfig.max_logit_rows`, else MAX_STEP_ROWS), each
+      with and without a mask, greedy and sampling (`head_row_counts`);
   the sparse Reuse attention (kernels.packed_kv_attention), only with `keep_ratio` < 1: per query-span bucket
       (BLOCK_M 16 for spans up to 16 rows, 32 above), at the model's head dimension and head counts;
   the token-bitmask application (kernels.bitmask) on the device: its torch ops load their kernels once.
@@ -29,8 +29,8 @@ from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.logits import lm_head_weight
 from dllm_constrain.engine.model_runner import model_device
 
-ROW_COUNTS = (1, 8, 16, 24, 32, 40, 64)  # every (BLOCK_R bucket, row-count specialisation) pair up to 64 rows
-MAX_BLOCK_ROWS = 64  # rows of one chunk without a max_logit_rows cap: a block's open positions (block <= 64)
+MAX_STEP_ROWS = 64 * 64  # rows of one head pass without a max_logit_rows cap: 64 requests' blocks of up to 64
+HEAD_BLOCK_V = 128  # the compiled head kernel's vocabulary tile (kernels.masked_row_stats)
 SPAN_LENGTHS = (16, 32)  # one per BLOCK_M bucket of the sparse attention
 
 
@@ -65,21 +65,42 @@ def attention_shape(model: Any) -> tuple[int, int, int] | None:
     return None
 
 
-def plan_warm_up(config: EngineConfig, device: torch.device, *, has_lm_head: bool = True,
+def _specialisation(x: int) -> int:
+    """How Triton specialises an integer argument: 1, a multiple of 16, or neither (0)."""
+    return 1 if x == 1 else (16 if x % 16 == 0 else 0)
+
+
+def head_row_counts(max_rows: int, vocab: int, sms: int) -> list[int]:
+    """The fewest row counts in 1..max_rows that meet every compiled variant of the fused head kernel on a GPU with
+    `sms` multiprocessors: one per (BLOCK_R, and the specialisations of rows, tiles per split and splits)."""
+    from dllm_constrain.kernels.masked_row_stats import _split_plan
+
+    seen: dict[tuple[int, ...], int] = {}
+    for rows in range(1, max_rows + 1):
+        block_r = 16 if rows <= 16 else (32 if rows <= 32 else 64)
+        row_blocks = -(-rows // block_r)
+        splits = max(1, -(-4 * sms // row_blocks))  # as the kernel's dispatcher chooses them on CUDA
+        tiles, n_splits = _split_plan(rows, vocab, block_r, HEAD_BLOCK_V, splits, torch.device("cpu"))
+        key = (block_r, _specialisation(rows), _specialisation(tiles), _specialisation(n_splits))
+        seen.setdefault(key, rows)
+    return sorted(seen.values())
+
+
+def plan_warm_up(config: EngineConfig, device: torch.device, *, vocab: int, sms: int, has_lm_head: bool = True,
                  has_attention: bool = True) -> list[Variant]:
-    """The kernel variants the engine launches on `device` under `config` (empty on the CPU). has_lm_head: the
-    model exposes its LM head (the fused head pass runs); has_attention: its family has the cached forward."""
+    """The kernel variants the engine launches on `device` (a GPU with `sms` multiprocessors) under `config` for a
+    model with `vocab` tokens; empty on the CPU. has_lm_head: the model exposes its LM head (the fused head pass
+    runs); has_attention: its family has the cached forward."""
     if device.type != "cuda":
         return []
-    most = config.max_logit_rows or MAX_BLOCK_ROWS
-    rows = [r for r in ROW_COUNTS if r <= most] or [1]
+    rows = head_row_counts(config.max_logit_rows or MAX_STEP_ROWS, vocab, sms)
     plan: list[Variant] = []
     if has_lm_head and config.backend != "torch":
         plan += [Variant("row_stats", r, masked, sampling)
                  for r in rows for masked in (False, True) for sampling in (False, True)]
     if has_attention and config.keep_ratio < 1.0 and config.kv_cache == "dual" and config.backend != "torch":
         plan += [Variant("packed_attention", span) for span in SPAN_LENGTHS]
-    plan.append(Variant("bitmask", rows[-1]))
+    plan.append(Variant("bitmask", min(rows[-1], 16)))  # its torch ops load once, whatever the rows
     return plan
 
 
@@ -116,10 +137,12 @@ def warm_up(target: WarmUpTarget) -> float:
     """Compile every planned kernel variant on the target's device (see the module docstring); returns the seconds
     it took, 0.0 on the CPU, where there is nothing to compile."""
     device = model_device(target.model)
-    plan = plan_warm_up(target.config, device, has_lm_head=lm_head_weight(target.model) is not None,
-                        has_attention=attention_shape(target.model) is not None)
-    if not plan:
+    if device.type != "cuda":
         return 0.0
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    plan = plan_warm_up(target.config, device, vocab=int(target.model.vocab_size), sms=sms,
+                        has_lm_head=lm_head_weight(target.model) is not None,
+                        has_attention=attention_shape(target.model) is not None)
     start = time.perf_counter()
     with torch.no_grad():
         for variant in plan:
