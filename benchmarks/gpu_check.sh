@@ -36,8 +36,8 @@ stage() {  # stage NAME SECONDS COMMAND...: run with a time limit, log, record t
 "$PY" -c "import dllm_constrain.engine" 2>/dev/null || "$PY" -m pip install --no-deps --no-build-isolation -e . \
   > "$OUT_DIR/install.log" 2>&1
 
-stage tests_gpu 150 "$PY" -m pytest tests/gpu -q -rs -p no:cacheprovider --junitxml="$OUT_DIR/tests_gpu.xml"
+stage tests_gpu 120 "$PY" -m pytest tests/gpu -q -rs -p no:cacheprovider --junitxml="$OUT_DIR/tests_gpu.xml"
 cp "$OUT_DIR/tests_gpu.log" "$OUT_DIR/tests_gpu.txt"
-stage bench_steps 270 "$PY" benchmarks/bench_gpu.py --sections steps,constrained --out "$OUT_DIR/steps" "${EXTRA[@]}"
-stage bench_compile 100 "$PY" benchmarks/bench_gpu.py --sections compile --out "$OUT_DIR/compile" "${EXTRA[@]}"
+stage bench_steps 300 "$PY" benchmarks/bench_gpu.py --sections steps,constrained --out "$OUT_DIR/steps" "${EXTRA[@]}"
+stage bench_compile 90 "$PY" benchmarks/bench_gpu.py --sections compile --out "$OUT_DIR/compile" "${EXTRA[@]}"
 cat "$OUT_DIR/status.txt"

@@ -87,17 +87,18 @@ def head_row_counts(max_rows: int, vocab: int, sms: int) -> list[int]:
 
 
 def plan_warm_up(config: EngineConfig, device: torch.device, *, vocab: int, sms: int, has_lm_head: bool = True,
-                 has_attention: bool = True) -> list[Variant]:
+                 has_attention: bool = True, sampling: bool = True, max_rows: int | None = None) -> list[Variant]:
     """The kernel variants the engine launches on `device` (a GPU with `sms` multiprocessors) under `config` for a
     model with `vocab` tokens; empty on the CPU. has_lm_head: the model exposes its LM head (the fused head pass
-    runs); has_attention: its family has the cached forward."""
+    runs); has_attention: its family has the cached forward; sampling=False: greedy requests only; max_rows: the most
+    rows one head pass holds (default: `config.max_logit_rows`, else MAX_STEP_ROWS)."""
     if device.type != "cuda":
         return []
-    rows = head_row_counts(config.max_logit_rows or MAX_STEP_ROWS, vocab, sms)
+    rows = head_row_counts(max_rows or config.max_logit_rows or MAX_STEP_ROWS, vocab, sms)
     plan: list[Variant] = []
     if has_lm_head and config.backend != "torch":
-        plan += [Variant("row_stats", r, masked, sampling)
-                 for r in rows for masked in (False, True) for sampling in (False, True)]
+        plan += [Variant("row_stats", r, masked, noise)
+                 for r in rows for masked in (False, True) for noise in ((False, True) if sampling else (False,))]
     if has_attention and config.keep_ratio < 1.0 and config.kv_cache == "dual" and config.backend != "torch":
         plan += [Variant("packed_attention", span) for span in SPAN_LENGTHS]
     plan.append(Variant("bitmask", min(rows[-1], 16)))  # its torch ops load once, whatever the rows
@@ -133,16 +134,18 @@ def run_variant(variant: Variant, model: Any, device: torch.device, backend: str
         apply_token_bitmask_inplace(logits, allocate_token_bitmask(variant.rows, vocab).to(device))
 
 
-def warm_up(target: WarmUpTarget) -> float:
-    """Compile every planned kernel variant on the target's device (see the module docstring); returns the seconds
-    it took, 0.0 on the CPU, where there is nothing to compile."""
+def warm_up(target: WarmUpTarget, *, sampling: bool = True, max_rows: int | None = None) -> float:
+    """Compile every planned kernel variant on the target's device (see the module docstring; `sampling` and
+    `max_rows` as in `plan_warm_up`); returns the seconds it took, 0.0 on the CPU, where there is nothing to
+    compile."""
     device = model_device(target.model)
     if device.type != "cuda":
         return 0.0
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     plan = plan_warm_up(target.config, device, vocab=int(target.model.vocab_size), sms=sms,
                         has_lm_head=lm_head_weight(target.model) is not None,
-                        has_attention=attention_shape(target.model) is not None)
+                        has_attention=attention_shape(target.model) is not None, sampling=sampling,
+                        max_rows=max_rows)
     start = time.perf_counter()
     with torch.no_grad():
         for variant in plan:

@@ -50,6 +50,12 @@ def test_on_cuda_each_head_variant_is_planned_masked_or_not_greedy_or_sampling()
 
 def test_a_row_cap_bounds_the_planned_chunks() -> None:
     assert {v.rows for v in plan(EngineConfig(max_logit_rows=16)) if v.kind == "row_stats"} == {1, 2, 16}
+    assert {v.rows for v in plan(EngineConfig(), max_rows=16) if v.kind == "row_stats"} == {1, 2, 16}
+
+
+def test_greedy_only_plans_no_sampling_variant() -> None:
+    heads = [v for v in plan(EngineConfig(), sampling=False) if v.kind == "row_stats"]
+    assert heads and not [v for v in heads if v.sampling]
 
 
 def test_sparse_reuse_plans_the_packed_attention_per_span_bucket() -> None:
