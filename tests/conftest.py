@@ -27,7 +27,7 @@ torch.set_flush_denormal(True)
 
 import pytest  # noqa: E402
 
-from dllm_constrain.engine import placement  # noqa: E402  (imports torch and the errors only, not Triton)
+from dllm_constrain.engine import placement  # noqa: E402  (the package imports no Triton)
 
 REAL_DEFAULT_DEVICE = placement.default_device
 
