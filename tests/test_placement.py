@@ -21,11 +21,13 @@ def _no_cuda(monkeypatch) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ default device
+@pytest.mark.default_placement
 def test_the_default_device_is_cuda_when_available(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert placement.default_device() == torch.device("cuda")
 
 
+@pytest.mark.default_placement
 def test_the_default_device_is_the_cpu_without_cuda(monkeypatch) -> None:
     _no_cuda(monkeypatch)
     assert placement.default_device() == torch.device("cpu")
