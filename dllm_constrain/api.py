@@ -38,6 +38,7 @@ from dllm_constrain.engine.llm_engine import GenerationResult, LLMEngine
 from dllm_constrain.engine.model_runner import model_device
 from dllm_constrain.engine.placement import model_dtype
 from dllm_constrain.engine.scheduler import SchedulerConfig
+from dllm_constrain.engine.warmup import warm_up
 from dllm_constrain.engine.state import (
     STRICT_SCHEMA_OPTIONS,
     OutputConstraint,
@@ -182,6 +183,7 @@ class LLM:
         limits = SchedulerConfig() if max_num_seqs is None else SchedulerConfig(max_num_seqs=max_num_seqs)
         self.engine = LLMEngine(model, tokenizer, max_logit_rows=max_logit_rows, config=config,
                                 scheduler_config=limits)
+        warm_up(self.engine)  # on CUDA, every kernel variant the steps launch compiles now, not in a request
         config = getattr(tokenizer, "tokenizer_config", None)
         self.chat_template = ChatTemplate.from_tokenizer_config(config) if isinstance(config, dict) else None
         if prompt_format == "auto":
