@@ -50,9 +50,11 @@ class VarlenLayout:
 
     @classmethod
     def build(cls, q_starts: list[int], q_lens: list[int], key_slots: list[torch.Tensor], use_keep: list[bool],
-              rows: int, device: torch.device | str = "cpu") -> "VarlenLayout":
+              rows: int, device: torch.device | str = "cpu",
+              key_valid: list[torch.Tensor] | None = None) -> "VarlenLayout":
         """Sequence b: query rows [q_starts[b], q_starts[b] + q_lens[b]) of the T=`rows` packed rows, keys at the slots
-        `key_slots[b]` (int64, CPU), the keep mask on where use_keep[b]. Host work, then one copy per tensor."""
+        `key_slots[b]` (int64, CPU), the keep mask on where use_keep[b]; key_valid[b] (bool, optional) narrows the
+        tiled path's keys (the Triton kernel takes every key). Host work, then one copy per tensor."""
         n = len(q_lens)
         cu_q = [0] * (n + 1)
         cu_k = [0] * (n + 1)
@@ -66,7 +68,7 @@ class VarlenLayout:
         tile_rows = torch.arange(TILE_Q)
         q_index = torch.zeros(tiles, TILE_Q, dtype=torch.long)
         key_index = torch.zeros(tiles, kpad, dtype=torch.long)
-        key_valid = torch.zeros(tiles, kpad, dtype=torch.bool)
+        valid_t = torch.zeros(tiles, kpad, dtype=torch.bool)
         tile_keep = torch.zeros(tiles, dtype=torch.bool)
         out_index = torch.zeros(rows, dtype=torch.long)
         t = 0
@@ -77,7 +79,7 @@ class VarlenLayout:
                 real = min(TILE_Q, q_lens[b] - first)
                 q_index[t] = q_starts[b] + first + torch.where(tile_rows < real, tile_rows, 0)
                 key_index[t, :nk] = key_slots[b]
-                key_valid[t, :nk] = True
+                valid_t[t, :nk] = True if key_valid is None else key_valid[b]
                 tile_keep[t] = use_keep[b]
                 out_index[q_starts[b] + first:q_starts[b] + first + real] = t * TILE_Q + tile_rows[:real]
                 t += 1
@@ -89,7 +91,7 @@ class VarlenLayout:
                    cu_seqlens_k=dev(torch.tensor(cu_k, dtype=torch.int32)),
                    key_slots=dev(flat.to(torch.int32)), use_keep=dev(torch.tensor(use_keep, dtype=torch.int32)),
                    max_seqlen_q=max(q_lens, default=0), rows=rows, q_index=dev(q_index.view(-1)),
-                   key_index=dev(key_index.view(-1)), key_valid=dev(key_valid.view(tiles, 1, kpad)),
+                   key_index=dev(key_index.view(-1)), key_valid=dev(valid_t.view(tiles, 1, kpad)),
                    tile_keep=dev(tile_keep.view(tiles, 1, 1)), out_index=dev(out_index), tiles=tiles)
 
 

@@ -265,7 +265,7 @@ class LLaDAModel(nn.Module, LinearHeadLM, NeighborTokensLM, ScriptableLM):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.transformer["ff_out"](hidden)
 
-    # ---------------------------------------------------------------- KV cache (engine.kv_cache) and budgeted logits
+    # ---------------------------------------------------------------- KV cache (engine.kv_pool) and budgeted logits
     kv_query_shift = 0  # hidden state i predicts token i: a block's queries are exactly its positions
 
     def lm_head_weight(self) -> torch.Tensor:

@@ -9,14 +9,11 @@ TorchScript and started with `torch.jit.fork` runs in a C++ thread that never ta
 waits on a future (which releases the GIL) and the mask threads run beside it on another core.
 
 The function computes exactly what `ModelRunner._packed_forward` computes with `LLaDAModel.hidden_states_cached` (or
-`DreamModel.hidden_states_cached`: the same pre-norm block, q/k/v biases, and its output shifted right by one row) and a
-dense `KVCache` (the same aten operations in the same order, so the hidden states are bitwise the same): T packed rows
-of several requests' segments, each segment one of
-    REFRESH: a request's whole sequence; attention over it, its per-layer keys/values returned (cloned) for the cache;
-    REUSE:   a request's query span [a, a + length); its fresh keys/values are written into the request's cached
-             per-layer tensors at the span (in place) and its queries attend to the whole cached sequence;
-    FULL:    a request's whole sequence without any cache.
-Rows past the segments (padding up to the runner's minimum GEMM width) attend to nothing.
+`DreamModel.hidden_states_cached`: the same pre-norm block, q/k/v biases, and its output shifted right by one row)
+and the dense KV pool (the same aten operations in the same order, so the hidden states are bitwise the same): T
+packed rows of several requests, every layer's keys/values written into the pool at the step's slots, then ONE
+tiled varlen attention (kernels.varlen_attention.tiled_attention) over the step's metadata
+(engine.attention_step.StepAttention); without a cache the keys are the step's own rows.
 
 Pinning: a tensor that Python holds keeps its Python object alive through the tensor while C++ holds it too, and
 hands the object back, with a Py_DECREF that needs the GIL, when the last C++ reference but one goes away. The forked
@@ -28,6 +25,7 @@ lifetime of their `ScriptedWeights`, a call's inputs and cache tensors until the
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +33,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-REFRESH, REUSE, FULL = 0, 1, 2
+from dllm_constrain.kernels.varlen_attention import KEY_CHUNK, TILE_Q, tiled_attention
+
 
 
 @dataclass(frozen=True)
@@ -105,30 +104,13 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + rotated * sin
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    n_rep = q.shape[1] // k.shape[1]
-    if n_rep > 1:
-        k = k.repeat_interleave(n_rep, dim=1)
-        v = v.repeat_interleave(n_rep, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False)
-
-
 def _linear(x: torch.Tensor, w: torch.Tensor, b: list[torch.Tensor], i: int) -> torch.Tensor:
     if len(b) == 0:
         return F.linear(x, w)
     return F.linear(x, w, b[i])
 
 
-def span_forward(ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor, wte: torch.Tensor,
-                 shifts: list[torch.Tensor], layers: list[list[torch.Tensor]], biases: list[list[torch.Tensor]],
-                 ln_f: torch.Tensor, eps: float, n_heads: int, n_kv: int, head_dim: int, theta: float,
-                 shift_output: bool, kinds: list[int], starts: list[int], lengths: list[int], firsts: list[int],
-                 cache_k: list[list[torch.Tensor]], cache_v: list[list[torch.Tensor]]
-                 ) -> tuple[torch.Tensor, list[list[torch.Tensor]], list[list[torch.Tensor]]]:
-    """Hidden states [1, T, D] of the packed rows, and per segment its new cache keys/values per layer (REFRESH
-    segments; empty lists for the others). ids, pos [1, T]; neighbors [1, T, N] (N = len(shifts)); per segment its
-    kind, first packed row, length, and first slot in its request's sequence; cache_k / cache_v per segment: the
-    request's cached [1, Hkv, n, D] per layer (REUSE segments; empty lists for the others)."""
+def _embed(ids: torch.Tensor, neighbors: torch.Tensor, wte: torch.Tensor, shifts: list[torch.Tensor]) -> torch.Tensor:
     x = F.embedding(ids, wte)
     if len(shifts) > 0:
         present = (neighbors >= 0).unsqueeze(-1)
@@ -136,15 +118,28 @@ def span_forward(ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor, 
         x = x + F.linear(nb[:, :, 0], shifts[0]) + F.linear(nb[:, :, 1], shifts[1])
         for col in range(2, len(shifts)):
             x = x + F.linear(nb[:, :, col], shifts[col])
+    return x
+
+
+def span_forward(ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor, wte: torch.Tensor,
+                 shifts: list[torch.Tensor], layers: list[list[torch.Tensor]], biases: list[list[torch.Tensor]],
+                 ln_f: torch.Tensor, eps: float, n_heads: int, n_kv: int, head_dim: int, theta: float,
+                 shift_output: bool, q_index: torch.Tensor, key_index: torch.Tensor, key_valid: torch.Tensor,
+                 out_index: torch.Tensor, tiles: int, tile_q: int, chunk: int, write_slots: torch.Tensor,
+                 total: int, pool_k: list[torch.Tensor], pool_v: list[torch.Tensor]) -> torch.Tensor:
+    """Hidden states [1, T, D] of the packed rows. ids, pos [1, T]; neighbors [1, T, N] (N = len(shifts)); the
+    step's tiled attention metadata (kernels.varlen_attention.VarlenLayout); write_slots [total]: the pool slot of
+    each real row; pool_k / pool_v: the pool's per-layer [S, Hkv, D] tensors, written in place (empty: no cache,
+    the keys are the step's own rows)."""
+    x = _embed(ids, neighbors, wte, shifts)
     inv_freq = 1.0 / torch.pow(theta, torch.arange(0, head_dim, 2, device=pos.device, dtype=torch.float32)
                                / head_dim)
     freqs = pos.to(torch.float32).unsqueeze(-1) * inv_freq
     emb = torch.cat([freqs, freqs], dim=-1)
     cos = emb.cos().to(x.dtype).unsqueeze(1)
     sin = emb.sin().to(x.dtype).unsqueeze(1)
-    new_k: list[list[torch.Tensor]] = [[] for _ in range(len(kinds))]
-    new_v: list[list[torch.Tensor]] = [[] for _ in range(len(kinds))]
     b, n = ids.shape[0], ids.shape[1]
+    scale = 1.0 / math.sqrt(float(head_dim))
     for layer in range(len(layers)):
         w = layers[layer]
         bias = biases[layer]
@@ -152,33 +147,21 @@ def span_forward(ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor, 
         q = _rope(_linear(h, w[1], bias, 0).view(b, n, n_heads, head_dim).transpose(1, 2), cos, sin)
         k = _rope(_linear(h, w[2], bias, 1).view(b, n, n_kv, head_dim).transpose(1, 2), cos, sin)
         v = _linear(h, w[3], bias, 2).view(b, n, n_kv, head_dim).transpose(1, 2)
-        out = torch.zeros_like(q)
-        for s in range(len(kinds)):
-            r0, r1 = starts[s], starts[s] + lengths[s]
-            qs, ks, vs = q[:, :, r0:r1], k[:, :, r0:r1], v[:, :, r0:r1]
-            kind = kinds[s]
-            if kind == 0:  # REFRESH
-                new_k[s].append(ks.clone(memory_format=torch.contiguous_format))
-                new_v[s].append(vs.clone(memory_format=torch.contiguous_format))
-                out[:, :, r0:r1] = _attention(qs, ks, vs)
-            elif kind == 1:  # REUSE
-                kc, vc = cache_k[s][layer], cache_v[s][layer]
-                a = firsts[s]
-                kc[:, :, a:a + lengths[s]] = ks.to(kc.dtype)
-                vc[:, :, a:a + lengths[s]] = vs.to(vc.dtype)
-                if qs.shape[1] == kc.shape[1]:
-                    out[:, :, r0:r1] = _attention(qs, kc, vc)
-                else:
-                    out[:, :, r0:r1] = F.scaled_dot_product_attention(qs, kc, vc, enable_gqa=True)
-            else:
-                out[:, :, r0:r1] = _attention(qs, ks, vs)
-        x = x + F.linear(out.transpose(1, 2).reshape(b, n, -1), w[4])
+        qt, kt, vt = q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1)
+        if len(pool_k) > 0:
+            keys, values = pool_k[layer], pool_v[layer]
+            keys.index_copy_(0, write_slots, kt[:total].to(keys.dtype))
+            values.index_copy_(0, write_slots, vt[:total].to(values.dtype))
+        else:
+            keys, values = kt, vt
+        att = tiled_attention(qt, keys, values, q_index, key_index, key_valid, out_index, tiles, tile_q, chunk, scale)
+        x = x + F.linear(att.reshape(b, n, -1), w[4])
         h = _rms_norm(x, w[5], eps)
         x = x + F.linear(F.silu(F.linear(h, w[6])) * F.linear(h, w[7]), w[8])
     out = _rms_norm(x, ln_f, eps)
     if shift_output:
         out = torch.cat([out[:, :1], out[:, :-1]], dim=1)
-    return out, new_k, new_v
+    return out
 
 
 def _hold(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -204,13 +187,13 @@ def pin(tensors: list[torch.Tensor]) -> Any:
 
 @dataclass
 class RunningForward:
-    """A started forward: `wait()` (which releases the GIL while it waits) gives `span_forward`'s tuple; the call's
+    """A started forward: `wait()` (which releases the GIL while it waits) gives `span_forward`'s hidden states; the call's
     tensors stay pinned until then."""
 
     future: Any
     pinned: Any
 
-    def wait(self) -> tuple[torch.Tensor, list[list[torch.Tensor]], list[list[torch.Tensor]]]:
+    def wait(self) -> torch.Tensor:
         out = self.future.wait()
         self.pinned = None
         return out
@@ -232,21 +215,25 @@ def _script_launcher() -> Any:
     def launch(ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor, wte: torch.Tensor,
                shifts: list[torch.Tensor], layers: list[list[torch.Tensor]], biases: list[list[torch.Tensor]],
                ln_f: torch.Tensor, eps: float, n_heads: int, n_kv: int, head_dim: int, theta: float,
-               shift_output: bool, kinds: list[int], starts: list[int], lengths: list[int], firsts: list[int],
-               cache_k: list[list[torch.Tensor]], cache_v: list[list[torch.Tensor]]
-               ) -> torch.jit.Future[tuple[torch.Tensor, list[list[torch.Tensor]], list[list[torch.Tensor]]]]:
+               shift_output: bool, q_index: torch.Tensor, key_index: torch.Tensor, key_valid: torch.Tensor,
+               out_index: torch.Tensor, tiles: int, tile_q: int, chunk: int, write_slots: torch.Tensor,
+               total: int, pool_k: list[torch.Tensor], pool_v: list[torch.Tensor]) -> torch.jit.Future[torch.Tensor]:
         return torch.jit.fork(forward, ids, pos, neighbors, wte, shifts, layers, biases, ln_f, eps, n_heads,
-                              n_kv, head_dim, theta, shift_output, kinds, starts, lengths, firsts, cache_k, cache_v)
+                              n_kv, head_dim, theta, shift_output, q_index, key_index, key_valid, out_index, tiles,
+                              tile_q, chunk, write_slots, total, pool_k, pool_v)
 
     return torch.jit.script(launch)
 
 
 def start_span_forward(weights: ScriptedWeights, ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor,
-                       kinds: list[int], starts: list[int], lengths: list[int], firsts: list[int],
-                       cache_k: list[list[torch.Tensor]], cache_v: list[list[torch.Tensor]]) -> RunningForward:
-    """Start the forward on the inter-op pool (its tensors pinned: see the module docstring)."""
-    w = weights
-    pinned = pin([ids, pos, neighbors, *(t for ts in cache_k + cache_v for t in ts)])
+                       step: Any, pool_k: list[torch.Tensor], pool_v: list[torch.Tensor]) -> RunningForward:
+    """Start the forward on the inter-op pool (its tensors pinned: see the module docstring). `step`: the step's
+    engine.attention_step.StepAttention; pool_k / pool_v: the KV pool's layer tensors (empty without a cache)."""
+    w, lay = weights, step.layout
+    slots = step.write_slots if step.write_slots is not None else torch.zeros(0, dtype=torch.long)
+    tensors = [lay.q_index, lay.key_index, lay.key_valid, lay.out_index, slots]
+    pinned = pin([ids, pos, neighbors, *tensors, *pool_k, *pool_v])
     future = _launcher()(ids, pos, neighbors, w.wte, w.shifts, w.layers, w.biases, w.ln_f, w.eps, w.n_heads, w.n_kv,
-                         w.head_dim, w.theta, w.shift_output, kinds, starts, lengths, firsts, cache_k, cache_v)
+                         w.head_dim, w.theta, w.shift_output, *tensors[:4], lay.tiles, TILE_Q, KEY_CHUNK, slots,
+                         step.total, pool_k, pool_v)
     return RunningForward(future, pinned)
