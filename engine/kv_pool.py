@@ -1,11 +1,11 @@
-"""The KV pool: one preallocated key and one value tensor per layer, [slots, Hkv, D], shared by every request.
+"""The KV pool: one preallocated key and one value tensor per layer, [Hkv, slots, D], shared by every request.
 
 A request gets its slots when it is admitted to the cache (its first Refresh): ceil(n / PAGE) pages for its n
 tokens of prompt + canvas (a dLLM sequence has its final length from the start), slot j of the request =
 `slots(index)[j]`; `release` returns them. Pages, not ranges, so a freed request leaves no hole too small for the
 next one. A Refresh writes the whole sequence's keys/values into its slots, a Reuse its span's (index_copy_, one
 per layer for the step's rows); attention reads them through the slot lists (kernels.varlen_attention). With the
-sparse cache (keep_ratio < 1) a bool keep mask [slots, Hkv] per layer says which keys a Reuse step reads.
+sparse cache (keep_ratio < 1) a bool keep mask [Hkv, slots] per layer says which keys a Reuse step reads.
 
 Size (`capacity_tokens`): EngineConfig.kv_cache_memory bytes / `bytes_per_token`; on CUDA without it,
 CUDA_FREE_FRACTION of the device memory free when the runner is made (after the weights); on the CPU without it,
@@ -88,15 +88,14 @@ class KVPool:
         old = self.pages
         self.pages += pages
         self.free.extend(range(self.pages - 1, old - 1, -1))  # lowest page first out
-        extra = pages * PAGE
-        self.k = [torch.cat([t, t.new_zeros((extra,) + t.shape[1:])]) for t in self.k]
-        self.v = [torch.cat([t, t.new_zeros((extra,) + t.shape[1:])]) for t in self.v]
-        self.keep = [torch.cat([t, t.new_zeros((extra,) + t.shape[1:])]) for t in self.keep]
+        self.k = [_extend(t, pages * PAGE) for t in self.k]
+        self.v = [_extend(t, pages * PAGE) for t in self.v]
+        self.keep = [_extend(t, pages * PAGE) for t in self.keep]
 
     # ------------------------------------------------------------------ tensors
     def ensure(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
-        """Make the layer tensors up to `layers` (zeros; each [slots, kv_heads, head_dim])."""
-        shape = (self.pages * PAGE, kv_heads, head_dim)
+        """Make the layer tensors up to `layers` (zeros; each [kv_heads, slots, head_dim])."""
+        shape = (kv_heads, self.pages * PAGE, head_dim)
         while len(self.k) < layers:
             self.k.append(torch.zeros(shape, dtype=dtype, device=self.device))
             self.v.append(torch.zeros(shape, dtype=dtype, device=self.device))
@@ -105,18 +104,23 @@ class KVPool:
 
     def layer(self, layer: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Layer `layer`'s K, V (and keep mask), made at its first use with the shape and dtype of `like`
-        [rows, Hkv, D]."""
+        [Hkv, rows, D]."""
         if layer >= len(self.k):
-            self.ensure(layer + 1, like.shape[1], like.shape[2], like.dtype)
+            self.ensure(layer + 1, like.shape[0], like.shape[2], like.dtype)
         return self.k[layer], self.v[layer], self.keep[layer] if self.sparse else None
 
     @property
     def bytes_per_token(self) -> int:
         """Bytes one token's slot takes over all layers made so far (0 before the first forward)."""
-        per = sum(t[0].numel() * t.element_size() for t in self.k + self.v)
-        return per + sum(t[0].numel() for t in self.keep)
+        per = sum(t[:, 0].numel() * t.element_size() for t in self.k + self.v)
+        return per + sum(t[:, 0].numel() for t in self.keep)
 
     @property
     def nbytes(self) -> int:
         """Bytes the running requests' slots hold (pages, whole)."""
         return sum(len(p) for p in self.owned.values()) * PAGE * self.bytes_per_token
+
+
+def _extend(t: torch.Tensor, slots: int) -> torch.Tensor:
+    """`t` [H, S, ...] with `slots` zero slots appended (dim 1)."""
+    return torch.cat([t, t.new_zeros((t.shape[0], slots) + t.shape[2:])], dim=1)

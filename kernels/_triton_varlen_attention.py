@@ -1,9 +1,9 @@
 """Triton source of the varlen attention kernel (imported lazily by `varlen_attention.py`).
 
 One program computes BLOCK_M query rows of one (sequence, query head) pair, FlashAttention's varlen layout: the
-sequence's rows are cu_seqlens_q[b] .. cu_seqlens_q[b + 1] of q [T, Hq, D]; its keys are the slots
-key_slots[cu_seqlens_k[b] .. cu_seqlens_k[b + 1]] of k, v [S, Hkv, D] (KV head h // (Hq / Hkv)), narrowed by the
-keep mask [S, Hkv] where use_keep[b]. Online softmax over key tiles in float32:
+sequence's rows are cu_seqlens_q[b] .. cu_seqlens_q[b + 1] of q [Hq, T, D]; its keys are the slots
+key_slots[cu_seqlens_k[b] .. cu_seqlens_k[b + 1]] of k, v [Hkv, S, D] (KV head h // (Hq / Hkv)), narrowed by the
+keep mask [Hkv, S] where use_keep[b] (any strides: the layouts are passed as strides). Online softmax over key tiles in float32:
 
   s = (q . k) * scale;  m' = max(m, max_tile s);  l <- l e^{m - m'} + sum_tile e^{s - m'};
   acc <- acc e^{m - m'} + sum_tile e^{s - m'} v;  out = acc / l
@@ -89,9 +89,9 @@ def varlen_attention_kernel(
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, keep: torch.Tensor | None,
                      scale: float) -> torch.Tensor:
-    """Launch the kernel for `layout` (kernels.varlen_attention.VarlenLayout): [T, Hq, D] in q's dtype."""
-    t, hq, d = q.shape
-    hkv = k.shape[1]
+    """Launch the kernel for `layout` (kernels.varlen_attention.VarlenLayout): [Hq, T, D] in q's dtype."""
+    hq, _, d = q.shape
+    hkv = k.shape[0]
     if d > 128:
         raise ValueError(f"the varlen kernel takes head dims up to 128, got {d}")
     out = torch.zeros_like(q)  # rows outside every sequence stay zero
@@ -109,7 +109,9 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, 
     varlen_attention_kernel[grid](
         q, kv[0], kv[1], keep_t, out, layout.cu_seqlens_q, layout.cu_seqlens_k, layout.key_slots, layout.use_keep,
         hq, hq // hkv, d, float(scale),
-        *q.stride(), *kv[0].stride(), *kv[1].stride(), *keep_t.stride(), *out.stride(),
+        q.stride(1), q.stride(0), q.stride(2), kv[0].stride(1), kv[0].stride(0), kv[0].stride(2),
+        kv[1].stride(1), kv[1].stride(0), kv[1].stride(2), keep_t.stride(1), keep_t.stride(0),
+        out.stride(1), out.stride(0), out.stride(2),
         HAS_KEEP=keep is not None, DOT_FP32=dot_fp32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         num_warps=4,
     )

@@ -1,20 +1,19 @@
 """Variable-length bidirectional attention: every sequence of a step in ONE call (FlashAttention's varlen layout).
 
-  q [T, Hq, D]      the step's packed query rows; sequence b owns rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1]
-  k, v [S, Hkv, D]  key/value slots (a KV pool layer, or the step's own fresh rows); sequence b's keys are the slots
+  q [Hq, T, D]      the step's packed query rows; sequence b owns rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1]
+  k, v [Hkv, S, D]  key/value slots (a KV pool layer, or the step's own fresh rows); sequence b's keys are the slots
                     key_slots[cu_seqlens_k[b] .. cu_seqlens_k[b + 1]] (any order, any slots: pages, ranges)
-  keep [S, Hkv]     optional per-(slot, KV head) mask, applied to the sequences with use_keep[b] (sparse Reuse)
-  out [T, Hq, D]    softmax(q K_b^T * scale) V_b per sequence, query head h reading KV head h // (Hq / Hkv)
+  keep [Hkv, S]     optional per-(KV head, slot) mask, applied to the sequences with use_keep[b] (sparse Reuse)
+  out [Hq, T, D]    softmax(q K_b^T * scale) V_b per sequence, query head h reading KV head h // (Hq / Hkv)
+Head-major, the layout the model's [B, H, L, D] projections already have, so nothing is transposed.
 
-Backends (`varlen_attention`): Triton on CUDA (kernels/_triton_varlen_attention.py), the tiled torch path elsewhere,
-and `reference_varlen_attention` (a per-sequence loop of plain softmax attention) for tests.
-The tiled torch path is bitwise batch invariant on the CPU (docs/attention.md): every sequence's queries are cut
-into tiles of TILE_Q rows, each tile gathers its sequence's keys padded to the step's longest in chunks of KEY_CHUNK,
-and every reduction runs over a fixed-size innermost dim or sequentially over the chunk dim, so a request's rows are
-bitwise the same alone, in any batch, and at any key padding.
+Backends (`varlen_attention`): Triton on CUDA (kernels/_triton_varlen_attention.py), the grouped torch path
+elsewhere, and `reference_varlen_attention` (a per-sequence loop of plain softmax attention) for tests.
+The grouped torch path is bitwise batch invariant on the CPU (docs/attention.md): a sequence's queries are padded to
+a multiple of QUERY_ROUND rows and its keys to a multiple of KEY_ROUND, and the sequences of one padded shape go
+through one batched matmul-softmax-matmul, so every sequence computes at its own shape, alone or in any batch.
 `VarlenLayout` is the host-side metadata, built once per step and moved to the device once; `select_salient_keys`
-marks, per refreshing sequence and KV head, the ceil(keep_ratio * m) keys outside its span its span queries attend
-to most (the sparse cache's keep mask), through the same tiles.
+marks, per sequence and KV head, the most salient keys outside its span (the sparse cache's keep mask).
 """
 from __future__ import annotations
 
@@ -25,28 +24,36 @@ import torch
 
 from dllm_constrain.kernels._backend import load_kernels, record, resolve_backend
 
-TILE_Q = 16  # query rows per tile of the torch path (a constant: a row's result depends on it)
-KEY_CHUNK = 64  # keys per chunk of the torch path (padding of whole chunks adds exact zeros)
+QUERY_ROUND = 16  # a sequence's query rows are padded to a multiple of this (a constant: results depend on it)
+KEY_ROUND = 64  # and its keys to a multiple of this
 _KERNEL_MODULE = "dllm_constrain.kernels._triton_varlen_attention"
+
+
+def _rounded(n: int, to: int) -> int:
+    return max(1, -(-n // to)) * to
 
 
 @dataclass(frozen=True)
 class VarlenLayout:
-    """One step's attention metadata (device tensors), for the Triton kernel and the tiled torch path alike."""
+    """One step's attention metadata (device tensors, host ints), for the Triton kernel and the grouped torch path."""
 
     cu_seqlens_q: torch.Tensor  # int32 [B + 1]
     cu_seqlens_k: torch.Tensor  # int32 [B + 1]
     key_slots: torch.Tensor  # int32 [total keys]
     use_keep: torch.Tensor  # int32 [B]: 1 where the keep mask applies
     max_seqlen_q: int
-    rows: int  # T: query rows (rows outside every sequence get zeros from Triton, any finite value from torch)
-    # tiled torch path
-    q_index: torch.Tensor  # int64 [tiles * TILE_Q]: the packed row of each tile row (padding: the tile's first row)
-    key_index: torch.Tensor  # int64 [tiles * kpad]: the slot of each tile key (padding: slot 0)
-    key_valid: torch.Tensor  # bool [tiles, 1, kpad]
-    tile_keep: torch.Tensor  # bool [tiles, 1, 1]: the keep mask applies to this tile
-    out_index: torch.Tensor  # int64 [T]: each packed row's place in the tiles' rows
-    tiles: int
+    rows: int  # T: query rows (rows outside every sequence: zeros from Triton, a finite value from torch)
+    # grouped torch path: one group per padded shape (count, rows M, keys K), sequences in order within it
+    counts: list[int]
+    group_rows: list[int]
+    group_keys: list[int]
+    group_seqs: list[list[int]]  # host: the sequences of each group
+    q_index: list[torch.Tensor]  # int64 [count * M]: the row of each padded query (padding: the sequence's first)
+    key_index: list[torch.Tensor]  # int64 [count * K]: the slot of each padded key (padding: its first key)
+    key_valid: list[torch.Tensor]  # bool [1, count, 1, K]
+    group_keep: list[torch.Tensor]  # bool [1, count, 1, 1]: the keep mask applies
+    query_valid: list[torch.Tensor]  # bool [count, M]: the real query rows
+    out_index: torch.Tensor  # int64 [T]: each row's place in the groups' concatenated padded rows
 
     @classmethod
     def build(cls, q_starts: list[int], q_lens: list[int], key_slots: list[torch.Tensor], use_keep: list[bool],
@@ -54,88 +61,94 @@ class VarlenLayout:
               key_valid: list[torch.Tensor] | None = None) -> "VarlenLayout":
         """Sequence b: query rows [q_starts[b], q_starts[b] + q_lens[b]) of the T=`rows` packed rows, keys at the slots
         `key_slots[b]` (int64, CPU), the keep mask on where use_keep[b]; key_valid[b] (bool, optional) narrows the
-        tiled path's keys (the Triton kernel takes every key). Host work, then one copy per tensor."""
-        n = len(q_lens)
-        cu_q = [0] * (n + 1)
-        cu_k = [0] * (n + 1)
-        for b in range(n):
-            cu_q[b + 1] = cu_q[b] + q_lens[b]
-            cu_k[b + 1] = cu_k[b] + int(key_slots[b].numel())
-        longest = max((int(s.numel()) for s in key_slots), default=1)
-        kpad = max(1, -(-longest // KEY_CHUNK)) * KEY_CHUNK
-        per_seq = [-(-q // TILE_Q) for q in q_lens]
-        tiles = sum(per_seq)
-        tile_rows = torch.arange(TILE_Q)
-        q_index = torch.zeros(tiles, TILE_Q, dtype=torch.long)
-        key_index = torch.zeros(tiles, kpad, dtype=torch.long)
-        valid_t = torch.zeros(tiles, kpad, dtype=torch.bool)
-        tile_keep = torch.zeros(tiles, dtype=torch.bool)
-        out_index = torch.zeros(rows, dtype=torch.long)
-        t = 0
-        for b in range(n):
-            nk = int(key_slots[b].numel())
-            for j in range(per_seq[b]):
-                first = j * TILE_Q
-                real = min(TILE_Q, q_lens[b] - first)
-                q_index[t] = q_starts[b] + first + torch.where(tile_rows < real, tile_rows, 0)
-                key_index[t, :nk] = key_slots[b]
-                valid_t[t, :nk] = True if key_valid is None else key_valid[b]
-                tile_keep[t] = use_keep[b]
-                out_index[q_starts[b] + first:q_starts[b] + first + real] = t * TILE_Q + tile_rows[:real]
-                t += 1
+        torch path's keys (the Triton kernel takes every key). Host work, then one copy per tensor."""
         def dev(x: torch.Tensor) -> torch.Tensor:
             return x.to(device, non_blocking=True)
 
+        n = len(q_lens)
+        cu_q, cu_k = [0], [0]
+        for b in range(n):
+            cu_q.append(cu_q[-1] + q_lens[b])
+            cu_k.append(cu_k[-1] + int(key_slots[b].numel()))
+        shapes = sorted({(_rounded(q_lens[b], QUERY_ROUND), _rounded(int(key_slots[b].numel()), KEY_ROUND))
+                         for b in range(n)})
+        seqs = [[b for b in range(n) if (_rounded(q_lens[b], QUERY_ROUND),
+                                         _rounded(int(key_slots[b].numel()), KEY_ROUND)) == shape]
+                for shape in shapes]
+        out_index = torch.zeros(rows, dtype=torch.long)
+        q_index, key_index, valid, keep, real, at = [], [], [], [], [], 0
+        for (m, k), members in zip(shapes, seqs):
+            qi = torch.zeros(len(members), m, dtype=torch.long)
+            ki = torch.zeros(len(members), k, dtype=torch.long)
+            kv = torch.zeros(len(members), k, dtype=torch.bool)
+            qv = torch.zeros(len(members), m, dtype=torch.bool)
+            for j, b in enumerate(members):
+                nq, nk = q_lens[b], int(key_slots[b].numel())
+                qi[j] = q_starts[b]
+                qi[j, :nq] = torch.arange(q_starts[b], q_starts[b] + nq)
+                ki[j] = key_slots[b][0] if nk else 0
+                ki[j, :nk] = key_slots[b]
+                kv[j, :nk] = True if key_valid is None else key_valid[b]
+                qv[j, :nq] = True
+                out_index[q_starts[b]:q_starts[b] + nq] = torch.arange(at + j * m, at + j * m + nq)
+            at += len(members) * m
+            q_index.append(dev(qi.view(-1)))
+            key_index.append(dev(ki.view(-1)))
+            valid.append(dev(kv.view(1, len(members), 1, k)))
+            real.append(dev(qv))
+            keep.append(dev(torch.tensor([use_keep[b] for b in members], dtype=torch.bool).view(1, -1, 1, 1)))
         flat = torch.cat(key_slots) if key_slots else torch.zeros(0, dtype=torch.long)
         return cls(cu_seqlens_q=dev(torch.tensor(cu_q, dtype=torch.int32)),
                    cu_seqlens_k=dev(torch.tensor(cu_k, dtype=torch.int32)),
                    key_slots=dev(flat.to(torch.int32)), use_keep=dev(torch.tensor(use_keep, dtype=torch.int32)),
-                   max_seqlen_q=max(q_lens, default=0), rows=rows, q_index=dev(q_index.view(-1)),
-                   key_index=dev(key_index.view(-1)), key_valid=dev(valid_t.view(tiles, 1, kpad)),
-                   tile_keep=dev(tile_keep.view(tiles, 1, 1)), out_index=dev(out_index), tiles=tiles)
+                   max_seqlen_q=max(q_lens, default=0), rows=rows, counts=[len(m) for m in seqs],
+                   group_rows=[m for m, _ in shapes], group_keys=[k for _, k in shapes], group_seqs=seqs,
+                   q_index=q_index, key_index=key_index, key_valid=valid, group_keep=keep,
+                   query_valid=real, out_index=dev(out_index))
 
 
-def tile_scores(q: torch.Tensor, k: torch.Tensor, q_index: torch.Tensor, key_index: torch.Tensor,
-                key_mask: torch.Tensor, tiles: int, tile_q: int, chunk: int, scale: float) -> torch.Tensor:
-    """Masked scores [tiles, Hkv, chunks, rep * tile_q, chunk] (float32; -inf at masked keys) of the tiled layout:
-    query head r of group g is row r * tile_q + i of group g."""
-    hq, d = q.shape[1], q.shape[2]
-    hkv = k.shape[1]
+def group_probs(q: torch.Tensor, k: torch.Tensor, q_index: torch.Tensor, key_index: torch.Tensor,
+                key_mask: torch.Tensor, count: int, m: int, kk: int, scale: float) -> torch.Tensor:
+    """Softmax probabilities [Hkv, count, rep * m, kk] (float32, zero at masked keys) of one group: query head r of
+    KV group g is row r * m + i."""
+    hq, d = q.shape[0], q.shape[2]
+    hkv = k.shape[0]
     rep = hq // hkv
-    kpad = key_index.shape[0] // tiles
-    qt = q.index_select(0, q_index).float().view(tiles, tile_q, hkv, rep, d)
-    qt = qt.permute(0, 2, 3, 1, 4).reshape(tiles, hkv, 1, rep * tile_q, d)
-    kt = k.index_select(0, key_index).float().view(tiles, kpad // chunk, chunk, hkv, d).permute(0, 3, 1, 4, 2)
-    s = torch.matmul(qt, kt) * scale  # [tiles, Hkv, chunks, rep * tile_q, chunk]
-    mask = key_mask.view(tiles, key_mask.shape[1], kpad // chunk, 1, chunk)
-    return s.masked_fill(~mask, float("-inf"))
+    qt = q.index_select(1, q_index).float().view(hkv, rep, count, m, d).transpose(1, 2)
+    qt = qt.reshape(hkv * count, rep * m, d)
+    kt = k.index_select(1, key_index).float().view(hkv * count, kk, d)
+    s = torch.bmm(qt, kt.transpose(1, 2)).view(hkv, count, rep * m, kk)
+    s.mul_(scale).masked_fill_(~key_mask, float("-inf"))
+    s.sub_(s.amax(dim=-1, keepdim=True)).exp_()
+    return s.div_(s.sum(dim=-1, keepdim=True))
 
 
-def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_index: torch.Tensor,
-                    key_index: torch.Tensor, key_mask: torch.Tensor, out_index: torch.Tensor, tiles: int,
-                    tile_q: int, chunk: int, scale: float) -> torch.Tensor:
-    """The tiled torch path: [T, Hq, D] (TorchScript-compatible: the GIL-free forward calls it too)."""
-    hq, d = q.shape[1], q.shape[2]
-    hkv = k.shape[1]
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_index: list[torch.Tensor],
+                      key_index: list[torch.Tensor], key_mask: list[torch.Tensor], out_index: torch.Tensor,
+                      counts: list[int], group_rows: list[int], group_keys: list[int], scale: float) -> torch.Tensor:
+    """The grouped torch path: [Hq, T, D] (TorchScript-compatible: the GIL-free forward calls it too)."""
+    hq, d = q.shape[0], q.shape[2]
+    hkv = k.shape[0]
     rep = hq // hkv
-    kpad = key_index.shape[0] // tiles
-    s = tile_scores(q, k, q_index, key_index, key_mask, tiles, tile_q, chunk, scale)
-    m = s.amax(dim=-1, keepdim=True).amax(dim=2, keepdim=True)  # exact: max is order-free
-    p = torch.exp(s - m)
-    denom = p.sum(dim=-1, keepdim=True).sum(dim=2)  # [tiles, Hkv, M, 1]: chunk sums added in order
-    vt = v.index_select(0, key_index).float().view(tiles, kpad // chunk, chunk, hkv, d).permute(0, 3, 1, 2, 4)
-    o = torch.matmul(p, vt).sum(dim=2) / denom  # [tiles, Hkv, rep * tile_q, D]
-    o = o.view(tiles, hkv, rep, tile_q, d).permute(0, 3, 1, 2, 4).reshape(tiles * tile_q, hq, d)
-    return o.index_select(0, out_index).to(q.dtype)
+    outs: list[torch.Tensor] = []
+    for g in range(len(counts)):
+        count, m, kk = counts[g], group_rows[g], group_keys[g]
+        p = group_probs(q, k, q_index[g], key_index[g], key_mask[g], count, m, kk, scale)
+        vt = v.index_select(1, key_index[g]).float().view(hkv * count, kk, d)
+        o = torch.bmm(p.view(hkv * count, rep * m, kk), vt).view(hkv, count, rep, m, d).transpose(1, 2)
+        outs.append(o.reshape(hq, count * m, d))
+    return torch.cat(outs, dim=1).index_select(1, out_index).to(q.dtype)
 
 
-def tile_key_mask(layout: VarlenLayout, keep: torch.Tensor | None) -> torch.Tensor:
-    """bool [tiles, 1 or Hkv, kpad]: a tile's valid keys, narrowed by the keep mask [S, Hkv] where it applies."""
+def group_key_masks(layout: VarlenLayout, keep: torch.Tensor | None) -> list[torch.Tensor]:
+    """Per group bool [1 or Hkv, count, 1, K]: valid keys, narrowed by the keep mask [Hkv, S] where it applies."""
     if keep is None:
         return layout.key_valid
-    kpad = layout.key_valid.shape[-1]
-    kept = keep.index_select(0, layout.key_index).view(layout.tiles, kpad, keep.shape[1]).transpose(1, 2)
-    return layout.key_valid & (kept | ~layout.tile_keep)
+    masks = []
+    for g, valid in enumerate(layout.key_valid):
+        kept = keep.index_select(1, layout.key_index[g]).view(keep.shape[0], layout.counts[g], 1, -1)
+        masks.append(valid & (kept | ~layout.group_keep[g]))
+    return masks
 
 
 def reference_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -143,36 +156,36 @@ def reference_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                use_keep: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
     """Plain float32 softmax attention, one sequence at a time (zeros for rows outside every sequence)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    rep = q.shape[1] // k.shape[1]
+    rep = q.shape[0] // k.shape[0]
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     for b in range(len(cq) - 1):
         slots = key_slots[ck[b]:ck[b + 1]].long()
-        qs = q[cq[b]:cq[b + 1]].float().transpose(0, 1)  # [Hq, Lq, D]
-        ks = k[slots].float().transpose(0, 1).repeat_interleave(rep, dim=0)  # [Hq, Lk, D]
-        vs = v[slots].float().transpose(0, 1).repeat_interleave(rep, dim=0)
+        qs = q[:, cq[b]:cq[b + 1]].float()  # [Hq, Lq, D]
+        ks = k[:, slots].float().repeat_interleave(rep, dim=0)  # [Hq, Lk, D]
+        vs = v[:, slots].float().repeat_interleave(rep, dim=0)
         s = qs @ ks.transpose(-1, -2) * scale
         if keep is not None and use_keep is not None and bool(use_keep[b]):
-            mask = keep[slots].transpose(0, 1).repeat_interleave(rep, dim=0)  # [Hq, Lk]
+            mask = keep[:, slots].repeat_interleave(rep, dim=0)  # [Hq, Lk]
             s = s.masked_fill(~mask[:, None, :], float("-inf"))
-        out[cq[b]:cq[b + 1]] = (torch.softmax(s, dim=-1) @ vs).transpose(0, 1)
+        out[:, cq[b]:cq[b + 1]] = torch.softmax(s, dim=-1) @ vs
     return out.to(q.dtype)
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: VarlenLayout,
                      keep: torch.Tensor | None = None, *, scale: float | None = None,
                      backend: str = "auto") -> torch.Tensor:
-    """Every sequence of `layout` in one call: q [T, Hq, D], k/v [S, Hkv, D] -> [T, Hq, D] (see the module
-    docstring). backend: "auto" (Triton on CUDA, the tiled torch path elsewhere) | "triton" | "torch"."""
-    if q.shape[1] % k.shape[1] or q.shape[2] != k.shape[2] or k.shape != v.shape:
+    """Every sequence of `layout` in one call: q [Hq, T, D], k/v [Hkv, S, D] -> [Hq, T, D] (see the module
+    docstring). backend: "auto" (Triton on CUDA, the grouped torch path elsewhere) | "triton" | "torch"."""
+    if q.shape[0] % k.shape[0] or q.shape[2] != k.shape[2] or k.shape != v.shape:
         raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     chosen = resolve_backend(backend, q.device)
     record("varlen_attention", chosen)
     if chosen == "triton":
         return load_kernels(_KERNEL_MODULE).varlen_attention(q, k, v, layout, keep, scale)
-    return tiled_attention(q, k, v, layout.q_index, layout.key_index, tile_key_mask(layout, keep),
-                           layout.out_index, layout.tiles, TILE_Q, KEY_CHUNK, scale)
+    return grouped_attention(q, k, v, layout.q_index, layout.key_index, group_key_masks(layout, keep),
+                             layout.out_index, layout.counts, layout.group_rows, layout.group_keys, scale)
 
 
 def keep_counts(outside: list[int], keep_ratio: float) -> list[int]:
@@ -181,31 +194,25 @@ def keep_counts(outside: list[int], keep_ratio: float) -> list[int]:
     return [min(m, max(1 if m > 0 else 0, math.ceil(round(m * keep_ratio, 6)))) for m in outside]
 
 
-def select_salient_keys(q: torch.Tensor, k: torch.Tensor, layout: VarlenLayout, seq_of_tile: torch.Tensor,
-                        query_valid: torch.Tensor, counts: torch.Tensor, sequences: int, kmax: int,
-                        *, scale: float | None = None) -> torch.Tensor:
-    """bool [sequences, Hkv, kpad]: per sequence and KV head, its counts[b] most salient keys (ties: the earlier key).
-
-    `layout` tiles each sequence's span queries against its keys outside the span (key_valid); saliency is the max
-    over the span's queries and the query heads of the group of the softmax probability over those keys, as in
-    kernels.packed_kv_attention.select_salient_keys. seq_of_tile int64 [tiles]; query_valid bool [tiles, TILE_Q];
-    counts int64 [sequences]; kmax = max(counts) (known on the host)."""
+def select_salient_keys(q: torch.Tensor, k: torch.Tensor, layout: VarlenLayout, needs: list[torch.Tensor],
+                        kmaxes: list[int], *, scale: float | None = None) -> list[torch.Tensor]:
+    """Per group of `layout`, bool [Hkv, count, K]: per sequence and KV head, its needs[g][j] most salient keys
+    (ties: the earlier key; kmaxes[g] = max(needs[g]), known on the host). `layout` has each sequence's span queries
+    against its keys, key_valid marking those outside the span; saliency is the max over the span's queries and the
+    query heads of the group of the softmax probability over those keys (kernels.packed_kv_attention's)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    tiles, kpad, hkv = layout.tiles, layout.key_valid.shape[-1], k.shape[1]
-    s = tile_scores(q, k, layout.q_index, layout.key_index, layout.key_valid, tiles, TILE_Q, KEY_CHUNK, scale)
-    m = s.amax(dim=-1, keepdim=True).amax(dim=2, keepdim=True)
-    p = torch.exp(s - m)
-    p = p / p.sum(dim=-1, keepdim=True).sum(dim=2, keepdim=True)  # [tiles, Hkv, chunks, rep * TILE_Q, chunk]
-    rep = q.shape[1] // hkv
-    rows = query_valid.repeat(1, rep).view(tiles, 1, 1, rep * TILE_Q, 1)
-    sal = p.masked_fill(~rows, 0.0).amax(dim=3).reshape(tiles, hkv, kpad)
-    per_seq = sal.new_zeros(sequences, hkv, kpad)
-    per_seq.scatter_reduce_(0, seq_of_tile[:, None, None].expand(tiles, hkv, kpad), sal, "amax")
-    valid = layout.key_valid.view(tiles, kpad).float()
-    seen = valid.new_zeros(sequences, kpad).scatter_reduce_(0, seq_of_tile[:, None].expand(tiles, kpad), valid,
-                                                            "amax")
-    per_seq.masked_fill_(seen[:, None, :] == 0, float("-inf"))
-    order = torch.sort(per_seq, dim=-1, descending=True, stable=True).indices[..., :kmax]
-    used = torch.arange(kmax, device=q.device)[None, None, :] < counts[:, None, None]
-    chosen = torch.zeros(sequences, hkv, kpad, dtype=torch.bool, device=q.device)
-    return chosen.scatter_(2, order, used.expand(sequences, hkv, kmax))
+    hkv = k.shape[0]
+    rep = q.shape[0] // hkv
+    chosen = []
+    for g in range(len(layout.counts)):
+        count, m, kk = layout.counts[g], layout.group_rows[g], layout.group_keys[g]
+        valid = layout.key_valid[g]
+        p = group_probs(q, k, layout.q_index[g], layout.key_index[g], valid, count, m, kk, scale)
+        rows = layout.query_valid[g].view(1, count, 1, m).expand(1, count, rep, m).reshape(1, count, rep * m, 1)
+        sal = p.masked_fill_(~rows, 0.0).amax(dim=2).masked_fill_(~valid.view(1, count, kk), float("-inf"))
+        kmax = max(1, kmaxes[g])
+        order = torch.sort(sal, dim=-1, descending=True, stable=True).indices[..., :kmax]
+        used = torch.arange(kmax, device=q.device)[None, None, :] < needs[g][None, :, None]
+        mask = torch.zeros(hkv, count, kk, dtype=torch.bool, device=q.device)
+        chosen.append(mask.scatter_(2, order, used.expand(hkv, count, kmax)))
+    return chosen

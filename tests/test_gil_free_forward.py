@@ -103,8 +103,8 @@ def _steps(model: LLaDAModel | DreamModel, config: EngineConfig, schedule: list[
             rows = runner.forward_rows([states[i] for i in running])
             out.append([(r.state.index, r.offset, r.hidden.clone()) for r in rows])
     pool = runner.cache
-    entries = {} if pool is None else {i: ([k[pool.slots(i)] for k in pool.k], [v[pool.slots(i)] for v in pool.v])
-                                       for i in pool.owned}
+    entries = {} if pool is None else {i: ([k[:, pool.slots(i)] for k in pool.k],
+                                           [v[:, pool.slots(i)] for v in pool.v]) for i in pool.owned}
     return out, entries
 
 

@@ -1,7 +1,7 @@
 """Varlen attention (kernels/varlen_attention.py): one call for every sequence of a step.
 
 Specifications:
-  * the tiled torch path equals the per-sequence reference (allclose) for any mix of sequences: query lengths, key
+  * the grouped torch path equals the per-sequence reference (allclose) for any mix of sequences: query lengths, key
     counts, scattered key slots, grouped-query heads, the keep mask on some sequences;
   * it is bitwise batch invariant on the CPU: a sequence's rows are the same alone and inside any batch (whatever
     the other sequences' lengths, i.e. whatever the key padding);
@@ -21,7 +21,6 @@ from dllm_constrain.kernels import _backend
 from dllm_constrain.kernels import packed_kv_attention as pka
 from dllm_constrain.kernels import varlen_attention as va
 from dllm_constrain.kernels.varlen_attention import (
-    TILE_Q,
     VarlenLayout,
     keep_counts,
     reference_varlen_attention,
@@ -51,13 +50,13 @@ def steps(draw, max_seqs: int = 5, max_keys: int = 150, max_q: int = 40):
     for nk in k_lens:
         slots.append(perm[at:at + nk])
         at += nk
-    keep = torch.rand(pool, hkv, generator=g) < 0.5
+    keep = torch.rand(hkv, pool, generator=g) < 0.5
     for s in slots:
-        keep[s[0]] = True
+        keep[:, s[0]] = True
     t = sum(q_lens) + pad_rows
-    q = torch.randn(t, hkv * rep, d, generator=g)
-    k = torch.randn(pool, hkv, d, generator=g)
-    v = torch.randn(pool, hkv, d, generator=g)
+    q = torch.randn(hkv * rep, t, d, generator=g)
+    k = torch.randn(hkv, pool, d, generator=g)
+    v = torch.randn(hkv, pool, d, generator=g)
     return q_lens, slots, use_keep, q, k, v, keep
 
 
@@ -73,27 +72,27 @@ def _layout(q_lens, slots, use_keep, rows) -> VarlenLayout:
 @given(step=steps())
 def test_the_batched_call_equals_the_reference_and_each_sequence_alone_bitwise(step) -> None:
     q_lens, slots, use_keep, q, k, v, keep = step
-    layout = _layout(q_lens, slots, use_keep, q.shape[0])
+    layout = _layout(q_lens, slots, use_keep, q.shape[1])
     out = varlen_attention(q, k, v, layout, keep, backend="torch")
     ref = reference_varlen_attention(q, k, v, layout.cu_seqlens_q, layout.cu_seqlens_k, layout.key_slots, keep,
                                      layout.use_keep)
     real = sum(q_lens)
-    torch.testing.assert_close(out[:real], ref[:real], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(out[:, :real], ref[:, :real], atol=2e-5, rtol=1e-5)
     assert torch.isfinite(out).all()
     for b, start in enumerate(_starts(q_lens)):
         rows = slice(start, start + q_lens[b])
         alone = VarlenLayout.build([0], [q_lens[b]], [slots[b]], [use_keep[b]], q_lens[b])
-        assert torch.equal(varlen_attention(q[rows].clone(), k, v, alone, keep, backend="torch"), out[rows])
+        assert torch.equal(varlen_attention(q[:, rows].clone(), k, v, alone, keep, backend="torch"), out[:, rows])
 
 
 def test_a_sequence_is_bitwise_the_same_beside_a_much_longer_one() -> None:
     """The longer neighbour pads the short sequence's keys by several whole chunks."""
     g = torch.Generator().manual_seed(0)
-    q, k, v = torch.randn(40, 4, 16, generator=g), torch.randn(400, 2, 16, generator=g), torch.randn(400, 2, 16)
+    q, k, v = torch.randn(4, 40, 16, generator=g), torch.randn(2, 400, 16, generator=g), torch.randn(2, 400, 16)
     short, long_ = torch.arange(0, 30), torch.arange(30, 400)
     both = VarlenLayout.build([0, 20], [20, 20], [short, long_], [False, False], 40)
     alone = VarlenLayout.build([0], [20], [short], [False], 20)
-    assert torch.equal(varlen_attention(q, k, v, both)[:20], varlen_attention(q[:20].clone(), k, v, alone))
+    assert torch.equal(varlen_attention(q, k, v, both)[:, :20], varlen_attention(q[:, :20].clone(), k, v, alone))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -102,7 +101,7 @@ def test_a_sequence_is_bitwise_the_same_beside_a_much_longer_one() -> None:
 def test_the_triton_kernel_equals_the_reference(step, dtype) -> None:
     q_lens, slots, use_keep, q, k, v, keep = step
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    layout = _layout(q_lens, slots, use_keep, q.shape[0])
+    layout = _layout(q_lens, slots, use_keep, q.shape[1])
     out = varlen_attention(q, k, v, layout, keep, backend="triton")
     assert _backend.last_backend("varlen_attention") == "triton"
     assert _backend.load_kernels(va._KERNEL_MODULE).INTERPRETED is True
@@ -110,14 +109,14 @@ def test_the_triton_kernel_equals_the_reference(step, dtype) -> None:
                                      layout.use_keep)
     tol = dict(atol=2e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     real = sum(q_lens)
-    torch.testing.assert_close(out[:real].float(), ref[:real].float(), **tol)
-    assert (out[real:] == 0).all()
+    torch.testing.assert_close(out[:, :real].float(), ref[:, :real].float(), **tol)
+    assert (out[:, real:] == 0).all()
 
 
 def test_bad_shapes_are_refused() -> None:
     layout = VarlenLayout.build([0], [2], [torch.arange(3)], [False], 2)
     with pytest.raises(ValueError, match="shape mismatch"):
-        varlen_attention(torch.zeros(2, 3, 8), torch.zeros(3, 2, 8), torch.zeros(3, 2, 8), layout)
+        varlen_attention(torch.zeros(3, 2, 8), torch.zeros(2, 3, 8), torch.zeros(2, 3, 8), layout)
 
 
 @SETTINGS
@@ -131,36 +130,29 @@ def test_selection_keeps_what_the_packed_selection_keeps(n_seqs, data) -> None:
     for _ in range(n_seqs):
         n = data.draw(st.integers(3, 90))
         a = data.draw(st.integers(0, n - 1))
-        b = data.draw(st.integers(a + 1, min(n, a + 2 * TILE_Q + 3)))
+        b = data.draw(st.integers(a + 1, min(n, a + 35)))
         seqs.append((n, a, b))
     pool = sum(n for n, _, _ in seqs)
-    k = torch.randn(pool, hkv, d, generator=g)
-    qs = [torch.randn(b - a, hkv * rep, d, generator=g) for _, a, b in seqs]
-    q = torch.cat(qs)
+    k = torch.randn(hkv, pool, d, generator=g)
+    qs = [torch.randn(hkv * rep, b - a, d, generator=g) for _, a, b in seqs]
+    q = torch.cat(qs, dim=1)
     q_lens = [b - a for _, a, b in seqs]
     slots, outside, at = [], [], 0
     for n, a, b in seqs:
         slots.append(torch.arange(at, at + n))
-        outside.append(torch.cat([torch.arange(at, at + a), torch.arange(at + b, at + n)]))
+        mask = torch.ones(n, dtype=torch.bool)
+        mask[a:b] = False
+        outside.append(mask)
         at += n
-    layout = VarlenLayout.build(_starts(q_lens), q_lens, slots, [False] * n_seqs, q.shape[0])
-    # the candidates are the keys outside each span: narrow key_valid to them
-    cand = torch.zeros(pool, dtype=torch.bool)
-    for o in outside:
-        cand[o] = True
-    valid = layout.key_valid & cand[layout.key_index].view(layout.key_valid.shape)
-    layout = VarlenLayout(**{**layout.__dict__, "key_valid": valid})
-    seq_of_tile = torch.repeat_interleave(torch.arange(n_seqs), torch.tensor([-(-ql // TILE_Q) for ql in q_lens]))
-    query_valid = layout.q_index.new_zeros(layout.tiles, TILE_Q, dtype=torch.bool)
-    query_valid.view(-1)[layout.out_index] = True
+    layout = VarlenLayout.build(_starts(q_lens), q_lens, slots, [False] * n_seqs, q.shape[1], key_valid=outside)
     counts = keep_counts([n - (b - a) for n, a, b in seqs], ratio)
-    chosen = va.select_salient_keys(q, k, layout, seq_of_tile, query_valid, torch.tensor(counts), n_seqs,
-                                    max(counts), scale=1.0 / math.sqrt(d))
-    for i, (n, a, b) in enumerate(seqs):
-        kf = k[slots[i]].transpose(0, 1)[None]  # [1, Hkv, n, D]
-        mask = torch.ones(1, n, dtype=torch.bool)
-        mask[:, a:b] = False
-        packed = pka.select_salient_keys(qs[i].transpose(0, 1)[None], kf, kf, mask, ratio)
-        for h in range(hkv):
-            expect = set(packed.indices[0, h, :int(packed.lengths[0, h])].tolist())
-            assert set(torch.nonzero(chosen[i, h, :n]).flatten().tolist()) == expect
+    needs = [torch.tensor([counts[i] for i in members]) for members in layout.group_seqs]
+    chosen = va.select_salient_keys(q, k, layout, needs, [int(x.max()) for x in needs], scale=1.0 / math.sqrt(d))
+    for g, members in enumerate(layout.group_seqs):
+        for j, i in enumerate(members):
+            n, a, b = seqs[i]
+            kf = k[:, slots[i]][None]  # [1, Hkv, n, D]
+            packed = pka.select_salient_keys(qs[i][None], kf, kf, outside[i][None], ratio)
+            for h in range(hkv):
+                expect = set(packed.indices[0, h, :int(packed.lengths[0, h])].tolist())
+                assert set(torch.nonzero(chosen[g][h, j, :n]).flatten().tolist()) == expect

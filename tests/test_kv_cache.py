@@ -101,7 +101,7 @@ def test_sparse_reuse_with_fewer_keys_differs_but_stays_close(llada) -> None:
     slots = runner.cache.slots(0)
     outside = torch.cat([slots[:a], slots[b:]])
     for keep in runner.cache.keep:  # per layer and KV head: ceil(0.5 * (30 + 16 - 8) outside keys), the span kept
-        assert keep[outside].sum(0).tolist() == [19] * keep.shape[1] and keep[slots[a:b]].all()
+        assert keep[:, outside].sum(1).tolist() == [19] * keep.shape[0] and keep[:, slots[a:b]].all()
 
 
 def _run(model, tokenizer, prompts, config: EngineConfig, **params):

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from dllm_constrain.kernels.varlen_attention import KEY_CHUNK, TILE_Q, tiled_attention
+from dllm_constrain.kernels.varlen_attention import grouped_attention
 
 
 
@@ -124,13 +124,14 @@ def _embed(ids: torch.Tensor, neighbors: torch.Tensor, wte: torch.Tensor, shifts
 def span_forward(ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor, wte: torch.Tensor,
                  shifts: list[torch.Tensor], layers: list[list[torch.Tensor]], biases: list[list[torch.Tensor]],
                  ln_f: torch.Tensor, eps: float, n_heads: int, n_kv: int, head_dim: int, theta: float,
-                 shift_output: bool, q_index: torch.Tensor, key_index: torch.Tensor, key_valid: torch.Tensor,
-                 out_index: torch.Tensor, tiles: int, tile_q: int, chunk: int, write_slots: torch.Tensor,
-                 total: int, pool_k: list[torch.Tensor], pool_v: list[torch.Tensor]) -> torch.Tensor:
+                 shift_output: bool, q_index: list[torch.Tensor], key_index: list[torch.Tensor],
+                 key_valid: list[torch.Tensor], out_index: torch.Tensor, counts: list[int], group_rows: list[int],
+                 group_keys: list[int], write_slots: torch.Tensor, total: int, pool_k: list[torch.Tensor],
+                 pool_v: list[torch.Tensor]) -> torch.Tensor:
     """Hidden states [1, T, D] of the packed rows. ids, pos [1, T]; neighbors [1, T, N] (N = len(shifts)); the
-    step's tiled attention metadata (kernels.varlen_attention.VarlenLayout); write_slots [total]: the pool slot of
-    each real row; pool_k / pool_v: the pool's per-layer [S, Hkv, D] tensors, written in place (empty: no cache,
-    the keys are the step's own rows)."""
+    step's attention metadata (kernels.varlen_attention.VarlenLayout's grouped path); write_slots [total]: the pool
+    slot of each real row; pool_k / pool_v: the pool's per-layer [Hkv, S, D] tensors, written in place (empty: no
+    cache, the keys are the step's own rows)."""
     x = _embed(ids, neighbors, wte, shifts)
     inv_freq = 1.0 / torch.pow(theta, torch.arange(0, head_dim, 2, device=pos.device, dtype=torch.float32)
                                / head_dim)
@@ -147,15 +148,15 @@ def span_forward(ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor, 
         q = _rope(_linear(h, w[1], bias, 0).view(b, n, n_heads, head_dim).transpose(1, 2), cos, sin)
         k = _rope(_linear(h, w[2], bias, 1).view(b, n, n_kv, head_dim).transpose(1, 2), cos, sin)
         v = _linear(h, w[3], bias, 2).view(b, n, n_kv, head_dim).transpose(1, 2)
-        qt, kt, vt = q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1)
         if len(pool_k) > 0:
             keys, values = pool_k[layer], pool_v[layer]
-            keys.index_copy_(0, write_slots, kt[:total].to(keys.dtype))
-            values.index_copy_(0, write_slots, vt[:total].to(values.dtype))
+            keys.index_copy_(1, write_slots, k[0, :, :total].to(keys.dtype))
+            values.index_copy_(1, write_slots, v[0, :, :total].to(values.dtype))
         else:
-            keys, values = kt, vt
-        att = tiled_attention(qt, keys, values, q_index, key_index, key_valid, out_index, tiles, tile_q, chunk, scale)
-        x = x + F.linear(att.reshape(b, n, -1), w[4])
+            keys, values = k[0], v[0]
+        att = grouped_attention(q[0], keys, values, q_index, key_index, key_valid, out_index, counts, group_rows,
+                                group_keys, scale).unsqueeze(0)
+        x = x + F.linear(att.transpose(1, 2).reshape(b, n, -1), w[4])
         h = _rms_norm(x, w[5], eps)
         x = x + F.linear(F.silu(F.linear(h, w[6])) * F.linear(h, w[7]), w[8])
     out = _rms_norm(x, ln_f, eps)
@@ -215,12 +216,13 @@ def _script_launcher() -> Any:
     def launch(ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor, wte: torch.Tensor,
                shifts: list[torch.Tensor], layers: list[list[torch.Tensor]], biases: list[list[torch.Tensor]],
                ln_f: torch.Tensor, eps: float, n_heads: int, n_kv: int, head_dim: int, theta: float,
-               shift_output: bool, q_index: torch.Tensor, key_index: torch.Tensor, key_valid: torch.Tensor,
-               out_index: torch.Tensor, tiles: int, tile_q: int, chunk: int, write_slots: torch.Tensor,
-               total: int, pool_k: list[torch.Tensor], pool_v: list[torch.Tensor]) -> torch.jit.Future[torch.Tensor]:
+               shift_output: bool, q_index: list[torch.Tensor], key_index: list[torch.Tensor],
+               key_valid: list[torch.Tensor], out_index: torch.Tensor, counts: list[int], group_rows: list[int],
+               group_keys: list[int], write_slots: torch.Tensor, total: int, pool_k: list[torch.Tensor],
+               pool_v: list[torch.Tensor]) -> torch.jit.Future[torch.Tensor]:
         return torch.jit.fork(forward, ids, pos, neighbors, wte, shifts, layers, biases, ln_f, eps, n_heads,
-                              n_kv, head_dim, theta, shift_output, q_index, key_index, key_valid, out_index, tiles,
-                              tile_q, chunk, write_slots, total, pool_k, pool_v)
+                              n_kv, head_dim, theta, shift_output, q_index, key_index, key_valid, out_index, counts,
+                              group_rows, group_keys, write_slots, total, pool_k, pool_v)
 
     return torch.jit.script(launch)
 
@@ -231,9 +233,9 @@ def start_span_forward(weights: ScriptedWeights, ids: torch.Tensor, pos: torch.T
     engine.attention_step.StepAttention; pool_k / pool_v: the KV pool's layer tensors (empty without a cache)."""
     w, lay = weights, step.layout
     slots = step.write_slots if step.write_slots is not None else torch.zeros(0, dtype=torch.long)
-    tensors = [lay.q_index, lay.key_index, lay.key_valid, lay.out_index, slots]
+    tensors = [*lay.q_index, *lay.key_index, *lay.key_valid, lay.out_index, slots]
     pinned = pin([ids, pos, neighbors, *tensors, *pool_k, *pool_v])
     future = _launcher()(ids, pos, neighbors, w.wte, w.shifts, w.layers, w.biases, w.ln_f, w.eps, w.n_heads, w.n_kv,
-                         w.head_dim, w.theta, w.shift_output, *tensors[:4], lay.tiles, TILE_Q, KEY_CHUNK, slots,
-                         step.total, pool_k, pool_v)
+                         w.head_dim, w.theta, w.shift_output, lay.q_index, lay.key_index, lay.key_valid,
+                         lay.out_index, lay.counts, lay.group_rows, lay.group_keys, slots, step.total, pool_k, pool_v)
     return RunningForward(future, pinned)
