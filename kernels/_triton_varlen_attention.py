@@ -2,8 +2,9 @@
 
 One program computes BLOCK_M query rows of one (sequence, query head) pair, FlashAttention's varlen layout: the
 sequence's rows are cu_seqlens_q[b] .. cu_seqlens_q[b + 1] of q [Hq, T, D]; its keys are the slots
-key_slots[cu_seqlens_k[b] .. cu_seqlens_k[b + 1]] of k, v [Hkv, S, D] (KV head h // (Hq / Hkv)), narrowed by the
-keep mask [Hkv, S] where use_keep[b] (any strides: the layouts are passed as strides). Online softmax over key tiles in float32:
+key_slots[cu_seqlens_k[b] .. cu_seqlens_k[b + 1]] of k, v [Hkv, S, D] (KV head h // (Hq / Hkv)), narrowed by
+the keep mask [Hkv, S] where use_keep[b] (any strides: the layouts are passed as strides). Online softmax over
+key tiles in float32:
 
   s = (q . k) * scale;  m' = max(m, max_tile s);  l <- l e^{m - m'} + sum_tile e^{s - m'};
   acc <- acc e^{m - m'} + sum_tile e^{s - m'} v;  out = acc / l

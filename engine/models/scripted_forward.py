@@ -52,6 +52,7 @@ class ScriptedWeights:
     head_dim: int
     theta: float
     shift_output: bool = False  # Dream: row i of the output is the final state of row i - 1 (row 0 keeps its own)
+    rope_fp32: bool = False  # LLaDA's rope_full_precision: RoPE tables and rotation in float32
     pinned: Any = field(default=None, compare=False, repr=False)  # C++-side references to every tensor above
 
     def __post_init__(self) -> None:
@@ -88,7 +89,8 @@ class ScriptedWeights:
                            blk.ff_out.weight])
             biases.append([] if blk.q_proj.bias is None else [blk.q_proj.bias, blk.k_proj.bias, blk.v_proj.bias])
         return cls(tr["wte"].weight, shifts, layers, biases, tr["ln_f"].weight, float(cfg.rms_norm_eps),
-                   cfg.n_heads, cfg.kv_heads, cfg.head_dim, float(cfg.rope_theta))
+                   cfg.n_heads, cfg.kv_heads, cfg.head_dim, float(cfg.rope_theta),
+                   rope_fp32=bool(cfg.rope_full_precision))
 
 
 def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -99,9 +101,10 @@ def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    xr = x.to(cos.dtype)
     half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    rotated = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
+    return (xr * cos + rotated * sin).to(x.dtype)
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor, b: list[torch.Tensor], i: int) -> torch.Tensor:
@@ -124,9 +127,9 @@ def _embed(ids: torch.Tensor, neighbors: torch.Tensor, wte: torch.Tensor, shifts
 def span_forward(ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor, wte: torch.Tensor,
                  shifts: list[torch.Tensor], layers: list[list[torch.Tensor]], biases: list[list[torch.Tensor]],
                  ln_f: torch.Tensor, eps: float, n_heads: int, n_kv: int, head_dim: int, theta: float,
-                 shift_output: bool, q_index: list[torch.Tensor], key_index: list[torch.Tensor],
-                 key_valid: list[torch.Tensor], out_index: torch.Tensor, counts: list[int], group_rows: list[int],
-                 group_keys: list[int], write_slots: torch.Tensor, total: int, pool_k: list[torch.Tensor],
+                 shift_output: bool, rope_fp32: bool, q_index: list[torch.Tensor],
+                 key_index: list[torch.Tensor], key_valid: list[torch.Tensor], out_index: torch.Tensor,
+                 counts: list[int], group_rows: list[int], group_keys: list[int], write_slots: torch.Tensor, total: int, pool_k: list[torch.Tensor],
                  pool_v: list[torch.Tensor]) -> torch.Tensor:
     """Hidden states [1, T, D] of the packed rows. ids, pos [1, T]; neighbors [1, T, N] (N = len(shifts)); the
     step's attention metadata (kernels.varlen_attention.VarlenLayout's grouped path); write_slots [total]: the pool
@@ -137,8 +140,9 @@ def span_forward(ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor, 
                                / head_dim)
     freqs = pos.to(torch.float32).unsqueeze(-1) * inv_freq
     emb = torch.cat([freqs, freqs], dim=-1)
-    cos = emb.cos().to(x.dtype).unsqueeze(1)
-    sin = emb.sin().to(x.dtype).unsqueeze(1)
+    rope_dtype = torch.float32 if rope_fp32 else x.dtype
+    cos = emb.cos().to(rope_dtype).unsqueeze(1)
+    sin = emb.sin().to(rope_dtype).unsqueeze(1)
     b, n = ids.shape[0], ids.shape[1]
     scale = 1.0 / math.sqrt(float(head_dim))
     for layer in range(len(layers)):
@@ -216,13 +220,13 @@ def _script_launcher() -> Any:
     def launch(ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor, wte: torch.Tensor,
                shifts: list[torch.Tensor], layers: list[list[torch.Tensor]], biases: list[list[torch.Tensor]],
                ln_f: torch.Tensor, eps: float, n_heads: int, n_kv: int, head_dim: int, theta: float,
-               shift_output: bool, q_index: list[torch.Tensor], key_index: list[torch.Tensor],
+               shift_output: bool, rope_fp32: bool, q_index: list[torch.Tensor], key_index: list[torch.Tensor],
                key_valid: list[torch.Tensor], out_index: torch.Tensor, counts: list[int], group_rows: list[int],
                group_keys: list[int], write_slots: torch.Tensor, total: int, pool_k: list[torch.Tensor],
                pool_v: list[torch.Tensor]) -> torch.jit.Future[torch.Tensor]:
         return torch.jit.fork(forward, ids, pos, neighbors, wte, shifts, layers, biases, ln_f, eps, n_heads,
-                              n_kv, head_dim, theta, shift_output, q_index, key_index, key_valid, out_index, counts,
-                              group_rows, group_keys, write_slots, total, pool_k, pool_v)
+                              n_kv, head_dim, theta, shift_output, rope_fp32, q_index, key_index, key_valid,
+                              out_index, counts, group_rows, group_keys, write_slots, total, pool_k, pool_v)
 
     return torch.jit.script(launch)
 
@@ -236,6 +240,6 @@ def start_span_forward(weights: ScriptedWeights, ids: torch.Tensor, pos: torch.T
     tensors = [*lay.q_index, *lay.key_index, *lay.key_valid, lay.out_index, slots]
     pinned = pin([ids, pos, neighbors, *tensors, *pool_k, *pool_v])
     future = _launcher()(ids, pos, neighbors, w.wte, w.shifts, w.layers, w.biases, w.ln_f, w.eps, w.n_heads, w.n_kv,
-                         w.head_dim, w.theta, w.shift_output, lay.q_index, lay.key_index, lay.key_valid,
+                         w.head_dim, w.theta, w.shift_output, w.rope_fp32, lay.q_index, lay.key_index, lay.key_valid,
                          lay.out_index, lay.counts, lay.group_rows, lay.group_keys, slots, step.total, pool_k, pool_v)
     return RunningForward(future, pinned)
