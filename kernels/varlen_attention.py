@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from dllm_constrain.kernels._backend import load_kernels, record, resolve_backend
 
@@ -126,18 +127,22 @@ def group_probs(q: torch.Tensor, k: torch.Tensor, q_index: torch.Tensor, key_ind
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_index: list[torch.Tensor],
                       key_index: list[torch.Tensor], key_mask: list[torch.Tensor], out_index: torch.Tensor,
                       counts: list[int], group_rows: list[int], group_keys: list[int], scale: float) -> torch.Tensor:
-    """The grouped torch path: [Hq, T, D] (TorchScript-compatible: the GIL-free forward calls it too)."""
+    """The grouped torch path: [Hq, T, D] (TorchScript-compatible: the GIL-free forward calls it too). Each group is
+    one fused attention call (scaled_dot_product_attention) over its sequences at their common padded shape."""
     hq, d = q.shape[0], q.shape[2]
     hkv = k.shape[0]
-    rep = hq // hkv
     outs: list[torch.Tensor] = []
     for g in range(len(counts)):
         count, m, kk = counts[g], group_rows[g], group_keys[g]
-        p = group_probs(q, k, q_index[g], key_index[g], key_mask[g], count, m, kk, scale)
-        vt = v.index_select(1, key_index[g]).float().view(hkv * count, kk, d)
-        o = torch.bmm(p.view(hkv * count, rep * m, kk), vt).view(hkv, count, rep, m, d).transpose(1, 2)
-        outs.append(o.reshape(hq, count * m, d))
-    return torch.cat(outs, dim=1).index_select(1, out_index).to(q.dtype)
+        qt = q.index_select(1, q_index[g]).view(hq, count, m, d).transpose(0, 1)
+        kt = k.index_select(1, key_index[g]).view(hkv, count, kk, d).transpose(0, 1).to(q.dtype)
+        vt = v.index_select(1, key_index[g]).view(hkv, count, kk, d).transpose(0, 1).to(q.dtype)
+        mask = key_mask[g].transpose(0, 1)  # [count, 1 or Hkv, 1, K]
+        if mask.shape[1] > 1 and hq != hkv:
+            mask = mask.repeat_interleave(hq // hkv, dim=1)
+        o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale, enable_gqa=hq != hkv)
+        outs.append(o.transpose(0, 1).reshape(hq, count * m, d))
+    return torch.cat(outs, dim=1).index_select(1, out_index)
 
 
 def group_key_masks(layout: VarlenLayout, keep: torch.Tensor | None) -> list[torch.Tensor]:
