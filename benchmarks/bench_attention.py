@@ -60,28 +60,39 @@ def _tokens(results, eos: int) -> int:
     return total
 
 
-def ops_per_forward(llm, prompts: list[list[int]], batch: int) -> dict[str, int]:
+ATTENTION_OPS = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_attention_math", "bmm")
+
+
+def ops_per_forward(llm, prompts: list[list[int]], batch: int) -> dict[str, float]:
+    """aten ops inside the model's span forward (metadata building excluded), and attention kernels per layer."""
     from dllm_constrain.engine.model_runner import ModelRunner
     from dllm_constrain.engine.state import Request, SamplingParams
 
     engine = llm.engine
     params = SamplingParams(max_new_tokens=llm.defaults.max_new_tokens, block_length=llm.defaults.block_length)
     states = [engine._new_state(i, Request(p, params)) for i, p in enumerate(prompts[:batch])]
-    runner = ModelRunner(engine.model, engine.special.pad_id, engine.config)
+    model = engine.model
+    runner = ModelRunner(model, engine.special.pad_id, engine.config)
     runner.reset(states)
-    layers = engine.model.config.n_layers
-    out = {}
-    with torch.inference_mode():
-        for phase in ("refresh", "reuse"):
-            mode = CountOps()
-            with mode:
+    layers = model.config.n_layers
+    forward = model.hidden_states_cached
+    mode = CountOps()
+
+    def counted(*args, **kwargs):
+        with mode:
+            return forward(*args, **kwargs)
+
+    out: dict[str, float] = {}
+    model.hidden_states_cached = counted
+    try:
+        with torch.inference_mode():
+            for phase in ("refresh", "reuse"):
+                mode.ops.clear()
                 runner.forward_rows(states)
-            out[phase] = sum(mode.ops.values())
-            out[f"{phase}_attention_per_layer"] = sum(
-                c for op, c in mode.ops.items()
-                if op in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_attention_math",
-                          "scaled_dot_product_attention", "matmul", "bmm", "mm", "index_copy_", "index_copy",
-                          "softmax", "_softmax", "exp")) / layers
+                out[f"{phase}_ops_per_layer"] = sum(mode.ops.values()) / layers
+                out[f"{phase}_attention_calls_per_layer"] = sum(mode.ops[op] for op in ATTENTION_OPS) / layers
+    finally:
+        del model.hidden_states_cached
     return out
 
 

@@ -52,6 +52,7 @@ class VarlenLayout:
     q_index: list[torch.Tensor]  # int64 [count * M]: the row of each padded query (padding: the sequence's first)
     key_index: list[torch.Tensor]  # int64 [count * K]: the slot of each padded key (padding: its first key)
     key_valid: list[torch.Tensor]  # bool [1, count, 1, K]
+    key_bias: list[torch.Tensor]  # float32 [count, 1, 1, K]: 0 at valid keys, -inf elsewhere (the attention's mask)
     group_keep: list[torch.Tensor]  # bool [1, count, 1, 1]: the keep mask applies
     query_valid: list[torch.Tensor]  # bool [count, M]: the real query rows
     out_index: torch.Tensor  # int64 [T]: each row's place in the groups' concatenated padded rows
@@ -77,7 +78,7 @@ class VarlenLayout:
                                          _rounded(int(key_slots[b].numel()), KEY_ROUND)) == shape]
                 for shape in shapes]
         out_index = torch.zeros(rows, dtype=torch.long)
-        q_index, key_index, valid, keep, real, at = [], [], [], [], [], 0
+        q_index, key_index, valid, bias, keep, real, at = [], [], [], [], [], [], 0
         for (m, k), members in zip(shapes, seqs):
             qi = torch.zeros(len(members), m, dtype=torch.long)
             ki = torch.zeros(len(members), k, dtype=torch.long)
@@ -96,6 +97,7 @@ class VarlenLayout:
             q_index.append(dev(qi.view(-1)))
             key_index.append(dev(ki.view(-1)))
             valid.append(dev(kv.view(1, len(members), 1, k)))
+            bias.append(dev(torch.zeros(len(members), 1, 1, k).masked_fill_(~kv.view(-1, 1, 1, k), float("-inf"))))
             real.append(dev(qv))
             keep.append(dev(torch.tensor([use_keep[b] for b in members], dtype=torch.bool).view(1, -1, 1, 1)))
         flat = torch.cat(key_slots) if key_slots else torch.zeros(0, dtype=torch.long)
@@ -104,7 +106,7 @@ class VarlenLayout:
                    key_slots=dev(flat.to(torch.int32)), use_keep=dev(torch.tensor(use_keep, dtype=torch.int32)),
                    max_seqlen_q=max(q_lens, default=0), rows=rows, counts=[len(m) for m in seqs],
                    group_rows=[m for m, _ in shapes], group_keys=[k for _, k in shapes], group_seqs=seqs,
-                   q_index=q_index, key_index=key_index, key_valid=valid, group_keep=keep,
+                   q_index=q_index, key_index=key_index, key_valid=valid, key_bias=bias, group_keep=keep,
                    query_valid=real, out_index=dev(out_index))
 
 
@@ -137,7 +139,7 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_index
         qt = q.index_select(1, q_index[g]).view(hq, count, m, d).transpose(0, 1)
         kt = k.index_select(1, key_index[g]).view(hkv, count, kk, d).transpose(0, 1).to(q.dtype)
         vt = v.index_select(1, key_index[g]).view(hkv, count, kk, d).transpose(0, 1).to(q.dtype)
-        mask = key_mask[g].transpose(0, 1)  # [count, 1 or Hkv, 1, K]
+        mask = key_mask[g].to(q.dtype)  # [count, 1 or Hkv, 1, K] additive
         if mask.shape[1] > 1 and hq != hkv:
             mask = mask.repeat_interleave(hq // hkv, dim=1)
         o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale, enable_gqa=hq != hkv)
@@ -146,13 +148,15 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_index
 
 
 def group_key_masks(layout: VarlenLayout, keep: torch.Tensor | None) -> list[torch.Tensor]:
-    """Per group bool [1 or Hkv, count, 1, K]: valid keys, narrowed by the keep mask [Hkv, S] where it applies."""
+    """Per group the additive key mask [count, 1 or Hkv, 1, K]: the valid keys, narrowed by the keep mask [Hkv, S]
+    where it applies."""
     if keep is None:
-        return layout.key_valid
+        return layout.key_bias
     masks = []
     for g, valid in enumerate(layout.key_valid):
         kept = keep.index_select(1, layout.key_index[g]).view(keep.shape[0], layout.counts[g], 1, -1)
-        masks.append(valid & (kept | ~layout.group_keep[g]))
+        ok = (valid & (kept | ~layout.group_keep[g])).transpose(0, 1)
+        masks.append(torch.zeros(ok.shape, device=ok.device).masked_fill_(~ok, float("-inf")))
     return masks
 
 

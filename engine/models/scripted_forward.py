@@ -128,7 +128,7 @@ def span_forward(ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor, 
                  shifts: list[torch.Tensor], layers: list[list[torch.Tensor]], biases: list[list[torch.Tensor]],
                  ln_f: torch.Tensor, eps: float, n_heads: int, n_kv: int, head_dim: int, theta: float,
                  shift_output: bool, rope_fp32: bool, q_index: list[torch.Tensor],
-                 key_index: list[torch.Tensor], key_valid: list[torch.Tensor], out_index: torch.Tensor,
+                 key_index: list[torch.Tensor], key_bias: list[torch.Tensor], out_index: torch.Tensor,
                  counts: list[int], group_rows: list[int], group_keys: list[int], write_slots: torch.Tensor, total: int, pool_k: list[torch.Tensor],
                  pool_v: list[torch.Tensor]) -> torch.Tensor:
     """Hidden states [1, T, D] of the packed rows. ids, pos [1, T]; neighbors [1, T, N] (N = len(shifts)); the
@@ -158,7 +158,7 @@ def span_forward(ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor, 
             values.index_copy_(1, write_slots, v[0, :, :total].to(values.dtype))
         else:
             keys, values = k[0], v[0]
-        att = grouped_attention(q[0], keys, values, q_index, key_index, key_valid, out_index, counts, group_rows,
+        att = grouped_attention(q[0], keys, values, q_index, key_index, key_bias, out_index, counts, group_rows,
                                 group_keys, scale).unsqueeze(0)
         x = x + F.linear(att.transpose(1, 2).reshape(b, n, -1), w[4])
         h = _rms_norm(x, w[5], eps)
@@ -221,11 +221,11 @@ def _script_launcher() -> Any:
                shifts: list[torch.Tensor], layers: list[list[torch.Tensor]], biases: list[list[torch.Tensor]],
                ln_f: torch.Tensor, eps: float, n_heads: int, n_kv: int, head_dim: int, theta: float,
                shift_output: bool, rope_fp32: bool, q_index: list[torch.Tensor], key_index: list[torch.Tensor],
-               key_valid: list[torch.Tensor], out_index: torch.Tensor, counts: list[int], group_rows: list[int],
+               key_bias: list[torch.Tensor], out_index: torch.Tensor, counts: list[int], group_rows: list[int],
                group_keys: list[int], write_slots: torch.Tensor, total: int, pool_k: list[torch.Tensor],
                pool_v: list[torch.Tensor]) -> torch.jit.Future[torch.Tensor]:
         return torch.jit.fork(forward, ids, pos, neighbors, wte, shifts, layers, biases, ln_f, eps, n_heads,
-                              n_kv, head_dim, theta, shift_output, rope_fp32, q_index, key_index, key_valid,
+                              n_kv, head_dim, theta, shift_output, rope_fp32, q_index, key_index, key_bias,
                               out_index, counts, group_rows, group_keys, write_slots, total, pool_k, pool_v)
 
     return torch.jit.script(launch)
@@ -237,9 +237,9 @@ def start_span_forward(weights: ScriptedWeights, ids: torch.Tensor, pos: torch.T
     engine.attention_step.StepAttention; pool_k / pool_v: the KV pool's layer tensors (empty without a cache)."""
     w, lay = weights, step.layout
     slots = step.write_slots if step.write_slots is not None else torch.zeros(0, dtype=torch.long)
-    tensors = [*lay.q_index, *lay.key_index, *lay.key_valid, lay.out_index, slots]
+    tensors = [*lay.q_index, *lay.key_index, *lay.key_bias, lay.out_index, slots]
     pinned = pin([ids, pos, neighbors, *tensors, *pool_k, *pool_v])
     future = _launcher()(ids, pos, neighbors, w.wte, w.shifts, w.layers, w.biases, w.ln_f, w.eps, w.n_heads, w.n_kv,
-                         w.head_dim, w.theta, w.shift_output, w.rope_fp32, lay.q_index, lay.key_index, lay.key_valid,
+                         w.head_dim, w.theta, w.shift_output, w.rope_fp32, lay.q_index, lay.key_index, lay.key_bias,
                          lay.out_index, lay.counts, lay.group_rows, lay.group_keys, slots, step.total, pool_k, pool_v)
     return RunningForward(future, pinned)
