@@ -1,26 +1,19 @@
 """LLaDA's (and Dream's) packed span forward in TorchScript, run on torch's inter-op thread pool: a forward that does
-not hold the GIL.
+not hold the GIL, so the step's mask threads run beside it (engine.mask_workers; on a CPU host the eager forward is a
+few hundred small torch calls that each take the GIL, and beside a Python thread they convoy).
 
-Why: a step's constraint masks depend only on the canvas before its forward, so they can be computed while the
-forward runs (engine.mask_workers). On a GPU the eager forward only launches kernels, but on a CPU host it is a few
-hundred small torch calls, each of which takes the GIL between operations; beside a mask thread running Python, every
-call waits for the GIL (a convoy), and the overlap measured slower than no overlap at all. The same math compiled by
-TorchScript and started with `torch.jit.fork` runs in a C++ thread that never takes the GIL, so the loop thread only
-waits on a future (which releases the GIL) and the mask threads run beside it on another core.
-
-The function computes exactly what `ModelRunner._packed_forward` computes with `LLaDAModel.hidden_states_cached` (or
-`DreamModel.hidden_states_cached`: the same pre-norm block, q/k/v biases, and its output shifted right by one row)
-and the dense KV pool (the same aten operations in the same order, so the hidden states are bitwise the same): T
-packed rows of several requests, every layer's keys/values written into the pool at the step's slots, then ONE
-tiled varlen attention (kernels.varlen_attention.tiled_attention) over the step's metadata
-(engine.attention_step.StepAttention); without a cache the keys are the step's own rows.
-
-Pinning: a tensor that Python holds keeps its Python object alive through the tensor while C++ holds it too, and
-hands the object back, with a Py_DECREF that needs the GIL, when the last C++ reference but one goes away. The forked
-forward drops its references to its arguments on the inter-op thread, so every tensor handed to it from Python would
-make it wait for the GIL there (measured: a forward of the bundled model took 107 ms instead of 7 beside a thread
-spinning in Python). So every such tensor gets one more C++ reference for the duration (`pin`): the weights for the
-lifetime of their `ScriptedWeights`, a call's inputs and cache tensors until the call is waited for.
+  span_forward         the same math as `ModelRunner._packed_forward` with `hidden_states_cached` (LLaDA, or Dream:
+                       q/k/v biases and the output shifted right by one row) and the dense KV pool, the same aten
+                       operations in the same order (bitwise the same hidden states): the step's rows, each layer's
+                       keys/values written into the pool slots, then ONE grouped varlen attention
+                       (kernels.varlen_attention.grouped_attention) over the step's metadata
+                       (engine.attention_step.StepAttention); without a cache the keys are the step's own rows
+  ScriptedWeights      the model's tensors in the flat layout the function takes
+  start_span_forward   the forward started with `torch.jit.fork`; `RunningForward.wait()` releases the GIL
+  pin                  every tensor handed to the forked forward gets one more C++ reference for the duration:
+                       otherwise the inter-op thread drops the last-but-one reference of a Python-held tensor and
+                       waits for the GIL to Py_DECREF it (measured: 107 ms instead of 7 for a bundled-model forward
+                       beside a thread spinning in Python)
 """
 from __future__ import annotations
 
