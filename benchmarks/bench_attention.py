@@ -60,7 +60,7 @@ def _tokens(results, eos: int) -> int:
     return total
 
 
-ATTENTION_OPS = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_attention_math", "bmm")
+ATTENTION_OPS = ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu", "bmm")
 
 
 def ops_per_forward(llm, prompts: list[list[int]], batch: int) -> dict[str, float]:
