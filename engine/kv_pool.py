@@ -7,9 +7,11 @@ next one. A Refresh writes the whole sequence's keys/values into its slots, a Re
 per layer for the step's rows); attention reads them through the slot lists (kernels.varlen_attention). With the
 sparse cache (keep_ratio < 1) a bool keep mask [Hkv, slots] per layer says which keys a Reuse step reads.
 
-Size (`capacity_tokens`): EngineConfig.kv_cache_memory bytes / `bytes_per_token`; on CUDA without it,
-CUDA_FREE_FRACTION of the device memory free when the runner is made (after the weights); on the CPU without it,
-no bound: the pool grows (doubling, at admission, between forwards; the engine's scheduler bounds the requests).
+Size (`capacity_tokens`, preallocated): EngineConfig.kv_cache_memory bytes / the model's dense KV bytes per token
+(the scheduler admits within the same bytes); on CUDA without it, CUDA_FREE_FRACTION of the device memory free when
+the runner is made (after the weights); on the CPU without it, nothing up front. A request that does not fit grows
+the pool at admission (between forwards): by what it lacks under a size (page rounding only, when the scheduler
+admits by the same bytes), by doubling without one.
 Layer tensors are made at a layer's first write (shape and dtype from its keys), or all at once by `ensure`.
 """
 from __future__ import annotations
@@ -22,15 +24,11 @@ PAGE = 16  # slots per page
 CUDA_FREE_FRACTION = 0.5  # share of free device memory the pool takes on CUDA when no size is configured
 
 
-class KVPoolFull(RuntimeError):
-    """The pool cannot hold one more request (its size is fixed; the scheduler admits within `capacity_tokens`)."""
-
-
 @dataclass
 class KVPool:
     """Slots and per-layer K/V (and keep mask) tensors of the running requests (see the module docstring)."""
 
-    capacity_tokens: int | None  # None: grows as needed
+    capacity_tokens: int | None  # preallocated tokens (None: none up front, doubling as needed)
     sparse: bool = False
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     k: list[torch.Tensor] = field(default_factory=list)
@@ -65,10 +63,8 @@ class KVPool:
             return
         need = -(-length // PAGE)
         if need > len(self.free):
-            if self.capacity_tokens is not None:
-                raise KVPoolFull(f"the KV pool ({self.pages * PAGE} slots) has {len(self.free) * PAGE} free, a "
-                                 f"request needs {length}")
-            self._grow(max(self.pages, need - len(self.free)))
+            lack = need - len(self.free)
+            self._grow(lack if self.capacity_tokens is not None else max(self.pages, lack))
         self.owned[index] = [self.free.pop() for _ in range(need)]
         self.lengths[index] = length
 

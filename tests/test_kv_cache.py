@@ -8,7 +8,7 @@ from checkpoints import build_dream, build_llada
 from conftest import build_tiny_llada
 
 from dllm_constrain.engine.config import EngineConfig
-from dllm_constrain.engine.kv_pool import PAGE, KVPool, KVPoolFull
+from dllm_constrain.engine.kv_pool import KVPool
 from dllm_constrain.engine.llm_engine import LLMEngine
 from dllm_constrain.engine.loader import load_checkpoint
 from dllm_constrain.engine.model_runner import ModelRunner, supports_kv_cache

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dllm_constrain.engine.config import EngineConfig
-from dllm_constrain.engine.kv_pool import PAGE, KVPool, KVPoolFull
+from dllm_constrain.engine.kv_pool import PAGE, KVPool
 from dllm_constrain.engine.llm_engine import LLMEngine
 from dllm_constrain.engine.model_runner import ModelRunner
 from dllm_constrain.engine.scheduler import kv_bytes_per_token
@@ -32,15 +32,16 @@ def test_running_requests_never_share_a_slot(ops) -> None:
         assert flat.unique().numel() == flat.numel() and (flat < pool.pages * PAGE).all()
 
 
-def test_a_byte_budget_fixes_the_capacity_and_a_full_pool_refuses() -> None:
+def test_a_byte_budget_preallocates_and_page_rounding_grows_it_by_what_is_lacking() -> None:
     pool = KVPool(KVPool.capacity_for(bytes_per_token=100, memory=100 * 3 * PAGE, device=torch.device("cpu")))
     assert pool.capacity_tokens == 3 * PAGE and pool.pages == 3
-    pool.admit(0, 2 * PAGE)
-    with pytest.raises(KVPoolFull):
-        pool.admit(1, PAGE + 1)
+    pool.admit(0, PAGE + 1)  # 2 pages for 17 tokens
+    pool.admit(1, PAGE + 1)  # the budget's 48 tokens hold both (34), their pages need one more
+    assert pool.pages == 4 and len(pool.free) == 0
     pool.release(0)
-    pool.admit(1, 3 * PAGE)
-    assert KVPool.capacity_for(100, None, torch.device("cpu")) is None  # the CPU without a budget: grows
+    pool.admit(2, 2 * PAGE)  # freed pages are reused before any growth
+    assert pool.pages == 4
+    assert KVPool.capacity_for(100, None, torch.device("cpu")) is None  # the CPU without a budget: nothing up front
 
 
 def test_refreshes_write_into_the_same_preallocated_tensors() -> None:
