@@ -1,39 +1,14 @@
 """One step's forward for the running requests: ONE model forward, whatever mix of Refresh and Reuse rows it holds.
 
-`ModelRunner.forward_rows(states)` returns one `Row(state, hidden [L, D], offset)` per request: canvas position p's
-hidden state is `hidden[offset + p]` (only the active block's positions are guaranteed). `forward(states)` gives the
-same as one padded group `(states, hidden [b, L, D], offsets)`.
-
-Packed (varlen) forward, for models with a span forward (`hidden_states_cached`: LLaDA, Dream): every request's
-tokens of this step are concatenated into one sequence of T rows (`Segment`s), which goes through the embedding,
-the projections, the MLP and the norms as one [1, T, D] batch; attention is computed per request, on its own
-segment's queries against its own keys only (`attend` below), so no row ever sees another request's tokens and
-nothing is padded to a common width. A request's segment is
-  refresh: its whole sequence (prompt + canvas), when it has no cache entry yet, when its active block changed since
-           its last refresh, or when the refresh policy says so (every k forwards; or once a share of the block was
-           committed since the last refresh); its layer keys/values replace its cache entry (engine.kv_cache);
-  reuse:   its query span only, [block start - shift, block end) where shift = `model.kv_query_shift` (Dream: 1,
-           its shifted head predicts the block's first token from the position before it; LLaDA: 0), attending to
-           its cache entry with the span's fresh keys/values;
-  full:    its whole sequence without any cache (EngineConfig.kv_cache="none").
-Requests join and leave at any step (`release`): other requests' cache entries are never copied or rebuilt.
-
-Row independence: position ids are the request's own slots, attention sees only the request's keys, and the
-per-token ops (norms, RoPE, SwiGLU, embedding) are row-wise. The one shared reduction is the GEMM of the linear
-layers over the T packed rows; measured on this project's CPU (MKL, float32) a row's result is bitwise the same for
-any number of rows M >= 4 at any offset, while M <= 3 takes another kernel (last-ulp differences), so a packed
-forward always has at least MIN_PACKED_ROWS rows (padding rows, whose attention output is zero, are dropped). Then a
-request gets bitwise the same hidden states alone and in any mix (tests/test_engine_scheduler.py checks it). GPU
-GEMMs choose kernels (split-K, tile shapes) by M, so there bitwise independence needs batch-invariant kernels.
-
-GIL-free forward (`EngineConfig.gil_free_forward`, `use_gil_free_forward`): the packed forward with a dense cache can
-run as the model's TorchScript twin (engine.models.scripted_forward, bitwise the same hidden states and cache entries),
-started on torch's inter-op pool; `start_rows` returns at once and the caller's Python (the step's mask jobs) runs
-while the forward computes, instead of queueing with it for the GIL.
-
-Models without a span forward (DiffusionGemma's canvas decoder, test doubles) or with per-request state run one
-full forward of prompt + canvas per step, left-padded to the longest row with a key-padding mask and position ids
-counting real tokens (`full_forward`).
+`ModelRunner.forward_rows(states)` returns one `Row` per request: canvas position p's hidden state is
+`hidden[offset + p]` = `packed[start + offset + p]` (`packed`: the step's hidden states [T, D], shared by all rows;
+only the active block's positions are guaranteed). `start_rows` is the same in two halves (start, then wait).
+  plan            each request's segment: refresh (whole sequence), reuse (its query span), full (no cache)
+  _packed_forward the segments' rows packed into one [1, T] forward of the model's span forward; attention is one
+                  varlen call per layer (engine.attention_step over engine.kv_pool)
+  full_forward    models without a span forward or with per-request state: one left-padded [b, L] forward
+  GIL-free        the packed forward as the TorchScript twin (engine.models.scripted_forward), same attention
+Why it is built this way (row independence, MIN_PACKED_ROWS, the refresh policy): docs/attention.md.
 """
 from __future__ import annotations
 
@@ -43,9 +18,10 @@ from typing import Any
 
 import torch
 
+from dllm_constrain.engine.attention_step import StepAttention
 from dllm_constrain.engine.config import EngineConfig
 from dllm_constrain.engine.gil_share import loop_activity
-from dllm_constrain.engine.kv_cache import KVCache
+from dllm_constrain.engine.kv_pool import KVPool
 from dllm_constrain.engine.models.base import (
     NeighborTokensLM,
     RequestStateLM,
@@ -53,10 +29,10 @@ from dllm_constrain.engine.models.base import (
     default_position_ids,
     packs_rows,
 )
-from dllm_constrain.engine.models.layers import bidirectional_attention
 from dllm_constrain.engine.core_split import CoreSplit
-from dllm_constrain.engine.models.scripted_forward import FULL, REFRESH, REUSE, ScriptedWeights, start_span_forward
+from dllm_constrain.engine.models.scripted_forward import ScriptedWeights, start_span_forward
 from dllm_constrain.engine.placement import usable_cores
+from dllm_constrain.engine.scheduler import kv_bytes_per_token
 from dllm_constrain.engine.state import RequestState
 
 Group = tuple[list[RequestState], torch.Tensor, list[int]]
@@ -81,9 +57,8 @@ def supports_gil_free_forward(model: Any) -> bool:
 
 
 def model_device(model: Any) -> torch.device:
-    params = getattr(model, "parameters", None)
-    if callable(params):
-        for p in params():
+    if isinstance(model, torch.nn.Module):
+        for p in model.parameters():
             return p.device
     return torch.device("cpu")
 
@@ -116,11 +91,14 @@ class Segment:
 
 @dataclass(frozen=True)
 class Row:
-    """One request's output of a step's forward: canvas position p's hidden state is hidden[offset + p]."""
+    """One request's output of a step's forward: canvas position p's hidden state is hidden[offset + p], which is
+    packed[start + offset + p] (one LM-head pass over all requests gathers from `packed`)."""
 
     state: RequestState
     hidden: torch.Tensor  # [L, D]
     offset: int
+    packed: torch.Tensor  # [T, D]: the step's hidden states, shared by every row of the step
+    start: int  # the row of packed that is hidden[0]
 
 
 @dataclass
@@ -146,7 +124,10 @@ class ModelRunner:
                                                   if isinstance(model, NeighborTokensLM) else ())
         self.neighbors = bool(self.neighbor_offsets)
         self.cached = config.kv_cache == "dual" and supports_kv_cache(model)
-        self.cache: KVCache | None = KVCache(config.keep_ratio, config.backend) if self.cached else None
+        # tokens the KV pool holds (None: it grows): EngineConfig.kv_cache_memory, or a share of free CUDA memory
+        self.kv_capacity_tokens = (KVPool.capacity_for(kv_bytes_per_token(model), config.kv_cache_memory, self.device)
+                                   if self.cached else None)
+        self.cache: KVPool | None = self._new_pool()
         self.meta: dict[int, RowMeta] = {}
         self.refreshes: dict[int, int] = {}  # request index -> refresh forwards it took part in (until released)
         self.stats = ForwardStats()
@@ -178,14 +159,19 @@ class ModelRunner:
         self.scripted = self.model.scripted_weights() if ok else None
         return ok
 
+    def _new_pool(self) -> KVPool | None:
+        if not self.cached:
+            return None
+        return KVPool(self.kv_capacity_tokens, sparse=self.config.keep_ratio < 1.0, device=self.device)
+
     def reset(self, states: Sequence[RequestState] = ()) -> None:
         """Forget every request: an empty cache."""
-        self.cache = KVCache(self.config.keep_ratio, self.config.backend) if self.cached else None
+        self.cache = self._new_pool()
         self.meta = {}
         self.refreshes = {s.index: 0 for s in states}
 
     def release(self, index: int) -> None:
-        """A request left (finished, failed or aborted): drop its cache entry and bookkeeping, nobody else's."""
+        """A request left (finished, failed or aborted): free its pool slots and bookkeeping, nobody else's."""
         if self.cache is not None:
             self.cache.release(index)
         self.meta.pop(index, None)
@@ -260,6 +246,8 @@ class ModelRunner:
                 seg = Segment(s, "full", row, 0, n, span)
             elif self.needs_refresh(s):
                 seg = Segment(s, "refresh", row, 0, n, span)
+                assert self.cache is not None
+                self.cache.admit(s.index, n)  # its slots for life (a no-op when it has them)
             else:
                 seg = Segment(s, "reuse", row, span[0], span[1] - span[0], span)
             segments.append(seg)
@@ -267,58 +255,36 @@ class ModelRunner:
         return segments
 
     def _packed_forward(self, segments: list[Segment]) -> torch.Tensor:
-        """Hidden states [T, D] of the packed rows of `segments` (one model forward)."""
+        """Hidden states [T, D] of the packed rows of `segments` (one model forward, one attention call per layer)."""
         ids, pos, neighbors, total = self._packed_inputs(segments)
-        cache = self.cache
-
-        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            out = q.new_zeros(q.shape)  # padding rows attend to nothing
-            for seg in segments:
-                r = seg.rows
-                qs, ks, vs = q[:, :, r], k[:, :, r], v[:, :, r]
-                if seg.kind == "refresh":
-                    assert cache is not None
-                    out[:, :, r] = cache.refresh_attention(seg.state.index, layer, qs, ks, vs, seg.span)
-                elif seg.kind == "reuse":
-                    assert cache is not None
-                    a, _ = seg.span
-                    out[:, :, r] = cache.reuse_attention(seg.state.index, layer, qs, ks, vs,
-                                                         (a, a + seg.length))
-                else:
-                    out[:, :, r] = bidirectional_attention(qs, ks, vs, None)
-            return out
-
+        step = StepAttention.build(segments, self.cache, ids.shape[1], self.device, self.config.keep_ratio,
+                                   self.config.backend)
         kwargs = {} if neighbors is None else {"neighbor_ids": neighbors.to(self.device)}
-        hidden = self.model.hidden_states_cached(ids.to(self.device), pos.to(self.device), attend, **kwargs)
+        hidden = self.model.hidden_states_cached(ids.to(self.device), pos.to(self.device), step.attend, **kwargs)
         return hidden[0, :total]
 
     def _start_gil_free_forward(self, segments: list[Segment]) -> Callable[[], torch.Tensor]:
-        """The packed forward by the TorchScript twin, started on the inter-op pool; the returned function waits for
-        it without the GIL, stores the refresh segments' keys/values as `refresh_attention` would have, and gives the
-        hidden states [T, D]."""
+        """The packed forward by the TorchScript twin, started on the inter-op pool with the same attention metadata
+        (it writes the pool in place as `StepAttention.attend` does); the returned function waits for it without the
+        GIL and gives the hidden states [T, D]."""
         assert self.scripted is not None
         ids, pos, neighbors, total = self._packed_inputs(segments)
-        cache = self.cache
-        kind = {"refresh": REFRESH, "reuse": REUSE, "full": FULL}
-        kinds = [kind[seg.kind] for seg in segments]
-        cached = [cache.entries[seg.state.index] if seg.kind == "reuse" and cache is not None else None
-                  for seg in segments]
+        step = StepAttention.build(segments, self.cache, ids.shape[1], self.device, backend=self.config.backend)
+        w = self.scripted
+        pool_k: list[torch.Tensor] = []
+        pool_v: list[torch.Tensor] = []
+        if self.cache is not None:
+            self.cache.ensure(len(w.layers), w.n_kv, w.head_dim, w.wte.dtype)
+            pool_k, pool_v = self.cache.k, self.cache.v
         nb = neighbors if neighbors is not None else torch.empty((1, ids.shape[1], 0), dtype=torch.long)
-        future = start_span_forward(
-            self.scripted, ids.to(self.device), pos.to(self.device), nb.to(self.device), kinds,
-            [seg.start for seg in segments], [seg.length for seg in segments], [seg.first for seg in segments],
-            [e.k if e is not None else [] for e in cached], [e.v if e is not None else [] for e in cached])
-
+        future = start_span_forward(w, ids.to(self.device), pos.to(self.device), nb.to(self.device), step, pool_k,
+                                    pool_v)
         self._pin_forward_threads()
 
         def finish() -> torch.Tensor:
             with loop_activity.waiting():  # no GIL needed: a compilation beside the loop runs now (engine.gil_share)
-                hidden, new_k, new_v = future.wait()
+                hidden = future.wait()
             self._pin_forward_threads()  # the pool's threads were only being made at the first launch
-            for seg, ks, vs in zip(segments, new_k, new_v):
-                if seg.kind == "refresh":
-                    assert cache is not None
-                    cache.store_dense(seg.state.index, seg.length, ks, vs)
             return hidden[0, :total]
 
         return finish
@@ -376,7 +342,9 @@ class ModelRunner:
             self.stats.refresh_rows += len(states)
             for s in states:
                 self.refreshes[s.index] = self.refreshes.get(s.index, 0) + 1
-            rows = [Row(s, hidden[b], offsets[b]) for b, s in enumerate(group)]
+            flat = hidden.reshape(-1, hidden.shape[-1])
+            width = hidden.shape[1]
+            rows = [Row(s, hidden[b], offsets[b], flat, b * width) for b, s in enumerate(group)]
             return lambda: rows
         segments = self.plan(states)
         if self.scripted is not None:
@@ -391,7 +359,7 @@ class ModelRunner:
         out = []
         for seg in segments:
             s = seg.state
-            out.append(Row(s, hidden[seg.rows], len(s.prompt_ids) - seg.first))
+            out.append(Row(s, hidden[seg.rows], len(s.prompt_ids) - seg.first, hidden, seg.start))
             if seg.kind == "reuse":
                 self.meta[s.index].forwards += 1
                 continue

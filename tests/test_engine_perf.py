@@ -81,7 +81,7 @@ for backend in ("torch", "triton"):
     params = SamplingParams(max_new_tokens=8, block_length=4, temperature=0.8, seed=1)
     out[backend] = [r.canvas_ids for r in engine.generate([Request([10, 11, 12, 13], params), Request([20], params)])]
     assert last_backend("masked_row_stats_from_hidden") == backend, backend
-    assert last_backend("packed_kv_attention") == backend, backend
+    assert last_backend("varlen_attention") == backend, backend
 assert out["torch"] == out["triton"], out
 print("OK")
 """
@@ -89,7 +89,7 @@ print("OK")
 
 def test_the_engine_runs_the_triton_kernels_and_they_agree_with_torch() -> None:
     """backend="triton" (under TRITON_INTERPRET=1 on CPU, in a subprocess so the interpreter flag cannot leak into
-    other tests): the fused logits kernel and the packed attention kernel run inside the engine and give the same
+    other tests): the fused logits kernel and the varlen attention kernel run inside the engine and give the same
     canvases as the torch references (sparse reuse, seeded sampling, chunked logits)."""
     import os
     import subprocess

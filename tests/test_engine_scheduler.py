@@ -174,7 +174,7 @@ def test_abort_removes_a_request_and_its_slot_goes_to_the_next_one() -> None:
         rest.update({o.request_id: o.result for o in engine.step()})
     assert (rest[ids[1]].canvas_ids, rest[ids[1]].nfe) == solo(2, "dual")
     assert (rest[ids[2]].canvas_ids, rest[ids[2]].nfe) == solo(1, "dual")
-    assert loop.runner.cache.entries == {} and loop.scheduler.budget.used == 0
+    assert loop.runner.cache.owned == {} and loop.scheduler.budget.used == 0
 
 
 def test_a_generate_call_between_two_steps_leaves_the_continuous_loop_its_own_logits_path() -> None:

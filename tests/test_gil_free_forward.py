@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -29,7 +30,10 @@ from dllm_constrain.engine.llm_engine import LLMEngine
 from dllm_constrain.engine.model_runner import ModelRunner
 from dllm_constrain.engine.models.dream import DreamConfig, DreamModel
 from dllm_constrain.engine.models.llada import LLaDAConfig, LLaDAModel
-from dllm_constrain.engine.models.scripted_forward import REFRESH, REUSE, start_span_forward
+from dllm_constrain.engine.attention_step import StepAttention
+from dllm_constrain.engine.kv_pool import KVPool
+from dllm_constrain.engine.model_runner import Segment
+from dllm_constrain.engine.models.scripted_forward import start_span_forward
 from dllm_constrain.engine.placement import usable_cores
 from dllm_constrain.engine.state import Request, SamplingParams
 from dllm_constrain.errors import InvalidRequestError
@@ -98,7 +102,9 @@ def _steps(model: LLaDAModel | DreamModel, config: EngineConfig, schedule: list[
                     s.block += 1
             rows = runner.forward_rows([states[i] for i in running])
             out.append([(r.state.index, r.offset, r.hidden.clone()) for r in rows])
-    entries = {} if runner.cache is None else {i: (e.k, e.v) for i, e in runner.cache.entries.items()}
+    pool = runner.cache
+    entries = {} if pool is None else {i: ([k[:, pool.slots(i)] for k in pool.k],
+                                           [v[:, pool.slots(i)] for v in pool.v]) for i in pool.owned}
     return out, entries
 
 
@@ -144,17 +150,22 @@ def _ends_while_holding_the_gil(start):
 @needs_two_cores
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_the_forward_ends_while_the_calling_thread_holds_the_gil(model) -> None:
-    """A refresh, then a reuse step that writes into the refresh's cache tensors (handed in from Python)."""
+    """A refresh, then a reuse step that writes into the refresh's pool slots (tensors handed in from Python)."""
     weights = MODELS[model].scripted_weights()
     n = 12
     ids = torch.arange(20, 20 + n)[None]
     pos = torch.arange(n)[None]
     nb = torch.full((1, n, len(weights.shifts)), -1, dtype=torch.long)
+    pool = KVPool(None)
+    pool.admit(0, n)
+    pool.ensure(len(weights.layers), weights.n_kv, weights.head_dim, weights.wte.dtype)
+    request = SimpleNamespace(index=0)
+    refresh = StepAttention.build([Segment(request, "refresh", 0, 0, n, (8, n))], pool, n, torch.device("cpu"))
+    reuse = StepAttention.build([Segment(request, "reuse", 0, 8, 4, (8, n))], pool, 4, torch.device("cpu"))
     with torch.inference_mode():
-        _, ks, vs = _ends_while_holding_the_gil(
-            lambda: start_span_forward(weights, ids, pos, nb, [REFRESH], [0], [n], [0], [[]], [[]]))
+        _ends_while_holding_the_gil(lambda: start_span_forward(weights, ids, pos, nb, refresh, pool.k, pool.v))
         _ends_while_holding_the_gil(
-            lambda: start_span_forward(weights, ids[:, 8:], pos[:, 8:], nb[:, 8:], [REUSE], [0], [4], [8], ks, vs))
+            lambda: start_span_forward(weights, ids[:, 8:], pos[:, 8:], nb[:, 8:], reuse, pool.k, pool.v))
 
 
 def _requests(forced: bool) -> list[Request]:

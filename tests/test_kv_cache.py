@@ -8,7 +8,7 @@ from checkpoints import build_dream, build_llada
 from conftest import build_tiny_llada
 
 from dllm_constrain.engine.config import EngineConfig
-from dllm_constrain.engine.kv_cache import KVCache
+from dllm_constrain.engine.kv_pool import KVPool
 from dllm_constrain.engine.llm_engine import LLMEngine
 from dllm_constrain.engine.loader import load_checkpoint
 from dllm_constrain.engine.model_runner import ModelRunner, supports_kv_cache
@@ -72,7 +72,7 @@ def test_reuse_right_after_refresh_equals_the_full_forward(family, packed, llada
     _, full, offsets = engine.runner.full_forward(states)
     runner = ModelRunner(model, model.special.pad_id, EngineConfig(keep_ratio=1.0))
     runner.reset(states)
-    runner.cache = KVCache(1.0, packed=packed)
+    runner.cache = KVPool(None, sparse=packed)  # sparse keeping every key: the keep-mask path
     [(_, refreshed, r_offsets)] = runner.forward(states)
     [(_, reused, u_offsets)] = runner.forward(states)
     assert runner.refreshes == {0: 1, 1: 1}
@@ -97,7 +97,11 @@ def test_sparse_reuse_with_fewer_keys_differs_but_stays_close(llada) -> None:
     b = full[0, offsets[0]:offsets[0] + 8]
     assert not torch.allclose(a, b, atol=1e-6)
     assert torch.nn.functional.cosine_similarity(a, b, dim=-1).min() > 0.5
-    assert all(p.capacity == 19 for p in runner.cache.packed)  # ceil(0.5 * (30 + 16 - 8) outside keys) per head
+    a, b = runner._span(states[0])
+    slots = runner.cache.slots(0)
+    outside = torch.cat([slots[:a], slots[b:]])
+    for keep in runner.cache.keep:  # per layer and KV head: ceil(0.5 * (30 + 16 - 8) outside keys), the span kept
+        assert keep[:, outside].sum(1).tolist() == [19] * keep.shape[0] and keep[:, slots[a:b]].all()
 
 
 def _run(model, tokenizer, prompts, config: EngineConfig, **params):
@@ -134,7 +138,7 @@ def test_packed_cache_keeping_every_key_equals_the_dense_cache(llada) -> None:
     for states, packed in ((dense_states, False), (packed_states, True)):
         runner = ModelRunner(model, model.special.pad_id, EngineConfig())
         runner.reset(states)
-        runner.cache = KVCache(1.0, packed=packed)
+        runner.cache = KVPool(None, sparse=packed)  # sparse keeping every key: the keep-mask path
         runners.append(runner)
     for step in range(8):  # 4-token blocks, one commit per request per step: two blocks, two refreshes each
         outputs = []

@@ -2,7 +2,7 @@
 
 `SimEngine` is the real `LLMEngine` (scheduler, Refresh/Reuse planning in `ModelRunner.plan`, commit policies,
 constraint masks and forced tokens, EOS exit) with one seam replaced: its runner's forward. `SimRunner` plans every
-step as the real runner does (the KV cache entries it keeps are empty placeholders, so the Refresh/Reuse decisions
+step as the real runner does (its KV pool holds slots without tensors, so the Refresh/Reuse decisions
 are the real ones) and returns, for each open position of a request's active block, a hidden state that the
 `SimModel`'s LM head turns into logits with a chosen top token and confidence:
 
@@ -27,7 +27,6 @@ from typing import Any
 import torch
 
 from dllm_constrain.engine.config import EngineConfig
-from dllm_constrain.engine.kv_cache import RequestKV
 from dllm_constrain.engine.llm_engine import LLMEngine
 from dllm_constrain.engine.model_runner import ModelRunner, Segment
 from dllm_constrain.engine.models.base import SpecialTokens
@@ -136,8 +135,6 @@ class SimRunner(RecordingRunner):
         hidden[:, 1] = UNSURE
         for seg in segments:
             s = seg.state
-            if seg.kind == "refresh" and self.cache is not None:
-                self.cache.entries[s.index] = RequestKV(length=seg.length)  # the Refresh decision's bookkeeping
             self._fill(hidden, seg, self.behaviours[s.index], s)
         return hidden[:total]
 

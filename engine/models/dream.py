@@ -227,7 +227,7 @@ class DreamModel(nn.Module, LinearHeadLM, ScriptableLM):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
 
-    # ---------------------------------------------------------------- KV cache (engine.kv_cache) and budgeted logits
+    # ---------------------------------------------------------------- KV cache (engine.kv_pool) and budgeted logits
     # The shift: the state that predicts a block's first token is the raw state of the position just left of the
     # block, so a cached step runs one extra query position on the left of the block.
     kv_query_shift = 1

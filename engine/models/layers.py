@@ -36,12 +36,14 @@ def rope_cos_sin(
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [B, H, L, D] by the tables [B, L, D]: x*cos + rotate_half(x)*sin."""
+    """Rotate x [B, H, L, D] by the tables [B, L, D]: x*cos + rotate_half(x)*sin, in the tables' dtype (float32
+    tables: the rotation in float32, cast back, as LLaDA's rope_full_precision; tables in x's dtype: Qwen2/Dream)."""
     cos = cos[:, None]
     sin = sin[:, None]
+    xr = x.to(cos.dtype)
     half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    rotated = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
+    return (xr * cos + rotated * sin).to(x.dtype)
 
 
 def attention_bias(key_padding_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:

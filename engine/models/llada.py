@@ -69,7 +69,7 @@ _IGNORED = {
     "architectures", "auto_map", "model_type", "transformers_version", "torch_dtype", "dtype", "use_cache",
     "init_device", "init_fn", "init_std", "init_cutoff_factor", "attention_dropout", "residual_dropout",
     "embedding_dropout", "flash_attention", "weight_tying", "clip_qkv", "alibi_bias_max", "mlp_ratio",
-    "rope_full_precision", "precision", "input_emb_norm", "attention_type", "_name_or_path",
+    "precision", "input_emb_norm", "attention_type", "_name_or_path",
     "tie_word_embeddings", "bos_token_id", "attention_layer_norm_with_affine",
 }
 
@@ -93,6 +93,8 @@ class LLaDAConfig:
     include_qkv_bias: bool = False
     input_token_shift: bool = False
     token_shift_left: int = 1  # left neighbours mixed into each input (with input_token_shift)
+    # RoPE tables and rotation in float32 whatever the weights' dtype (LLaDA's ModelConfig default, set in LLaDA-8B)
+    rope_full_precision: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -233,6 +235,10 @@ class LLaDAModel(nn.Module, LinearHeadLM, NeighborTokensLM, ScriptableLM):
         """The offset of each column of `neighbor_ids` (empty without the input token shift)."""
         return self.config.neighbor_offsets
 
+    def rope_dtype(self, x: torch.Tensor) -> torch.dtype:
+        """The dtype of the RoPE tables and rotation: float32 under rope_full_precision, else the activations'."""
+        return torch.float32 if self.config.rope_full_precision else x.dtype
+
     def embed(self, input_ids: torch.Tensor, neighbor_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Input vectors [B, L, D] of ids [B, L]; with the input token shift, neighbor_ids [B, L, N] holds each
         position's neighbour ids at `neighbor_offsets` (-1: none, contributing zero)."""
@@ -256,7 +262,7 @@ class LLaDAModel(nn.Module, LinearHeadLM, NeighborTokensLM, ScriptableLM):
             position_ids = default_position_ids(key_padding_mask)
         x = self.embed(input_ids, row_neighbor_ids(input_ids, key_padding_mask, self.neighbor_offsets)
                        if self.config.input_token_shift else None)
-        cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, x.dtype)
+        cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, self.rope_dtype(x))
         bias = attention_bias(key_padding_mask, x.dtype)
         for block in self.transformer["blocks"]:
             x = block(x, cos, sin, bias)
@@ -265,7 +271,7 @@ class LLaDAModel(nn.Module, LinearHeadLM, NeighborTokensLM, ScriptableLM):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.transformer["ff_out"](hidden)
 
-    # ---------------------------------------------------------------- KV cache (engine.kv_cache) and budgeted logits
+    # ---------------------------------------------------------------- KV cache (engine.kv_pool) and budgeted logits
     kv_query_shift = 0  # hidden state i predicts token i: a block's queries are exactly its positions
 
     def lm_head_weight(self) -> torch.Tensor:
@@ -277,7 +283,7 @@ class LLaDAModel(nn.Module, LinearHeadLM, NeighborTokensLM, ScriptableLM):
         observe(layer, q, k, v): a KV cache Refresh."""
         x = self.embed(input_ids, row_neighbor_ids(input_ids, key_padding_mask, self.neighbor_offsets)
                        if self.config.input_token_shift else None)
-        cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, x.dtype)
+        cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, self.rope_dtype(x))
         bias = attention_bias(key_padding_mask, x.dtype)
         for i, block in enumerate(self.transformer["blocks"]):
             def attend(q, k, v, i=i):
@@ -298,7 +304,7 @@ class LLaDAModel(nn.Module, LinearHeadLM, NeighborTokensLM, ScriptableLM):
         neighbor_ids [B, Lq, 2]: each query token's neighbours in its own sequence (needed with the input token
         shift: a span's first and last tokens have neighbours outside it)."""
         x = self.embed(input_ids, neighbor_ids)
-        cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, x.dtype)
+        cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, self.rope_dtype(x))
         for i, block in enumerate(self.transformer["blocks"]):
             x = block.forward_with(x, cos, sin, lambda q, k, v, i=i: attend(i, q, k, v))
         return self.transformer["ln_f"](x)

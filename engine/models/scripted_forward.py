@@ -1,33 +1,24 @@
 """LLaDA's (and Dream's) packed span forward in TorchScript, run on torch's inter-op thread pool: a forward that does
-not hold the GIL.
+not hold the GIL, so the step's mask threads run beside it (engine.mask_workers; on a CPU host the eager forward is a
+few hundred small torch calls that each take the GIL, and beside a Python thread they convoy).
 
-Why: a step's constraint masks depend only on the canvas before its forward, so they can be computed while the
-forward runs (engine.mask_workers). On a GPU the eager forward only launches kernels, but on a CPU host it is a few
-hundred small torch calls, each of which takes the GIL between operations; beside a mask thread running Python, every
-call waits for the GIL (a convoy), and the overlap measured slower than no overlap at all. The same math compiled by
-TorchScript and started with `torch.jit.fork` runs in a C++ thread that never takes the GIL, so the loop thread only
-waits on a future (which releases the GIL) and the mask threads run beside it on another core.
-
-The function computes exactly what `ModelRunner._packed_forward` computes with `LLaDAModel.hidden_states_cached` (or
-`DreamModel.hidden_states_cached`: the same pre-norm block, q/k/v biases, and its output shifted right by one row) and a
-dense `KVCache` (the same aten operations in the same order, so the hidden states are bitwise the same): T packed rows
-of several requests' segments, each segment one of
-    REFRESH: a request's whole sequence; attention over it, its per-layer keys/values returned (cloned) for the cache;
-    REUSE:   a request's query span [a, a + length); its fresh keys/values are written into the request's cached
-             per-layer tensors at the span (in place) and its queries attend to the whole cached sequence;
-    FULL:    a request's whole sequence without any cache.
-Rows past the segments (padding up to the runner's minimum GEMM width) attend to nothing.
-
-Pinning: a tensor that Python holds keeps its Python object alive through the tensor while C++ holds it too, and
-hands the object back, with a Py_DECREF that needs the GIL, when the last C++ reference but one goes away. The forked
-forward drops its references to its arguments on the inter-op thread, so every tensor handed to it from Python would
-make it wait for the GIL there (measured: a forward of the bundled model took 107 ms instead of 7 beside a thread
-spinning in Python). So every such tensor gets one more C++ reference for the duration (`pin`): the weights for the
-lifetime of their `ScriptedWeights`, a call's inputs and cache tensors until the call is waited for.
+  span_forward         the same math as `ModelRunner._packed_forward` with `hidden_states_cached` (LLaDA, or Dream:
+                       q/k/v biases and the output shifted right by one row) and the dense KV pool, the same aten
+                       operations in the same order (bitwise the same hidden states): the step's rows, each layer's
+                       keys/values written into the pool slots, then ONE grouped varlen attention
+                       (kernels.varlen_attention.grouped_attention) over the step's metadata
+                       (engine.attention_step.StepAttention); without a cache the keys are the step's own rows
+  ScriptedWeights      the model's tensors in the flat layout the function takes
+  start_span_forward   the forward started with `torch.jit.fork`; `RunningForward.wait()` releases the GIL
+  pin                  every tensor handed to the forked forward gets one more C++ reference for the duration:
+                       otherwise the inter-op thread drops the last-but-one reference of a Python-held tensor and
+                       waits for the GIL to Py_DECREF it (measured: 107 ms instead of 7 for a bundled-model forward
+                       beside a thread spinning in Python)
 """
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +26,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-REFRESH, REUSE, FULL = 0, 1, 2
+from dllm_constrain.kernels.varlen_attention import grouped_attention
+
 
 
 @dataclass(frozen=True)
@@ -53,6 +45,7 @@ class ScriptedWeights:
     head_dim: int
     theta: float
     shift_output: bool = False  # Dream: row i of the output is the final state of row i - 1 (row 0 keeps its own)
+    rope_fp32: bool = False  # LLaDA's rope_full_precision: RoPE tables and rotation in float32
     pinned: Any = field(default=None, compare=False, repr=False)  # C++-side references to every tensor above
 
     def __post_init__(self) -> None:
@@ -89,7 +82,8 @@ class ScriptedWeights:
                            blk.ff_out.weight])
             biases.append([] if blk.q_proj.bias is None else [blk.q_proj.bias, blk.k_proj.bias, blk.v_proj.bias])
         return cls(tr["wte"].weight, shifts, layers, biases, tr["ln_f"].weight, float(cfg.rms_norm_eps),
-                   cfg.n_heads, cfg.kv_heads, cfg.head_dim, float(cfg.rope_theta))
+                   cfg.n_heads, cfg.kv_heads, cfg.head_dim, float(cfg.rope_theta),
+                   rope_fp32=bool(cfg.rope_full_precision))
 
 
 def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -100,17 +94,10 @@ def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    xr = x.to(cos.dtype)
     half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
-
-
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    n_rep = q.shape[1] // k.shape[1]
-    if n_rep > 1:
-        k = k.repeat_interleave(n_rep, dim=1)
-        v = v.repeat_interleave(n_rep, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False)
+    rotated = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
+    return (xr * cos + rotated * sin).to(x.dtype)
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor, b: list[torch.Tensor], i: int) -> torch.Tensor:
@@ -119,16 +106,7 @@ def _linear(x: torch.Tensor, w: torch.Tensor, b: list[torch.Tensor], i: int) -> 
     return F.linear(x, w, b[i])
 
 
-def span_forward(ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor, wte: torch.Tensor,
-                 shifts: list[torch.Tensor], layers: list[list[torch.Tensor]], biases: list[list[torch.Tensor]],
-                 ln_f: torch.Tensor, eps: float, n_heads: int, n_kv: int, head_dim: int, theta: float,
-                 shift_output: bool, kinds: list[int], starts: list[int], lengths: list[int], firsts: list[int],
-                 cache_k: list[list[torch.Tensor]], cache_v: list[list[torch.Tensor]]
-                 ) -> tuple[torch.Tensor, list[list[torch.Tensor]], list[list[torch.Tensor]]]:
-    """Hidden states [1, T, D] of the packed rows, and per segment its new cache keys/values per layer (REFRESH
-    segments; empty lists for the others). ids, pos [1, T]; neighbors [1, T, N] (N = len(shifts)); per segment its
-    kind, first packed row, length, and first slot in its request's sequence; cache_k / cache_v per segment: the
-    request's cached [1, Hkv, n, D] per layer (REUSE segments; empty lists for the others)."""
+def _embed(ids: torch.Tensor, neighbors: torch.Tensor, wte: torch.Tensor, shifts: list[torch.Tensor]) -> torch.Tensor:
     x = F.embedding(ids, wte)
     if len(shifts) > 0:
         present = (neighbors >= 0).unsqueeze(-1)
@@ -136,15 +114,30 @@ def span_forward(ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor, 
         x = x + F.linear(nb[:, :, 0], shifts[0]) + F.linear(nb[:, :, 1], shifts[1])
         for col in range(2, len(shifts)):
             x = x + F.linear(nb[:, :, col], shifts[col])
+    return x
+
+
+def span_forward(ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor, wte: torch.Tensor,
+                 shifts: list[torch.Tensor], layers: list[list[torch.Tensor]], biases: list[list[torch.Tensor]],
+                 ln_f: torch.Tensor, eps: float, n_heads: int, n_kv: int, head_dim: int, theta: float,
+                 shift_output: bool, rope_fp32: bool, q_index: list[torch.Tensor],
+                 key_index: list[torch.Tensor], key_bias: list[torch.Tensor], out_index: torch.Tensor,
+                 counts: list[int], group_rows: list[int], group_keys: list[int], write_slots: torch.Tensor, total: int, pool_k: list[torch.Tensor],
+                 pool_v: list[torch.Tensor]) -> torch.Tensor:
+    """Hidden states [1, T, D] of the packed rows. ids, pos [1, T]; neighbors [1, T, N] (N = len(shifts)); the
+    step's attention metadata (kernels.varlen_attention.VarlenLayout's grouped path); write_slots [total]: the pool
+    slot of each real row; pool_k / pool_v: the pool's per-layer [Hkv, S, D] tensors, written in place (empty: no
+    cache, the keys are the step's own rows)."""
+    x = _embed(ids, neighbors, wte, shifts)
     inv_freq = 1.0 / torch.pow(theta, torch.arange(0, head_dim, 2, device=pos.device, dtype=torch.float32)
                                / head_dim)
     freqs = pos.to(torch.float32).unsqueeze(-1) * inv_freq
     emb = torch.cat([freqs, freqs], dim=-1)
-    cos = emb.cos().to(x.dtype).unsqueeze(1)
-    sin = emb.sin().to(x.dtype).unsqueeze(1)
-    new_k: list[list[torch.Tensor]] = [[] for _ in range(len(kinds))]
-    new_v: list[list[torch.Tensor]] = [[] for _ in range(len(kinds))]
+    rope_dtype = torch.float32 if rope_fp32 else x.dtype
+    cos = emb.cos().to(rope_dtype).unsqueeze(1)
+    sin = emb.sin().to(rope_dtype).unsqueeze(1)
     b, n = ids.shape[0], ids.shape[1]
+    scale = 1.0 / math.sqrt(float(head_dim))
     for layer in range(len(layers)):
         w = layers[layer]
         bias = biases[layer]
@@ -152,33 +145,21 @@ def span_forward(ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor, 
         q = _rope(_linear(h, w[1], bias, 0).view(b, n, n_heads, head_dim).transpose(1, 2), cos, sin)
         k = _rope(_linear(h, w[2], bias, 1).view(b, n, n_kv, head_dim).transpose(1, 2), cos, sin)
         v = _linear(h, w[3], bias, 2).view(b, n, n_kv, head_dim).transpose(1, 2)
-        out = torch.zeros_like(q)
-        for s in range(len(kinds)):
-            r0, r1 = starts[s], starts[s] + lengths[s]
-            qs, ks, vs = q[:, :, r0:r1], k[:, :, r0:r1], v[:, :, r0:r1]
-            kind = kinds[s]
-            if kind == 0:  # REFRESH
-                new_k[s].append(ks.clone(memory_format=torch.contiguous_format))
-                new_v[s].append(vs.clone(memory_format=torch.contiguous_format))
-                out[:, :, r0:r1] = _attention(qs, ks, vs)
-            elif kind == 1:  # REUSE
-                kc, vc = cache_k[s][layer], cache_v[s][layer]
-                a = firsts[s]
-                kc[:, :, a:a + lengths[s]] = ks.to(kc.dtype)
-                vc[:, :, a:a + lengths[s]] = vs.to(vc.dtype)
-                if qs.shape[1] == kc.shape[1]:
-                    out[:, :, r0:r1] = _attention(qs, kc, vc)
-                else:
-                    out[:, :, r0:r1] = F.scaled_dot_product_attention(qs, kc, vc, enable_gqa=True)
-            else:
-                out[:, :, r0:r1] = _attention(qs, ks, vs)
-        x = x + F.linear(out.transpose(1, 2).reshape(b, n, -1), w[4])
+        if len(pool_k) > 0:
+            keys, values = pool_k[layer], pool_v[layer]
+            keys.index_copy_(1, write_slots, k[0, :, :total].to(keys.dtype))
+            values.index_copy_(1, write_slots, v[0, :, :total].to(values.dtype))
+        else:
+            keys, values = k[0], v[0]
+        att = grouped_attention(q[0], keys, values, q_index, key_index, key_bias, out_index, counts, group_rows,
+                                group_keys, scale).unsqueeze(0)
+        x = x + F.linear(att.transpose(1, 2).reshape(b, n, -1), w[4])
         h = _rms_norm(x, w[5], eps)
         x = x + F.linear(F.silu(F.linear(h, w[6])) * F.linear(h, w[7]), w[8])
     out = _rms_norm(x, ln_f, eps)
     if shift_output:
         out = torch.cat([out[:, :1], out[:, :-1]], dim=1)
-    return out, new_k, new_v
+    return out
 
 
 def _hold(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -204,13 +185,13 @@ def pin(tensors: list[torch.Tensor]) -> Any:
 
 @dataclass
 class RunningForward:
-    """A started forward: `wait()` (which releases the GIL while it waits) gives `span_forward`'s tuple; the call's
+    """A started forward: `wait()` (which releases the GIL while it waits) gives `span_forward`'s hidden states; the call's
     tensors stay pinned until then."""
 
     future: Any
     pinned: Any
 
-    def wait(self) -> tuple[torch.Tensor, list[list[torch.Tensor]], list[list[torch.Tensor]]]:
+    def wait(self) -> torch.Tensor:
         out = self.future.wait()
         self.pinned = None
         return out
@@ -232,21 +213,26 @@ def _script_launcher() -> Any:
     def launch(ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor, wte: torch.Tensor,
                shifts: list[torch.Tensor], layers: list[list[torch.Tensor]], biases: list[list[torch.Tensor]],
                ln_f: torch.Tensor, eps: float, n_heads: int, n_kv: int, head_dim: int, theta: float,
-               shift_output: bool, kinds: list[int], starts: list[int], lengths: list[int], firsts: list[int],
-               cache_k: list[list[torch.Tensor]], cache_v: list[list[torch.Tensor]]
-               ) -> torch.jit.Future[tuple[torch.Tensor, list[list[torch.Tensor]], list[list[torch.Tensor]]]]:
+               shift_output: bool, rope_fp32: bool, q_index: list[torch.Tensor], key_index: list[torch.Tensor],
+               key_bias: list[torch.Tensor], out_index: torch.Tensor, counts: list[int], group_rows: list[int],
+               group_keys: list[int], write_slots: torch.Tensor, total: int, pool_k: list[torch.Tensor],
+               pool_v: list[torch.Tensor]) -> torch.jit.Future[torch.Tensor]:
         return torch.jit.fork(forward, ids, pos, neighbors, wte, shifts, layers, biases, ln_f, eps, n_heads,
-                              n_kv, head_dim, theta, shift_output, kinds, starts, lengths, firsts, cache_k, cache_v)
+                              n_kv, head_dim, theta, shift_output, rope_fp32, q_index, key_index, key_bias,
+                              out_index, counts, group_rows, group_keys, write_slots, total, pool_k, pool_v)
 
     return torch.jit.script(launch)
 
 
 def start_span_forward(weights: ScriptedWeights, ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor,
-                       kinds: list[int], starts: list[int], lengths: list[int], firsts: list[int],
-                       cache_k: list[list[torch.Tensor]], cache_v: list[list[torch.Tensor]]) -> RunningForward:
-    """Start the forward on the inter-op pool (its tensors pinned: see the module docstring)."""
-    w = weights
-    pinned = pin([ids, pos, neighbors, *(t for ts in cache_k + cache_v for t in ts)])
+                       step: Any, pool_k: list[torch.Tensor], pool_v: list[torch.Tensor]) -> RunningForward:
+    """Start the forward on the inter-op pool (its tensors pinned: see the module docstring). `step`: the step's
+    engine.attention_step.StepAttention; pool_k / pool_v: the KV pool's layer tensors (empty without a cache)."""
+    w, lay = weights, step.layout
+    slots = step.write_slots if step.write_slots is not None else torch.zeros(0, dtype=torch.long)
+    tensors = [*lay.q_index, *lay.key_index, *lay.key_bias, lay.out_index, slots]
+    pinned = pin([ids, pos, neighbors, *tensors, *pool_k, *pool_v])
     future = _launcher()(ids, pos, neighbors, w.wte, w.shifts, w.layers, w.biases, w.ln_f, w.eps, w.n_heads, w.n_kv,
-                         w.head_dim, w.theta, w.shift_output, kinds, starts, lengths, firsts, cache_k, cache_v)
+                         w.head_dim, w.theta, w.shift_output, w.rope_fp32, lay.q_index, lay.key_index, lay.key_bias,
+                         lay.out_index, lay.counts, lay.group_rows, lay.group_keys, slots, step.total, pool_k, pool_v)
     return RunningForward(future, pinned)

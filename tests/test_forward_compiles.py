@@ -1,0 +1,35 @@
+"""The step's packed forward has no host sync and no Python branch on tensor values: with its metadata built (once
+per step, on the host), the forward of every layer compiles as one graph with torch.compile(fullgraph=True)."""
+from __future__ import annotations
+
+import torch
+from conftest import build_tiny_llada
+
+from dllm_constrain.engine.attention_step import StepAttention
+from dllm_constrain.engine.config import EngineConfig
+from dllm_constrain.engine.llm_engine import LLMEngine
+from dllm_constrain.engine.model_runner import ModelRunner
+from dllm_constrain.engine.state import Request, SamplingParams
+
+
+def test_a_mixed_refresh_and_reuse_step_compiles_as_one_graph_and_matches_eager() -> None:
+    model = build_tiny_llada()
+    engine = LLMEngine(model)
+    params = SamplingParams(max_new_tokens=8, block_length=4)
+    states = [engine._new_state(i, Request(p, params)) for i, p in enumerate([[10, 11, 12], [20, 21, 22, 23, 24]])]
+    runner = ModelRunner(model, model.special.pad_id, EngineConfig(gil_free_forward=False))
+    runner.reset(states)
+    with torch.inference_mode():
+        runner.forward_rows(states[:1])  # request 0 has its cache: it reuses, request 1 refreshes
+        segments = runner.plan(states)
+        assert [seg.kind for seg in segments] == ["reuse", "refresh"]
+        ids, pos, neighbors, total = runner._packed_inputs(segments)
+        step = StepAttention.build(segments, runner.cache, ids.shape[1], runner.device)
+
+        def forward(ids: torch.Tensor, pos: torch.Tensor, neighbors: torch.Tensor) -> torch.Tensor:
+            return model.hidden_states_cached(ids, pos, step.attend, neighbor_ids=neighbors)
+
+        eager = forward(ids, pos, neighbors)
+        torch._dynamo.reset()
+        compiled = torch.compile(forward, fullgraph=True, backend="aot_eager")(ids, pos, neighbors)
+    torch.testing.assert_close(compiled[0, :total], eager[0, :total], rtol=1e-5, atol=1e-5)
