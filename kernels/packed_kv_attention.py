@@ -7,19 +7,16 @@ separately, the cached keys the block's queries attend to most, and packs them d
   saliency[b, h, j] = max over the block's queries i and the query heads of group h of
                         a_ij = softmax_j(q_i . k_j * scale)      (saliency="prob", default)
                         q_i . k_j * scale                         (saliency="logit")
-  keep_b = ceil(keep_ratio * n_b) (n_b = real cached keys of row b, at least 1 when n_b > 0)
-  packed[b, h] = the keep_b most salient keys of head h, in their original order, then zero padding
+  keep_b = ceil(keep_ratio * n_b) (n_b real cached keys, >= 1 when n_b > 0); packed[b, h] = the keep_b most salient
+  keys of head h in their original order, then zero padding
 
-so a Reuse step attends, per head, to a dense [keep_b, D] cache plus the block's fresh keys, with no sparse kernel.
-Softmax probability is the default score because a dropped key j changes query i's output by at most a_ij times
-the value spread, so keeping the keys with the largest max_i a_ij bounds the error per query.
+so a Reuse step attends, per head, to a dense [keep_b, D] cache plus the block's fresh keys (softmax probability
+is the default score: a dropped key j moves query i's output by at most a_ij times the value spread).
 
 `packed_kv_attention` computes, for each query head h (KV head h // (Hq / Hkv)):
-
   out = softmax([q K_packed^T, q K_fresh^T] * scale) [V_packed; V_fresh]
         over the first lengths[b, h_kv] packed keys and all Lq fresh keys (bidirectional: no causal mask).
-
-With keep_ratio = 1.0 every real key is kept and the result equals dense attention over the full cache.
+With keep_ratio = 1.0 every real key is kept: dense attention over the full cache.
 """
 from __future__ import annotations
 

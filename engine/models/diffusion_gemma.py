@@ -1,48 +1,17 @@
 """DiffusionGemma (google/diffusiongemma-*) driven by our denoising loop, through transformers' own modules.
 
-The real model (`transformers.models.diffusion_gemma`, no remote code), as this adapter uses it:
-- `DiffusionGemmaForBlockDiffusion.model.encoder`: a Gemma-4 MoE text stack (causal, unless the config says
-  `use_bidirectional_attention="all"`; sliding-window and full-attention layers) run once over the prompt; its
-  only product the decoder uses is the KV cache.
-- `.model.decoder`: the same weights (tied), run over the canvas with bidirectional attention over
-  [prompt KV cache | canvas]; it reads the cache and never writes it. Canvas positions continue the prompt's.
-- Self-conditioning: the decoder input is `post_norm(embed(canvas) + MLP(pre_norm(softmax(sc_logits) @ E *
-  sqrt(D))))`, where `sc_logits` are the previous step's (temperature-processed) logits; zeros on step one.
-- Head: tied LM head, logits in float32 soft-capped as `30 * tanh(z / 30)` (`final_logit_softcapping`).
-- Uniform-state canvas: there is no mask token. Open positions hold uniformly random vocabulary ids, and
-  "re-noising" draws new ones.
-- Its sampler (`EntropyBoundSampler`, used by `generate`), one step: logits -> linear temperature schedule
-  (t_max at the first step down to t_min) -> sample a token per position -> accept the lowest-entropy positions
-  while (cumulative entropy - largest accepted entropy) <= entropy_bound -> new canvas = sampled tokens at
-  accepted positions, fresh noise everywhere else -> processed logits become the next self-conditioning signal.
-  Acceptance is NOT monotone: a position accepted at one step is re-decided at the next. It stops when the
-  argmax canvas is stable and the mean entropy is below a threshold; the output is the last *argmax* canvas.
-- Block diffusion: `generate` denoises `config.canvas_length` tokens at a time, then appends the finished
-  canvas to the encoder cache (`extend_prompt` here) and starts the next canvas.
-
-What the engine loop calls (all tensors batch-first; prompts left-padded, `prompt_mask` True = real token):
-    prompt = model.encode_prompt(prompt_ids, prompt_mask)        # once per batch: the KV cache
-    state = model.init_canvas(prompt, canvas_length, generator)  # every position open (uniform noise)
-    loop:
-        out = model.denoise_step(state)           # DenoiseOutput: hidden [B,C,D], logits [B,C,V] float32
-        ... the policy/constraints choose tokens and the accepted set from out.logits ...
-        model.advance(state, tokens, accepted, self_conditioning_logits=processed_logits, generator=g)
-    (next block) model.extend_prompt(prompt, finished_canvas); state = model.init_canvas(prompt, ...)
-`advance(state, canvas)` with `accepted=None` takes an engine canvas: positions holding `special.mask_id` are
-open and get fresh noise, every other position is accepted. `hidden_states`/`logits`/`forward` implement the
-DiffusionLM contract one-shot (no cache reuse, canvas = last `canvas_length` columns, fed as given).
-
-Honest limits:
-- Our engine's commit policies are monotone (a committed position stays); the real sampler is not (see above).
-  A monotone loop over this adapter runs the real model's forward, but is not the real sampler.
-- Positions count real tokens only (a left-padded row computes what it computes alone). `generate` instead
-  numbers padded slots too, so its left-padded batches differ slightly from single-row runs; ours do not.
-- The engine's mask id for this family is only an open-position marker for the canvas bookkeeping; the model
-  never sees it through `advance`. If the tokenizer has no mask token, loading fails rather than guess one.
-- `special.eos_id` is the first of the config's eos ids; the others (e.g. an end-of-turn token) are kept in
-  `eos_ids` but the engine's EOS convention knows only one.
-- Images (the vision tower) are not driven; text prompts only. The static cache / torch.compile paths of
-  `generate` are not used (DynamicCache, eager), which changes speed, not results.
+Map (the model's anatomy, its sampler and the honest limits of this adapter: docs/checkpoints.md, "DiffusionGemma"):
+- the encoder (a Gemma-4 MoE text stack) runs once over the prompt; its product is the KV cache;
+- the decoder (the same, tied weights) runs over the canvas, bidirectional over [prompt KV cache | canvas], with the
+  previous step's logits as the self-conditioning signal; logits are soft-capped as `30 * tanh(z / 30)`;
+- uniform-state canvas: no mask token; open positions hold random vocabulary ids and re-noising draws new ones;
+- block diffusion: a finished canvas is appended to the encoder cache (`extend_prompt`) and the next one starts.
+What the engine loop calls (batch-first tensors; prompts left-padded, `prompt_mask` True = real token):
+    prompt = model.encode_prompt(prompt_ids, prompt_mask)
+    state = model.init_canvas(prompt, canvas_length, generator)
+    loop: out = model.denoise_step(state); ...choose tokens...; model.advance(state, tokens, accepted, ...)
+    next block: model.extend_prompt(prompt, finished_canvas); state = model.init_canvas(prompt, ...)
+The engine's commits are monotone, the real sampler's are not: this runs the real model's forward, not its sampler.
 """
 from __future__ import annotations
 
