@@ -77,8 +77,9 @@ class EngineConfig:
     scheduler: str = _check(choice_check(SCHEDULER_POLICIES), "phase")
     step_tokens: int | None = _check(int_check(1, optional=True), None)
     kv_budget_bytes: int | None = _check(int_check(1, optional=True), None)
-    # bytes of KV cache the engine may hold (vLLM's kv_cache_memory_bytes; None: no bound); the running requests'
-    # KV memory is bounded by it at admission (kv_budget_bytes, when not given, takes this value)
+    # bytes of KV cache the engine may hold (vLLM's kv_cache_memory_bytes); the KV pool is preallocated at this size
+    # and admission keeps the running requests within it. None: on CUDA a share of the free memory after the
+    # weights (engine.kv_pool), on the CPU no bound (the pool grows as requests are admitted)
     kv_cache_memory: int | None = _check(int_check(1, optional=True), None)
 
     def __post_init__(self) -> None:

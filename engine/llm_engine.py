@@ -194,6 +194,9 @@ class LLMEngine:
                                           "head size")
             kv_tokens = TokenBudget.from_kv_bytes(config.kv_budget_bytes, per_token)
             tokens = kv_tokens if tokens is None else min(tokens, kv_tokens)
+        capacity = self.runner.kv_capacity_tokens  # the KV pool's size: from kv_cache_memory, or free CUDA memory
+        if capacity is not None:
+            tokens = capacity if tokens is None else min(tokens, capacity)
         return replace(limits, policy=config.scheduler, max_step_tokens=step, max_num_tokens=tokens).validate()
 
     def _phase_cost(self, loop: _Loop, request_id: int) -> int:

@@ -69,3 +69,13 @@ def test_a_bad_kv_cache_memory_is_a_typed_error() -> None:
     for bad in (0, -1, 1.5, True):
         with pytest.raises(InvalidRequestError):
             EngineConfig(kv_cache_memory=bad).validate()
+
+
+def test_admission_keeps_the_running_requests_within_the_kv_pool() -> None:
+    """A pool of a fixed size (kv_cache_memory, or free CUDA memory) bounds the tokens the scheduler admits, even
+    without a separate kv_budget_bytes."""
+    model = build_tiny_llada()
+    engine = LLMEngine(model)
+    engine.runner.kv_capacity_tokens = 5 * PAGE  # as a pool sized from free device memory would be
+    limits = engine._scheduler_config(EngineConfig(), engine.scheduler_config)
+    assert limits.max_num_tokens == 5 * PAGE
