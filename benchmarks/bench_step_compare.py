@@ -1,12 +1,12 @@
 """bench_step side by side: this tree's engine against another revision's, in one sitting, timed runs alternating.
 
-    python benchmarks/bench_step_compare.py --before /path/to/old/worktree           # B = 1, 8, 32, 64
-    python benchmarks/bench_step_compare.py --before ../old --pairs 5 --timed-batch 32
+    python benchmarks/bench_step_compare.py --before 58d77b7                  # B = 1, 8, 32, 64; 5 timed pairs
+    python benchmarks/bench_step_compare.py --before ../old-worktree --pairs 3 --timed-batch 32
 
-`--before` is a worktree of an earlier revision (its compiled .so files copied in, and `dllm_constrain/engine`,
-`kernels`, `evals`, `grammars` linked to its top-level folders so `PYTHONPATH=<before>` imports it whole rather than
-through this tree's editable install). Each side runs in its own process: this tree's `benchmarks/bench_step.py`
-drives the engine that side imports. A revision older than `engine/sync_counter.py` is counted by this tree's
+`--before` is a git revision (a worktree of it is made and removed: benchmarks/_revision_tree.py) or a worktree
+folder (prepared the same way: compiled .so files copied in, package folders linked so `PYTHONPATH=<before>`
+imports it whole). Each side runs in its own process: this tree's `benchmarks/bench_step.py` drives the engine
+that side imports. A revision older than `engine/sync_counter.py` is counted by this tree's
 counter and `host_sync` module, loaded under the package's names (`_count_with_this_tree`): the counter reads aten
 ops, so it counts any revision's engine the same way. Each side's process checks the engine it imported comes from
 the root it was given.
@@ -27,6 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from _revision_tree import prepare, revision_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,13 +100,24 @@ def main(argv: list[str] | None = None) -> None:
         run_side(argv[1], rest[1:] if rest[:1] == ["--"] else rest)
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--before", required=True, type=Path, help="worktree of the earlier revision")
+    ap.add_argument("--before", required=True,
+                    help="the earlier revision: a git revision (a worktree of it is made and removed) or a prepared "
+                         "worktree folder")
     ap.add_argument("--batches", default="1,8,32,64")
-    ap.add_argument("--pairs", type=int, default=3, help="alternating timed runs per side at --timed-batch")
+    ap.add_argument("--pairs", type=int, default=5, help="alternating timed runs per side at --timed-batch")
     ap.add_argument("--timed-batch", type=int, default=32)
     ap.add_argument("--json", type=Path, help="also write every side's JSON here")
     args = ap.parse_args(argv)
-    before = side(args.before, False, ["--batches", args.batches])
+    if Path(args.before).is_dir():
+        prepare(Path(args.before))
+        compare(args, Path(args.before))
+    else:
+        with revision_tree(args.before) as tree:
+            compare(args, tree)
+
+
+def compare(args: argparse.Namespace, before_tree: Path) -> None:
+    before = side(before_tree, False, ["--batches", args.batches])
     after = side(ROOT, True, ["--batches", args.batches])
     print(counts_table(before, after))
     print(f"\nops/step growth before: {growth(before)}")
@@ -112,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     timed = ["--batches", str(args.timed_batch), "--no-count"]
     pairs = []
     for i in range(args.pairs):
-        order = [("before", args.before, False), ("after", ROOT, True)]
+        order = [("before", before_tree, False), ("after", ROOT, True)]
         runs = dict((name, side(root, mine, timed)["results"][0]["tokens_per_s"])
                     for name, root, mine in (order if i % 2 == 0 else order[::-1]))
         pairs.append(runs)

@@ -1,11 +1,11 @@
 """The bundled model's held-out answers from this tree and from another revision's worktree, compared text by text.
 
-    python benchmarks/compare_answers.py --before /path/to/old/worktree              # 40 requests, greedy
-    python benchmarks/compare_answers.py --before ../old --n 40 --temperature 0.7 --seed 11
+    python benchmarks/compare_answers.py --before 58d77b7                  # 40 requests per run
+    python benchmarks/compare_answers.py --before ../old-worktree --n 24 --temperature 0.7 --seed 11
 
 The requests are `dllm_constrain.train.heldout`'s held-out split (phrasings training never produces, values at its
-seed 10007), each with its schema. Three runs per side, each in its own process (`--before` prepared as for
-bench_step_compare.py: .so files copied in, package folders linked, imported through PYTHONPATH):
+seed 10007), each with its schema. Three runs per side, each in its own process (`--before`: a git revision or a
+worktree folder, as for bench_step_compare.py; imported through PYTHONPATH):
   constrained     `heldout.evaluate(constrained=True)`: one request per call, its schema the constraint;
   unconstrained   `heldout.evaluate()`: batches of 8 through one engine call, the schema's sketch in the prompt;
   sampled         the constrained run at `--temperature` with `--seed` for every request.
@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from _revision_tree import prepare, revision_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ("constrained", "unconstrained", "sampled")
@@ -58,18 +60,29 @@ def side(root: Path, this_tree: bool, run: str, args: argparse.Namespace) -> dic
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--before", required=True, type=Path, help="worktree of the earlier revision")
+    ap.add_argument("--before", required=True,
+                    help="the earlier revision: a git revision (a worktree of it is made and removed) or a prepared "
+                         "worktree folder")
     ap.add_argument("--n", type=int, default=40)
     ap.add_argument("--temperature", type=float, default=0.7, help="of the sampled run")
     ap.add_argument("--seed", type=int, default=11, help="of the sampled run")
     ap.add_argument("--runs", default=",".join(RUNS))
     ap.add_argument("--json", type=Path, help="also write both sides' answers here")
     args = ap.parse_args(argv)
+    if Path(args.before).is_dir():
+        prepare(Path(args.before))
+        compare(args, Path(args.before))
+    else:
+        with revision_tree(args.before) as tree:
+            compare(args, tree)
+
+
+def compare(args: argparse.Namespace, before_tree: Path) -> None:
     saved = {}
     print("| run | requests | identical | differ |\n|---|---:|---:|---:|")
     notes = []
     for run in args.runs.split(","):
-        before = side(args.before, False, run, args)["answers"]
+        before = side(before_tree, False, run, args)["answers"]
         after = side(ROOT, True, run, args)["answers"]
         assert [b["request"] for b in before] == [a["request"] for a in after]
         same = [b["answer"] == a["answer"] for b, a in zip(before, after)]
