@@ -157,12 +157,8 @@ def summarize(deltas: list[tuple[str, Counts, int]], layers: int) -> dict[str, A
     return out
 
 
-def bench_batch(model: LLaDAModel, args: argparse.Namespace, batch: int) -> dict[str, Any]:
-    params = SamplingParams(max_new_tokens=args.canvas, block_length=args.block, policy="quota",
-                            steps=args.canvas // args.per_step)
-    reqs = requests(batch, args.prompt, args.vocab, params, seed=batch)
-    offset = args.offset if batch > 1 else 0
-
+def counted_steps(model: LLaDAModel, batch: int, reqs: list[Request], offset: int) -> list[tuple[str, Counts, int]]:
+    """The counted pass: each step's kind, its `SyncCounter` delta and its head passes."""
     deltas: list[tuple[str, Counts, int]] = []
     counter = SyncCounter.for_model(model)
     engine = new_engine(model, batch)
@@ -175,6 +171,16 @@ def bench_batch(model: LLaDAModel, args: argparse.Namespace, batch: int) -> dict
             last[0], last[1] = now, heads[0]
 
         run_steps(engine, reqs, offset, record)
+    return deltas
+
+
+def bench_batch(model: LLaDAModel, args: argparse.Namespace, batch: int) -> dict[str, Any]:
+    params = SamplingParams(max_new_tokens=args.canvas, block_length=args.block, policy="quota",
+                            steps=args.canvas // args.per_step)
+    reqs = requests(batch, args.prompt, args.vocab, params, seed=batch)
+    offset = args.offset if batch > 1 else 0
+
+    deltas = [] if args.no_count else counted_steps(model, batch, reqs, offset)
 
     times: dict[str, list[float]] = {}
     engine = new_engine(model, batch)
@@ -185,7 +191,7 @@ def bench_batch(model: LLaDAModel, args: argparse.Namespace, batch: int) -> dict
               "tokens_per_s": round(committed / wall, 1),
               "step_ms_median": round(1e3 * statistics.median([t for ts in times.values() for t in ts]), 2),
               "step_ms_median_by_kind": {k: round(1e3 * statistics.median(v), 2) for k, v in sorted(times.items())},
-              "per_step": summarize(deltas, model.config.n_layers)}
+              "per_step": summarize(deltas, model.config.n_layers) if deltas else {}}
     return result
 
 
@@ -240,6 +246,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--per-step", type=int, default=4, help="quota commits per step")
     ap.add_argument("--offset", type=int, default=3, help="steps after which the late half of the requests arrives")
     ap.add_argument("--json", action="store_true", help="print the JSON only, write nothing")
+    ap.add_argument("--no-count", action="store_true", help="the timed pass only (no per-step counts)")
     ap.add_argument("--project", metavar="JSON", help="print the LLaDA-8B / H200 projection of a saved run's JSON")
     args = ap.parse_args(argv)
     if args.project:
