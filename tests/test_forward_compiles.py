@@ -1,8 +1,12 @@
 """The step's packed forward has no host sync and no Python branch on tensor values: with its metadata built (once
-per step, on the host), the forward of every layer compiles as one graph with torch.compile(fullgraph=True)."""
+per step, on the host), the forward of every layer compiles as one graph with torch.compile(fullgraph=True), the
+varlen attention an opaque custom op inside it (torch.ops.dllm_constrain.varlen_attention), under the default
+inductor backend as under aot_eager."""
 from __future__ import annotations
 
+import pytest
 import torch
+import torch._inductor.config
 from conftest import build_tiny_llada
 
 from dllm_constrain.engine.attention_step import StepAttention
@@ -12,7 +16,8 @@ from dllm_constrain.engine.model_runner import ModelRunner
 from dllm_constrain.engine.state import Request, SamplingParams
 
 
-def test_a_mixed_refresh_and_reuse_step_compiles_as_one_graph_and_matches_eager() -> None:
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
+def test_a_mixed_refresh_and_reuse_step_compiles_as_one_graph_and_matches_eager(backend: str) -> None:
     model = build_tiny_llada()
     engine = LLMEngine(model)
     params = SamplingParams(max_new_tokens=8, block_length=4)
@@ -31,5 +36,16 @@ def test_a_mixed_refresh_and_reuse_step_compiles_as_one_graph_and_matches_eager(
 
         eager = forward(ids, pos, neighbors)
         torch._dynamo.reset()
-        compiled = torch.compile(forward, fullgraph=True, backend="aot_eager")(ids, pos, neighbors)
+        graphs = []
+
+        def counting(gm: torch.fx.GraphModule, inputs: list) -> object:
+            graphs.append(gm)
+            return torch._dynamo.lookup_backend(backend)(gm, inputs)
+
+        with torch._inductor.config.patch(force_disable_caches=True):  # a cached graph may predate the op's code
+            compiled = torch.compile(forward, fullgraph=True, backend=counting)(ids, pos, neighbors)
+    assert len(graphs) == 1
+    op = torch.ops.dllm_constrain.varlen_attention
+    calls = [n for n in graphs[0].graph.nodes if n.target in (op, op.default)]
+    assert len(calls) == model.config.n_layers  # one opaque attention call per layer
     torch.testing.assert_close(compiled[0, :total], eager[0, :total], rtol=1e-5, atol=1e-5)

@@ -5,7 +5,10 @@ Specifications:
     counts, scattered key slots, grouped-query heads, the keep mask on some sequences;
   * it is bitwise batch invariant on the CPU: a sequence's rows are the same alone and inside any batch (whatever
     the other sequences' lengths, i.e. whatever the key padding);
-  * the Triton kernel (CPU interpreter) equals the reference, float32 and bfloat16, rows outside every sequence zero;
+  * the Triton kernel (CPU interpreter) equals the reference, float32 and bfloat16, rows outside every sequence zero,
+    from a layout built for it alone (no grouped metadata), which the torch path refuses;
+  * the call is ONE op at the dispatcher (torch.ops.dllm_constrain.varlen_attention), whose fake implementation
+    agrees with its real one (torch.library.opcheck);
   * the salient-key selection keeps, per KV head, exactly what kernels.packed_kv_attention.select_salient_keys keeps.
 """
 from __future__ import annotations
@@ -101,7 +104,8 @@ def test_a_sequence_is_bitwise_the_same_beside_a_much_longer_one() -> None:
 def test_the_triton_kernel_equals_the_reference(step, dtype) -> None:
     q_lens, slots, use_keep, q, k, v, keep = step
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    layout = _layout(q_lens, slots, use_keep, q.shape[1])
+    layout = VarlenLayout.build(_starts(q_lens), q_lens, slots, use_keep, q.shape[1], grouped=False)
+    assert not layout.grouped and layout.counts == [] and layout.q_index == []
     out = varlen_attention(q, k, v, layout, keep, backend="triton")
     assert _backend.last_backend("varlen_attention") == "triton"
     assert _backend.load_kernels(va._KERNEL_MODULE).INTERPRETED is True
@@ -111,6 +115,41 @@ def test_the_triton_kernel_equals_the_reference(step, dtype) -> None:
     real = sum(q_lens)
     torch.testing.assert_close(out[:, :real].float(), ref[:, :real].float(), **tol)
     assert (out[:, real:] == 0).all()
+
+
+def test_the_torch_path_refuses_a_layout_built_for_triton_alone() -> None:
+    layout = VarlenLayout.build([0], [2], [torch.arange(3)], [False], 2, grouped=False)
+    with pytest.raises(ValueError, match="grouped=True"):
+        varlen_attention(torch.zeros(2, 2, 8), torch.zeros(2, 3, 8), torch.zeros(2, 3, 8), layout, backend="torch")
+
+
+@pytest.mark.parametrize("with_keep", [False, True])
+def test_the_call_is_one_op_at_the_dispatcher_and_its_fake_agrees(with_keep: bool) -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    g = torch.Generator().manual_seed(0)
+    q_lens, k_lens = [5, 17, 3], [40, 70, 9]
+    slots = list(torch.randperm(sum(k_lens), generator=g).split(k_lens))
+    q = torch.randn(sum(q_lens), 4, 12, generator=g).transpose(0, 1)  # [4, 25, 12], strided as the model's
+    k, v = torch.randn(2, sum(k_lens), 12, generator=g), torch.randn(2, sum(k_lens), 12, generator=g)
+    keep = (torch.rand(2, sum(k_lens), generator=g) < 0.5) if with_keep else None
+    layout = _layout(q_lens, slots, [True, False, True], sum(q_lens))
+    seen: list[str] = []
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Ops():
+        out = varlen_attention(q, k, v, layout, keep, backend="torch")
+    assert seen == ["dllm_constrain.varlen_attention.default"]
+    assert out.is_contiguous() and out.shape == q.shape
+    op_args = (q, k, v, keep, layout.cu_seqlens_q, layout.cu_seqlens_k, layout.key_slots, layout.use_keep,
+               layout.max_seqlen_q, layout.q_index, layout.key_index, layout.key_bias, layout.key_valid,
+               layout.group_keep, layout.out_index, layout.counts, layout.group_rows, layout.group_keys, 0.3, "torch")
+    torch.library.opcheck(torch.ops.dllm_constrain.varlen_attention.default, op_args,
+                          test_utils=("test_schema", "test_faketensor"))
 
 
 def test_bad_shapes_are_refused() -> None:
