@@ -88,11 +88,12 @@ def varlen_attention_kernel(
              out.to(o_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
 
-def block_sizes(max_seqlen_q: int, dim: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_D) of a launch: the compile-time tile sizes (engine.warmup plans one per BLOCK_M)."""
+def block_sizes(max_seqlen_q: int, dim: int, interpreted: bool = INTERPRETED) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_D) of a launch: the compile-time tile sizes (engine.warmup plans one per BLOCK_M);
+    small tiles under the interpreter."""
     block_d = max(16, 1 << (dim - 1).bit_length())
-    block_m = 16 if (INTERPRETED or max_seqlen_q <= 16) else 64
-    return block_m, 16 if INTERPRETED else 64, block_d
+    block_m = 16 if (interpreted or max_seqlen_q <= 16) else 64
+    return block_m, 16 if interpreted else 64, block_d
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None,
