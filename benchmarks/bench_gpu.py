@@ -19,7 +19,9 @@ step: dispatched device ops (engine.sync_counter, one counted pass) and, on CUDA
 in one profiled step. Sections (`--sections`): "steps" (the above), "constrained" (the same at `--constrained-batch`
 with a JSON Schema on every request), "compile" (the layers' forward under torch.compile, default and
 "reduce-overhead", at `--compile-batch`; the attention is one opaque custom op, so dynamo does not break the graph
-there; graph breaks are counted, a failure is recorded, not raised), "layer_ops" (device ops per layer of one mixed
+there; graph breaks and graphs compiled are counted (on the CPU the grouped path's per-group lists change length
+from step to step, so dynamo recompiles; on CUDA the op takes tensors and one int), a failure is recorded, not
+raised), "layer_ops" (device ops per layer of one mixed
 step forward at each B, prompts of 3 to 202 tokens, odd requests refreshing: constant in B when the attention is
 one op per layer).
 
@@ -204,7 +206,9 @@ def compile_section(model: LLaDAModel, args: argparse.Namespace, out: dict[str, 
                 block.forward_with = torch.compile(block.forward_with, mode=mode, dynamic=True)
             torch._dynamo.utils.counters.clear()
             out[mode] = timed_run(model, args, args.compile_batch)
-            out[mode]["graph_breaks"] = sum(torch._dynamo.utils.counters["graph_break"].values())
+            counters = torch._dynamo.utils.counters
+            out[mode]["graph_breaks"] = sum(counters["graph_break"].values())
+            out[mode]["graphs_compiled"] = counters["stats"]["unique_graphs"]
         except Exception as exc:  # recorded, not raised: the other sections' figures stand
             out[mode] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         finally:

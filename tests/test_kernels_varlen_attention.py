@@ -195,3 +195,30 @@ def test_selection_keeps_what_the_packed_selection_keeps(n_seqs, data) -> None:
             for h in range(hkv):
                 expect = set(packed.indices[0, h, :int(packed.lengths[0, h])].tolist())
                 assert set(torch.nonzero(chosen[g][h, j, :n]).flatten().tolist()) == expect
+
+
+def test_a_step_builds_only_the_metadata_its_backend_reads_and_both_give_the_same_rows(tiny_llada) -> None:
+    """On Triton (CUDA; here its interpreter) the grouped torch path's per-group metadata is neither built nor
+    copied; the GIL-free forward's twin, which runs the grouped path on any device, asks for it."""
+    from dllm_constrain.engine.attention_step import StepAttention
+    from dllm_constrain.engine.config import EngineConfig
+    from dllm_constrain.engine.llm_engine import LLMEngine
+    from dllm_constrain.engine.model_runner import ModelRunner
+    from dllm_constrain.engine.state import Request, SamplingParams
+
+    engine = LLMEngine(tiny_llada)
+    params = SamplingParams(max_new_tokens=8, block_length=4)
+    states = [engine._new_state(i, Request(p, params)) for i, p in enumerate([[10, 11, 12], list(range(20, 45))])]
+    runner = ModelRunner(tiny_llada, tiny_llada.special.pad_id, EngineConfig(gil_free_forward=False))
+    runner.reset(states)
+    hidden = {}
+    with torch.inference_mode():
+        runner.forward_rows(states[:1])
+        segments = runner.plan(states)
+        ids, pos, _, total = runner._packed_inputs(segments)
+        for backend in ("triton", "torch"):
+            step = StepAttention.build(segments, runner.cache, ids.shape[1], runner.device, backend=backend)
+            assert step.backend == backend and step.layout.grouped == (backend == "torch")
+            assert (step.layout.counts == []) == (backend == "triton")
+            hidden[backend] = tiny_llada.hidden_states_cached(ids, pos, step.attend)[0, :total]
+    torch.testing.assert_close(hidden["triton"], hidden["torch"], atol=1e-5, rtol=1e-5)
