@@ -4,30 +4,19 @@ roofline, committed tokens/s, peak memory, launches per step, constrained vs unc
     python benchmarks/bench_gpu.py --out /tmp/gpu              # CUDA: random LLaDA-8B shape in bf16, B = 1, 8, 32, 64
     python benchmarks/bench_gpu.py --tiny --batches 1,2         # CPU (or CUDA): a tiny shape, proves the code runs
 
-The model is a random LLaDA with LLaDA-8B's config (32 layers, d_model 4096, 32 heads without GQA, MLP 12288,
-vocabulary 126,464, rope theta 500000) built in bfloat16 directly on the device (`torch.device` and default-dtype
-contexts: no float32 or host copy). Its special ids are a byte-level tokenizer's (bos 0, eos 1, pad 2, mask 3), so a
-JSON-Schema constraint compiles over that tokenizer (ids past it are never allowed); the EOS row of the head is
-zeroed so no unconstrained request ends early.
-
-Per batch B (`--batches`), B requests (prompt `--prompt`, canvas `--canvas` in blocks of `--block`, quota policy at
-`--per-step` commits per step; the late half arrives `--offset` steps late, so some steps mix Refresh and Reuse
-rows) run through `LLMEngine.step()` with the dual KV cache. Printed per B: the median step time by kind (refresh,
-reuse, mixed), the roofline of a step (bytes of the layer weights + one LM-head read per head pass, over
-`--bandwidth`, H200: 4.8 TB/s) and the measured / roofline ratio, committed tokens/s, peak memory, and launches per
-step: dispatched device ops (engine.sync_counter, one counted pass) and, on CUDA, the kernels torch.profiler saw
-in one profiled step. Sections (`--sections`): "steps" (the above), "constrained" (the same at `--constrained-batch`
-with a JSON Schema on every request), "compile" (the layers' forward under torch.compile, default and
-"reduce-overhead", at `--compile-batch`; the attention is one opaque custom op, so dynamo does not break the graph
-there; graph breaks and graphs compiled are counted (on the CPU the grouped path's per-group lists change length
-from step to step, so dynamo recompiles; on CUDA the op takes tensors and one int), a failure is recorded, not
-raised), "layer_ops" (device ops per layer of one mixed
-step forward at each B, prompts of 3 to 202 tokens, odd requests refreshing: constant in B when the attention is
-one op per layer).
-
-The Triton kernels the runs meet (greedy, up to the largest batch's rows per head pass) are compiled first
-(`engine.warmup.warm_up`, its time in "warm_up_s"), so no step pays for it.
-JSON goes to `--out`/bench_gpu.json (and stdout). Figures from a GPU run are dated entries in docs/measurements.md.
+The model: a random LLaDA-8B config (32 layers, d_model 4096, 32 heads, MLP 12288, vocabulary 126,464) built in bf16
+on the device; special ids a byte-level tokenizer's, the EOS head row zeroed. Per B (`--batches`), B requests
+(`--prompt`, `--canvas` in blocks of `--block`, quota policy at `--per-step`; the late half `--offset` steps late, so
+steps mix Refresh and Reuse rows) run through `LLMEngine.step()` with the dual KV cache. Sections (`--sections`):
+  steps        per B: median step time by kind, roofline (`--bandwidth`) ratio, tokens/s, peak memory, dispatched
+               device ops (engine.sync_counter) and, on CUDA, profiled kernels per step
+  constrained  the same at `--constrained-batch` with a JSON Schema on every request
+  compile      the layers under torch.compile (default, reduce-overhead) at `--compile-batch`: the attention is one
+               opaque custom op, so no graph break there (counted, with the graphs compiled: on the CPU the grouped
+               path's per-group lists change length between steps, so dynamo recompiles); failures recorded
+  layer_ops    device ops per layer of one mixed step (prompts of 3 to 202 tokens, odd requests refreshing) per B
+Kernels are compiled first (`engine.warmup.warm_up`, "warm_up_s"). JSON to `--out`/bench_gpu.json and stdout;
+GPU figures go in docs/measurements.md.
 """
 from __future__ import annotations
 
