@@ -11,7 +11,7 @@
 Only what the chosen backend reads is built: the grouped torch path's per-group indices and masks are skipped when
 the attention runs on Triton (the sparse selection, torch on every device, keeps its own grouped layout). Every
 tensor is moved to the device once per step; `attend(layer, q, k, v)` (the model's per-layer attention hook) then
-runs one index_copy_ per K/V, the selection (sparse Refresh only) and one `varlen_attention` (one custom op at
+runs one index_copy_ per K/V, the selection (sparse Refresh only, one op) and one `varlen_attention` (one custom op at
 the dispatcher), with no host sync and no Python branch on tensor values.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 
 from dllm_constrain.engine.kv_pool import KVPool
 from dllm_constrain.kernels._backend import resolve_backend
-from dllm_constrain.kernels.varlen_attention import VarlenLayout, keep_counts, select_salient_keys, varlen_attention
+from dllm_constrain.kernels.varlen_attention import VarlenLayout, keep_counts, mark_salient_keys, varlen_attention
 
 if TYPE_CHECKING:  # annotations only: model_runner imports this module
     from dllm_constrain.engine.model_runner import Segment
@@ -42,11 +42,8 @@ class Selection:
     dst: list[torch.Tensor]  # int64: its pool slot
 
     def apply(self, q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor) -> None:
-        """Write the refreshing segments' keep mask for this layer into `keep` [Hkv, S]."""
-        chosen = select_salient_keys(q, k, self.layout, self.needs, self.kmaxes)
-        for g, c in enumerate(chosen):
-            flat = (c | self.spans[g]).view(c.shape[0], -1)
-            keep.index_copy_(1, self.dst[g], flat.index_select(1, self.src[g]))
+        """Write the refreshing segments' keep mask for this layer into `keep` [Hkv, S] (one op)."""
+        mark_salient_keys(q, k, keep, self.layout, self.needs, self.kmaxes, self.spans, self.src, self.dst)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ The grouped torch path is bitwise batch invariant on the CPU (docs/attention.md)
 a multiple of QUERY_ROUND rows and its keys to a multiple of KEY_ROUND, and the sequences of one padded shape go
 through one batched matmul-softmax-matmul, so every sequence computes at its own shape, alone or in any batch.
 `VarlenLayout` is the host-side metadata, built once per step and moved to the device once; `select_salient_keys`
-marks, per sequence and KV head, the most salient keys outside its span (the sparse cache's keep mask).
+marks, per sequence and KV head, the most salient keys outside its span; `mark_salient_keys` writes them into the
+sparse cache's keep mask as one op (torch.ops.dllm_constrain.mark_salient_keys_, mutating the mask).
 """
 from __future__ import annotations
 
@@ -255,14 +256,21 @@ def select_salient_keys(q: torch.Tensor, k: torch.Tensor, layout: VarlenLayout, 
     against its keys, key_valid marking those outside the span; saliency is the max over the span's queries and the
     query heads of the group of the softmax probability over those keys (kernels.packed_kv_attention's)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return _salient(q, k, layout.q_index, layout.key_index, layout.key_valid, layout.query_valid, layout.counts,
+                    layout.group_rows, layout.group_keys, needs, kmaxes, scale)
+
+
+def _salient(q: torch.Tensor, k: torch.Tensor, q_index: list[torch.Tensor], key_index: list[torch.Tensor],
+             key_valid: list[torch.Tensor], query_valid: list[torch.Tensor], counts: list[int], group_rows: list[int],
+             group_keys: list[int], needs: list[torch.Tensor], kmaxes: list[int], scale: float) -> list[torch.Tensor]:
     hkv = k.shape[0]
     rep = q.shape[0] // hkv
     chosen = []
-    for g in range(len(layout.counts)):
-        count, m, kk = layout.counts[g], layout.group_rows[g], layout.group_keys[g]
-        valid = layout.key_valid[g]
-        p = group_probs(q, k, layout.q_index[g], layout.key_index[g], valid, count, m, kk, scale)
-        rows = layout.query_valid[g].view(1, count, 1, m).expand(1, count, rep, m).reshape(1, count, rep * m, 1)
+    for g in range(len(counts)):
+        count, m, kk = counts[g], group_rows[g], group_keys[g]
+        valid = key_valid[g]
+        p = group_probs(q, k, q_index[g], key_index[g], valid, count, m, kk, scale)
+        rows = query_valid[g].view(1, count, 1, m).expand(1, count, rep, m).reshape(1, count, rep * m, 1)
         sal = p.masked_fill_(~rows, 0.0).amax(dim=2).masked_fill_(~valid.view(1, count, kk), float("-inf"))
         kmax = max(1, kmaxes[g])
         order = torch.sort(sal, dim=-1, descending=True, stable=True).indices[..., :kmax]
@@ -270,3 +278,39 @@ def select_salient_keys(q: torch.Tensor, k: torch.Tensor, layout: VarlenLayout, 
         mask = torch.zeros(hkv, count, kk, dtype=torch.bool, device=q.device)
         chosen.append(mask.scatter_(2, order, used.expand(hkv, count, kmax)))
     return chosen
+
+
+def mark_salient_keys(q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor, layout: VarlenLayout,
+                      needs: list[torch.Tensor], kmaxes: list[int], always: list[torch.Tensor],
+                      src: list[torch.Tensor], dst: list[torch.Tensor]) -> None:
+    """The sparse Refresh's keep mask, written into `keep` [Hkv, S] in ONE op at the dispatcher
+    (torch.ops.dllm_constrain.mark_salient_keys_, declared to mutate `keep`): per group, the salient keys
+    (`select_salient_keys`) or'ed with `always` [1, count, K] (the span), flattened (sequence, position) -> `src`,
+    written at the pool slots `dst`."""
+    torch.ops.dllm_constrain.mark_salient_keys_(
+        q, k, keep, layout.q_index, layout.key_index, layout.key_valid, layout.query_valid, layout.counts,
+        layout.group_rows, layout.group_keys, needs, kmaxes, always, src, dst, 1.0 / math.sqrt(q.shape[-1]))
+
+
+_MARK_SCHEMA = ("(Tensor q, Tensor k, Tensor(a!) keep, Tensor[] q_index, Tensor[] key_index, Tensor[] key_valid, "
+                "Tensor[] query_valid, int[] counts, int[] group_rows, int[] group_keys, Tensor[] needs, "
+                "int[] kmaxes, Tensor[] always, Tensor[] src, Tensor[] dst, float scale) -> ()")
+
+
+@torch.library.custom_op("dllm_constrain::mark_salient_keys_", mutates_args=("keep",), schema=_MARK_SCHEMA)
+def _mark_salient_keys_op(q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor, q_index: list[torch.Tensor],
+                          key_index: list[torch.Tensor], key_valid: list[torch.Tensor],
+                          query_valid: list[torch.Tensor], counts: list[int], group_rows: list[int],
+                          group_keys: list[int], needs: list[torch.Tensor], kmaxes: list[int],
+                          always: list[torch.Tensor], src: list[torch.Tensor], dst: list[torch.Tensor],
+                          scale: float) -> None:
+    chosen = _salient(q, k, q_index, key_index, key_valid, query_valid, counts, group_rows, group_keys, needs,
+                      kmaxes, scale)
+    for g, c in enumerate(chosen):
+        flat = (c | always[g]).view(c.shape[0], -1)
+        keep.index_copy_(1, dst[g], flat.index_select(1, src[g]))
+
+
+@_mark_salient_keys_op.register_fake
+def _(*args: object) -> None:
+    return None

@@ -222,3 +222,31 @@ def test_a_step_builds_only_the_metadata_its_backend_reads_and_both_give_the_sam
             assert (step.layout.counts == []) == (backend == "triton")
             hidden[backend] = tiny_llada.hidden_states_cached(ids, pos, step.attend)[0, :total]
     torch.testing.assert_close(hidden["triton"], hidden["torch"], atol=1e-5, rtol=1e-5)
+
+
+def test_the_sparse_selection_is_one_op_that_declares_its_write_of_the_keep_mask(tiny_llada) -> None:
+    from dllm_constrain.engine.attention_step import StepAttention
+    from dllm_constrain.engine.config import EngineConfig
+    from dllm_constrain.engine.llm_engine import LLMEngine
+    from dllm_constrain.engine.model_runner import ModelRunner
+    from dllm_constrain.engine.state import Request, SamplingParams
+
+    engine = LLMEngine(tiny_llada)
+    params = SamplingParams(max_new_tokens=8, block_length=4)
+    states = [engine._new_state(i, Request(p, params)) for i, p in enumerate([[10, 11, 12], list(range(20, 45))])]
+    runner = ModelRunner(tiny_llada, tiny_llada.special.pad_id, EngineConfig(gil_free_forward=False, keep_ratio=0.5))
+    runner.reset(states)
+    with torch.inference_mode():
+        runner.forward_rows(states[:1])  # the pool exists, with its keep mask
+        segments = runner.plan(states)  # request 0 reuses, request 1 refreshes: its keys are selected
+        step = StepAttention.build(segments, runner.cache, sum(seg.length for seg in segments), runner.device, 0.5)
+    sel = step.selection
+    assert sel is not None and runner.cache is not None
+    keys, _, keep = runner.cache.layer(0, torch.zeros(2, 1, 8))
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(4, step.layout.rows, 8, generator=g)
+    lay = sel.layout
+    args = (q, keys, keep.clone(), lay.q_index, lay.key_index, lay.key_valid, lay.query_valid, lay.counts,
+            lay.group_rows, lay.group_keys, sel.needs, sel.kmaxes, sel.spans, sel.src, sel.dst, 0.35)
+    torch.library.opcheck(torch.ops.dllm_constrain.mark_salient_keys_.default, args,
+                          test_utils=("test_schema", "test_faketensor"))
