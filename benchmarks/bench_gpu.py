@@ -4,26 +4,19 @@ roofline, committed tokens/s, peak memory, launches per step, constrained vs unc
     python benchmarks/bench_gpu.py --out /tmp/gpu              # CUDA: random LLaDA-8B shape in bf16, B = 1, 8, 32, 64
     python benchmarks/bench_gpu.py --tiny --batches 1,2         # CPU (or CUDA): a tiny shape, proves the code runs
 
-The model is a random LLaDA with LLaDA-8B's config (32 layers, d_model 4096, 32 heads without GQA, MLP 12288,
-vocabulary 126,464, rope theta 500000) built in bfloat16 directly on the device (`torch.device` and default-dtype
-contexts: no float32 or host copy). Its special ids are a byte-level tokenizer's (bos 0, eos 1, pad 2, mask 3), so a
-JSON-Schema constraint compiles over that tokenizer (ids past it are never allowed); the EOS row of the head is
-zeroed so no unconstrained request ends early.
-
-Per batch B (`--batches`), B requests (prompt `--prompt`, canvas `--canvas` in blocks of `--block`, quota policy at
-`--per-step` commits per step; the late half arrives `--offset` steps late, so some steps mix Refresh and Reuse
-rows) run through `LLMEngine.step()` with the dual KV cache. Printed per B: the median step time by kind (refresh,
-reuse, mixed), the roofline of a step (bytes of the layer weights + one LM-head read per head pass, over
-`--bandwidth`, H200: 4.8 TB/s) and the measured / roofline ratio, committed tokens/s, peak memory, and launches per
-step: dispatched device ops (engine.sync_counter, one counted pass) and, on CUDA, the kernels torch.profiler saw
-in one profiled step. Sections (`--sections`): "steps" (the above), "constrained" (the same at `--constrained-batch`
-with a JSON Schema on every request), "compile" (the layers' forward under torch.compile, default and
-"reduce-overhead", at `--compile-batch`; the per-request attention callback stays eager, so dynamo breaks the graph
-there; a failure is recorded, not raised).
-
-The Triton kernels the runs meet (greedy, up to the largest batch's rows per head pass) are compiled first
-(`engine.warmup.warm_up`, its time in "warm_up_s"), so no step pays for it.
-JSON goes to `--out`/bench_gpu.json (and stdout). Figures from a GPU run are dated entries in docs/measurements.md.
+The model: a random LLaDA-8B config (32 layers, d_model 4096, 32 heads, MLP 12288, vocabulary 126,464) built in bf16
+on the device; special ids a byte-level tokenizer's, the EOS head row zeroed. Per B (`--batches`), B requests
+(`--prompt`, `--canvas` in blocks of `--block`, quota policy at `--per-step`; the late half `--offset` steps late, so
+steps mix Refresh and Reuse rows) run through `LLMEngine.step()` with the dual KV cache. Sections (`--sections`):
+  steps        per B: median step time by kind, roofline (`--bandwidth`) ratio, tokens/s, peak memory, dispatched
+               device ops (engine.sync_counter) and, on CUDA, profiled kernels per step
+  constrained  the same at `--constrained-batch` with a JSON Schema on every request
+  compile      the layers under torch.compile (default, reduce-overhead) at `--compile-batch`: the attention is one
+               opaque custom op, so no graph break there (counted, with the graphs compiled: on the CPU the grouped
+               path's per-group lists change length between steps, so dynamo recompiles); failures recorded
+  layer_ops    device ops per layer of one mixed step (prompts of 3 to 202 tokens, odd requests refreshing) per B
+Kernels are compiled first (`engine.warmup.warm_up`, "warm_up_s"). JSON to `--out`/bench_gpu.json and stdout;
+GPU figures go in docs/measurements.md.
 """
 from __future__ import annotations
 
@@ -149,6 +142,38 @@ def launches(model: LLaDAModel, args: argparse.Namespace, batch: int) -> dict[st
     return out
 
 
+def layer_ops(model: LLaDAModel, batch: int) -> dict[str, Any]:
+    """Device ops per layer (SyncCounter's layer_ops / layers) of one forward where the even requests reuse their
+    cache and the odd ones refresh, prompts of different lengths (so the attention's sequences differ in shape)."""
+    from dllm_constrain.engine.config import EngineConfig
+    from dllm_constrain.engine.model_runner import ModelRunner
+
+    engine = new_engine(model, batch)
+    params = SamplingParams(max_new_tokens=16, block_length=8)
+    states = [engine._new_state(i, Request([4 + j % 250 for j in range(3 + (i * 37) % 200)], params))
+              for i in range(batch)]
+    runner = ModelRunner(model, SPECIALS["pad_token_id"], EngineConfig(gil_free_forward=False))
+    runner.reset(states)
+    counter = SyncCounter.for_model(model)
+    with torch.inference_mode():
+        runner.forward_rows(states[::2])
+        forward = model.hidden_states_cached
+
+        def counted(*a: Any, **k: Any) -> Any:
+            with counter:
+                return forward(*a, **k)
+
+        model.hidden_states_cached = counted
+        refreshed = runner.stats.refresh_rows
+        try:
+            runner.forward_rows(states)
+        finally:
+            del model.hidden_states_cached
+    refresh = runner.stats.refresh_rows - refreshed
+    return {"batch": batch, "refresh": refresh, "reuse": batch - refresh,
+            "layer_ops_per_layer": counter.counts.layer_ops / model.config.n_layers}
+
+
 def roofline(model: LLaDAModel, result: dict[str, Any], bandwidth: float) -> dict[str, Any]:
     layers, head = weight_bytes(model)
     bytes_per_step = layers + head * result["head_passes_per_step"]
@@ -168,8 +193,12 @@ def compile_section(model: LLaDAModel, args: argparse.Namespace, out: dict[str, 
         try:
             for block in blocks:
                 block.forward_with = torch.compile(block.forward_with, mode=mode, dynamic=True)
+            torch._dynamo.utils.counters.clear()
             out[mode] = timed_run(model, args, args.compile_batch)
-        except Exception as exc:  # recorded: the engine's per-request attention may not compile
+            counters = torch._dynamo.utils.counters
+            out[mode]["graph_breaks"] = sum(counters["graph_break"].values())
+            out[mode]["graphs_compiled"] = counters["stats"]["unique_graphs"]
+        except Exception as exc:  # recorded, not raised: the other sections' figures stand
             out[mode] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         finally:
             for block in blocks:
@@ -257,6 +286,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report["compile"] = {}
         compile_section(model, args, report["compile"], lambda: save(report, args.out))
         print(json.dumps(report["compile"]), flush=True)
+    if "layer_ops" in sections:
+        report["layer_ops"] = [layer_ops(model, int(b)) for b in args.batches.split(",")]
+        print(json.dumps(report["layer_ops"]), flush=True)
+        save(report, args.out)
     report["total_s"] = round(time.perf_counter() - start, 1)
     save(report, args.out)
     print(json.dumps({"total_s": report["total_s"]}))

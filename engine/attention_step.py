@@ -8,9 +8,11 @@
     before anything reads them);
   * for the sparse cache, a `Selection`: each refreshing segment's span queries against its keys outside the span,
     whose salient keys per KV head become its slots' keep mask (Reuse reads only those, plus its span).
-Every tensor is moved to the device once per step; `attend(layer, q, k, v)` (the model's per-layer attention hook)
-then runs one index_copy_ per K/V, the selection (sparse Refresh only) and one `varlen_attention`, with no host
-sync and no Python branch on tensor values.
+Only what the chosen backend reads is built: the grouped torch path's per-group indices and masks are skipped when
+the attention runs on Triton (the sparse selection, torch on every device, keeps its own grouped layout). Every
+tensor is moved to the device once per step; `attend(layer, q, k, v)` (the model's per-layer attention hook) then
+runs one index_copy_ per K/V, the selection (sparse Refresh only, one op) and one `varlen_attention` (one custom op at
+the dispatcher), with no host sync and no Python branch on tensor values.
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from dllm_constrain.engine.kv_pool import KVPool
-from dllm_constrain.kernels.varlen_attention import VarlenLayout, keep_counts, select_salient_keys, varlen_attention
+from dllm_constrain.kernels._backend import resolve_backend
+from dllm_constrain.kernels.varlen_attention import VarlenLayout, keep_counts, mark_salient_keys, varlen_attention
 
 if TYPE_CHECKING:  # annotations only: model_runner imports this module
     from dllm_constrain.engine.model_runner import Segment
@@ -39,11 +42,8 @@ class Selection:
     dst: list[torch.Tensor]  # int64: its pool slot
 
     def apply(self, q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor) -> None:
-        """Write the refreshing segments' keep mask for this layer into `keep` [Hkv, S]."""
-        chosen = select_salient_keys(q, k, self.layout, self.needs, self.kmaxes)
-        for g, c in enumerate(chosen):
-            flat = (c | self.spans[g]).view(c.shape[0], -1)
-            keep.index_copy_(1, self.dst[g], flat.index_select(1, self.src[g]))
+        """Write the refreshing segments' keep mask for this layer into `keep` [Hkv, S] (one op)."""
+        mark_salient_keys(q, k, keep, self.layout, self.needs, self.kmaxes, self.spans, self.src, self.dst)
 
 
 @dataclass(frozen=True)
@@ -60,16 +60,20 @@ class StepAttention:
     @classmethod
     def build(cls, segments: list["Segment"], pool: KVPool | None, rows: int, device: torch.device,
               keep_ratio: float = 1.0, backend: str = "auto") -> "StepAttention":
+        """backend: the attention's ("auto" | "triton" | "torch", resolved here for `device`); the metadata is
+        built for it alone (the GIL-free forward's TorchScript twin runs the grouped path: it passes "torch")."""
+        backend = resolve_backend(backend, torch.device(device))
+        grouped = backend == "torch"
         total = sum(seg.length for seg in segments)
         starts, lengths = [seg.start for seg in segments], [seg.length for seg in segments]
         if pool is None:
             keys = [torch.arange(seg.start, seg.start + seg.length) for seg in segments]
-            layout = VarlenLayout.build(starts, lengths, keys, [False] * len(segments), rows, device)
+            layout = VarlenLayout.build(starts, lengths, keys, [False] * len(segments), rows, device, grouped=grouped)
             return cls(layout, None, None, total, None, backend)
         slots = [pool.slots(seg.state.index) for seg in segments]
         write = torch.cat([s[seg.first:seg.first + seg.length] for s, seg in zip(slots, segments)])
         layout = VarlenLayout.build(starts, lengths, slots, [pool.sparse and seg.kind == "reuse" for seg in segments],
-                                    rows, device)
+                                    rows, device, grouped=grouped)
         refreshing = [(seg, s) for seg, s in zip(segments, slots) if pool.sparse and seg.kind == "refresh"]
         selection = _selection(refreshing, keep_ratio, rows, device) if refreshing else None
         return cls(layout, pool, write.to(device, non_blocking=True), total, selection, backend)

@@ -269,7 +269,7 @@ class ModelRunner:
         GIL and gives the hidden states [T, D]."""
         assert self.scripted is not None
         ids, pos, neighbors, total = self._packed_inputs(segments)
-        step = StepAttention.build(segments, self.cache, ids.shape[1], self.device, backend=self.config.backend)
+        step = StepAttention.build(segments, self.cache, ids.shape[1], self.device, backend="torch")  # the twin's path
         w = self.scripted
         pool_k: list[torch.Tensor] = []
         pool_v: list[torch.Tensor] = []

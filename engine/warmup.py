@@ -12,8 +12,10 @@ What is planned (`plan_warm_up`), from the engine's settings and the model's sha
       distinct (BLOCK_R bucket, specialisation of the rows, of the vocabulary split's tiles per program and of its
       program count) up to the most rows a chunk holds (`EngineConfig.max_logit_rows`, else MAX_STEP_ROWS), each
       with and without a mask, greedy and sampling (`head_row_counts`);
-  the sparse Reuse attention (kernels.packed_kv_attention), only with `keep_ratio` < 1: per query-span bucket
-      (BLOCK_M 16 for spans up to 16 rows, 32 above), at the model's head dimension and head counts;
+  the step's varlen attention (kernels/_triton_varlen_attention.py, every layer's attention) for families with
+      the cached forward: one launch per BLOCK_M (16 for steps of at most 16 query rows per sequence, 64 above) at
+      the model's head dimension, head counts and dtype, with the keep mask (HAS_KEEP) exactly when the sparse
+      cache is on (`keep_ratio` < 1 with kv_cache "dual": the pool then passes it on every layer);
   the token-bitmask application (kernels.bitmask) on the device: its torch ops load their kernels once.
 """
 from __future__ import annotations
@@ -31,7 +33,7 @@ from dllm_constrain.engine.model_runner import model_device
 
 MAX_STEP_ROWS = 64 * 64  # rows of one head pass without a max_logit_rows cap: 64 requests' blocks of up to 64
 HEAD_BLOCK_V = 128  # the compiled head kernel's vocabulary tile (kernels.masked_row_stats)
-SPAN_LENGTHS = (16, 32)  # one per BLOCK_M bucket of the sparse attention
+QUERY_ROWS = (16, 64)  # one per BLOCK_M of the varlen attention (query rows of a step's longest sequence)
 
 
 class WarmUpTarget(Protocol):
@@ -43,8 +45,8 @@ class WarmUpTarget(Protocol):
 
 @dataclass(frozen=True)
 class Variant:
-    """One kernel variant to compile: `kind` is "row_stats" (rows, masked, sampling), "packed_attention" (rows =
-    the query span) or "bitmask" (rows)."""
+    """One kernel variant to compile: `kind` is "row_stats" (rows, masked, sampling), "varlen_attention" (rows = the
+    longest sequence's query rows, masked = the keep mask) or "bitmask" (rows)."""
 
     kind: str
     rows: int
@@ -99,8 +101,9 @@ def plan_warm_up(config: EngineConfig, device: torch.device, *, vocab: int, sms:
     if has_lm_head and config.backend != "torch":
         plan += [Variant("row_stats", r, masked, noise)
                  for r in rows for masked in (False, True) for noise in ((False, True) if sampling else (False,))]
-    if has_attention and config.keep_ratio < 1.0 and config.kv_cache == "dual" and config.backend != "torch":
-        plan += [Variant("packed_attention", span) for span in SPAN_LENGTHS]
+    if has_attention and config.backend != "torch":
+        sparse = config.keep_ratio < 1.0 and config.kv_cache == "dual"
+        plan += [Variant("varlen_attention", rows, masked=sparse) for rows in QUERY_ROWS]
     plan.append(Variant("bitmask", min(rows[-1], 16)))  # its torch ops load once, whatever the rows
     return plan
 
@@ -109,7 +112,6 @@ def run_variant(variant: Variant, model: Any, device: torch.device, backend: str
     """One call of the variant's kernel on dummy inputs of the model's shapes (zeros; every token allowed)."""
     from dllm_constrain.kernels import masked_row_stats as mrs
     from dllm_constrain.kernels.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace
-    from dllm_constrain.kernels.packed_kv_attention import PackedKV, packed_kv_attention
 
     vocab = int(model.vocab_size)
     if variant.kind == "row_stats":
@@ -119,19 +121,29 @@ def run_variant(variant: Variant, model: Any, device: torch.device, backend: str
         gen = torch.Generator(device=device).manual_seed(0) if variant.sampling else None
         mrs.masked_row_stats_from_hidden(hidden, weight, mask, 1.0 if variant.sampling else 0.0, gen,
                                          backend=backend)
-    elif variant.kind == "packed_attention":
-        shape = attention_shape(model)
-        assert shape is not None  # planned only for families with the cached forward
-        heads, kv, dim = shape
-        dtype = next(model.parameters()).dtype
-        z = lambda *s: torch.zeros(*s, dtype=dtype, device=device)  # noqa: E731
-        packed = PackedKV(z(1, kv, 16, dim), z(1, kv, 16, dim), torch.full((1, kv), 16, dtype=torch.int32,
-                          device=device), torch.zeros(1, kv, 16, dtype=torch.long, device=device))
-        packed_kv_attention(z(1, heads, variant.rows, dim), packed, z(1, kv, variant.rows, dim),
-                            z(1, kv, variant.rows, dim), backend=backend)
+    elif variant.kind == "varlen_attention":
+        _run_varlen_attention(variant, model, device, backend)
     else:
         logits = torch.zeros(variant.rows, vocab, device=device)
         apply_token_bitmask_inplace(logits, allocate_token_bitmask(variant.rows, vocab).to(device))
+
+
+def _run_varlen_attention(variant: Variant, model: Any, device: torch.device, backend: str) -> None:
+    """One sequence of `variant.rows` queries over 64 pool slots, laid out as the engine's step: q a head-major view
+    of the projections' [T, Hq, D], k/v the pool's [Hkv, S, D], the keep mask [Hkv, S] when masked."""
+    from dllm_constrain.kernels.varlen_attention import VarlenLayout, varlen_attention
+
+    shape = attention_shape(model)
+    assert shape is not None  # planned only for families with the cached forward
+    heads, kv, dim = shape
+    dtype = next(model.parameters()).dtype
+    slots = 64
+    q = torch.zeros(variant.rows, heads, dim, dtype=dtype, device=device).transpose(0, 1)
+    k = torch.zeros(kv, slots, dim, dtype=dtype, device=device)
+    keep = torch.ones(kv, slots, dtype=torch.bool, device=device) if variant.masked else None
+    layout = VarlenLayout.build([0], [variant.rows], [torch.arange(slots)], [variant.masked], variant.rows, device,
+                                grouped=False)
+    varlen_attention(q, k, torch.zeros_like(k), layout, keep, backend=backend)
 
 
 def warm_up(target: WarmUpTarget, *, sampling: bool = True, max_rows: int | None = None) -> float:

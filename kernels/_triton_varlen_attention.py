@@ -88,27 +88,35 @@ def varlen_attention_kernel(
              out.to(o_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
 
-def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout, keep: torch.Tensor | None,
-                     scale: float) -> torch.Tensor:
-    """Launch the kernel for `layout` (kernels.varlen_attention.VarlenLayout): [Hq, T, D] in q's dtype."""
+def block_sizes(max_seqlen_q: int, dim: int, interpreted: bool = INTERPRETED) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_D) of a launch: the compile-time tile sizes (engine.warmup plans one per BLOCK_M);
+    small tiles under the interpreter."""
+    block_d = max(16, 1 << (dim - 1).bit_length())
+    block_m = 16 if (interpreted or max_seqlen_q <= 16) else 64
+    return block_m, 16 if interpreted else 64, block_d
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None,
+                     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, key_slots: torch.Tensor,
+                     use_keep: torch.Tensor, max_seqlen_q: int, scale: float) -> torch.Tensor:
+    """One launch for the layout's sequences (kernels.varlen_attention.VarlenLayout's varlen fields): [Hq, T, D] in
+    q's dtype."""
     hq, _, d = q.shape
     hkv = k.shape[0]
     if d > 128:
         raise ValueError(f"the varlen kernel takes head dims up to 128, got {d}")
-    out = torch.zeros_like(q)  # rows outside every sequence stay zero
-    sequences = layout.cu_seqlens_q.numel() - 1
-    if sequences == 0 or layout.max_seqlen_q == 0:
+    out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)  # contiguous; rows outside every sequence: 0
+    sequences = cu_seqlens_q.numel() - 1
+    if sequences == 0 or max_seqlen_q == 0:
         return out
-    block_d = max(16, 1 << (d - 1).bit_length())
-    block_m = 16 if (INTERPRETED or layout.max_seqlen_q <= 16) else 64
-    block_n = 16 if INTERPRETED else 64
+    block_m, block_n, block_d = block_sizes(max_seqlen_q, d)
     dot_fp32 = q.dtype == torch.float32 or INTERPRETED
     kv = k.to(q.dtype), v.to(q.dtype)
     keep_t = keep if keep is not None else torch.zeros((1, 1), dtype=torch.bool, device=q.device)
     keep_t = keep_t.view(torch.uint8) if keep_t.dtype == torch.bool else keep_t
-    grid = (triton.cdiv(layout.max_seqlen_q, block_m), sequences, hq)
+    grid = (triton.cdiv(max_seqlen_q, block_m), sequences, hq)
     varlen_attention_kernel[grid](
-        q, kv[0], kv[1], keep_t, out, layout.cu_seqlens_q, layout.cu_seqlens_k, layout.key_slots, layout.use_keep,
+        q, kv[0], kv[1], keep_t, out, cu_seqlens_q, cu_seqlens_k, key_slots, use_keep,
         hq, hq // hkv, d, float(scale),
         q.stride(1), q.stride(0), q.stride(2), kv[0].stride(1), kv[0].stride(0), kv[0].stride(2),
         kv[1].stride(1), kv[1].stride(0), kv[1].stride(2), keep_t.stride(1), keep_t.stride(0),

@@ -7,13 +7,16 @@
   out [Hq, T, D]    softmax(q K_b^T * scale) V_b per sequence, query head h reading KV head h // (Hq / Hkv)
 Head-major, the layout the model's [B, H, L, D] projections already have, so nothing is transposed.
 
-Backends (`varlen_attention`): Triton on CUDA (kernels/_triton_varlen_attention.py), the grouped torch path
-elsewhere, and `reference_varlen_attention` (a per-sequence loop of plain softmax attention) for tests.
+`varlen_attention` is ONE op at the dispatcher, `torch.ops.dllm_constrain.varlen_attention` (a torch.library custom
+op, as vLLM's unified_attention): torch.compile and dispatch modes see one opaque call (shape from its fake
+implementation); inside, Triton on CUDA (kernels/_triton_varlen_attention.py, one launch) or the grouped torch path
+(one SDPA per padded-shape group). `reference_varlen_attention` (plain softmax per sequence) is for tests.
 The grouped torch path is bitwise batch invariant on the CPU (docs/attention.md): a sequence's queries are padded to
 a multiple of QUERY_ROUND rows and its keys to a multiple of KEY_ROUND, and the sequences of one padded shape go
 through one batched matmul-softmax-matmul, so every sequence computes at its own shape, alone or in any batch.
 `VarlenLayout` is the host-side metadata, built once per step and moved to the device once; `select_salient_keys`
-marks, per sequence and KV head, the most salient keys outside its span (the sparse cache's keep mask).
+marks, per sequence and KV head, the most salient keys outside its span; `mark_salient_keys` writes them into the
+sparse cache's keep mask as one op (torch.ops.dllm_constrain.mark_salient_keys_, mutating the mask).
 """
 from __future__ import annotations
 
@@ -56,14 +59,16 @@ class VarlenLayout:
     group_keep: list[torch.Tensor]  # bool [1, count, 1, 1]: the keep mask applies
     query_valid: list[torch.Tensor]  # bool [count, M]: the real query rows
     out_index: torch.Tensor  # int64 [T]: each row's place in the groups' concatenated padded rows
+    grouped: bool = True  # False: the grouped torch path's fields are empty (built for Triton only)
 
     @classmethod
     def build(cls, q_starts: list[int], q_lens: list[int], key_slots: list[torch.Tensor], use_keep: list[bool],
               rows: int, device: torch.device | str = "cpu",
-              key_valid: list[torch.Tensor] | None = None) -> "VarlenLayout":
+              key_valid: list[torch.Tensor] | None = None, grouped: bool = True) -> "VarlenLayout":
         """Sequence b: query rows [q_starts[b], q_starts[b] + q_lens[b]) of the T=`rows` packed rows, keys at the slots
         `key_slots[b]` (int64, CPU), the keep mask on where use_keep[b]; key_valid[b] (bool, optional) narrows the
-        torch path's keys (the Triton kernel takes every key). Host work, then one copy per tensor."""
+        torch path's keys (the Triton kernel takes every key). Host work, then one copy per tensor. grouped=False
+        builds only what the Triton kernel reads (cu_seqlens, slots, use_keep): no per-group index, mask or copy."""
         def dev(x: torch.Tensor) -> torch.Tensor:
             return x.to(device, non_blocking=True)
 
@@ -72,6 +77,15 @@ class VarlenLayout:
         for b in range(n):
             cu_q.append(cu_q[-1] + q_lens[b])
             cu_k.append(cu_k[-1] + int(key_slots[b].numel()))
+        flat = torch.cat(key_slots) if key_slots else torch.zeros(0, dtype=torch.long)
+        varlen = dict(cu_seqlens_q=dev(torch.tensor(cu_q, dtype=torch.int32)),
+                      cu_seqlens_k=dev(torch.tensor(cu_k, dtype=torch.int32)), key_slots=dev(flat.to(torch.int32)),
+                      use_keep=dev(torch.tensor(use_keep, dtype=torch.int32)), max_seqlen_q=max(q_lens, default=0),
+                      rows=rows)
+        if not grouped:
+            return cls(**varlen, counts=[], group_rows=[], group_keys=[], group_seqs=[], q_index=[], key_index=[],
+                       key_valid=[], key_bias=[], group_keep=[], query_valid=[],
+                       out_index=torch.zeros(0, dtype=torch.long, device=device), grouped=False)
         shapes = sorted({(_rounded(q_lens[b], QUERY_ROUND), _rounded(int(key_slots[b].numel()), KEY_ROUND))
                          for b in range(n)})
         seqs = [[b for b in range(n) if (_rounded(q_lens[b], QUERY_ROUND),
@@ -100,11 +114,7 @@ class VarlenLayout:
             bias.append(dev(torch.zeros(len(members), 1, 1, k).masked_fill_(~kv.view(-1, 1, 1, k), float("-inf"))))
             real.append(dev(qv))
             keep.append(dev(torch.tensor([use_keep[b] for b in members], dtype=torch.bool).view(1, -1, 1, 1)))
-        flat = torch.cat(key_slots) if key_slots else torch.zeros(0, dtype=torch.long)
-        return cls(cu_seqlens_q=dev(torch.tensor(cu_q, dtype=torch.int32)),
-                   cu_seqlens_k=dev(torch.tensor(cu_k, dtype=torch.int32)),
-                   key_slots=dev(flat.to(torch.int32)), use_keep=dev(torch.tensor(use_keep, dtype=torch.int32)),
-                   max_seqlen_q=max(q_lens, default=0), rows=rows, counts=[len(m) for m in seqs],
+        return cls(**varlen, counts=[len(m) for m in seqs],
                    group_rows=[m for m, _ in shapes], group_keys=[k for _, k in shapes], group_seqs=seqs,
                    q_index=q_index, key_index=key_index, key_valid=valid, key_bias=bias, group_keep=keep,
                    query_valid=real, out_index=dev(out_index))
@@ -152,10 +162,15 @@ def group_key_masks(layout: VarlenLayout, keep: torch.Tensor | None) -> list[tor
     where it applies."""
     if keep is None:
         return layout.key_bias
+    return _kept_key_masks(keep, layout.key_index, layout.key_valid, layout.group_keep, layout.counts)
+
+
+def _kept_key_masks(keep: torch.Tensor, key_index: list[torch.Tensor], key_valid: list[torch.Tensor],
+                    group_keep: list[torch.Tensor], counts: list[int]) -> list[torch.Tensor]:
     masks = []
-    for g, valid in enumerate(layout.key_valid):
-        kept = keep.index_select(1, layout.key_index[g]).view(keep.shape[0], layout.counts[g], 1, -1)
-        ok = (valid & (kept | ~layout.group_keep[g])).transpose(0, 1)
+    for g, valid in enumerate(key_valid):
+        kept = keep.index_select(1, key_index[g]).view(keep.shape[0], counts[g], 1, -1)
+        ok = (valid & (kept | ~group_keep[g])).transpose(0, 1)
         masks.append(torch.zeros(ok.shape, device=ok.device).masked_fill_(~ok, float("-inf")))
     return masks
 
@@ -185,16 +200,47 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: 
                      keep: torch.Tensor | None = None, *, scale: float | None = None,
                      backend: str = "auto") -> torch.Tensor:
     """Every sequence of `layout` in one call: q [Hq, T, D], k/v [Hkv, S, D] -> [Hq, T, D] (see the module
-    docstring). backend: "auto" (Triton on CUDA, the grouped torch path elsewhere) | "triton" | "torch"."""
+    docstring). backend: "auto" (Triton on CUDA, the grouped torch path elsewhere) | "triton" | "torch". One
+    dispatch of the custom op `torch.ops.dllm_constrain.varlen_attention`."""
     if q.shape[0] % k.shape[0] or q.shape[2] != k.shape[2] or k.shape != v.shape:
         raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     chosen = resolve_backend(backend, q.device)
+    if chosen == "torch" and not layout.grouped:
+        raise ValueError("the grouped torch path needs a layout built with grouped=True")
     record("varlen_attention", chosen)
-    if chosen == "triton":
-        return load_kernels(_KERNEL_MODULE).varlen_attention(q, k, v, layout, keep, scale)
-    return grouped_attention(q, k, v, layout.q_index, layout.key_index, group_key_masks(layout, keep),
-                             layout.out_index, layout.counts, layout.group_rows, layout.group_keys, scale)
+    return torch.ops.dllm_constrain.varlen_attention(
+        q, k, v, keep, layout.cu_seqlens_q, layout.cu_seqlens_k, layout.key_slots, layout.use_keep,
+        layout.max_seqlen_q, layout.q_index, layout.key_index, layout.key_bias, layout.key_valid, layout.group_keep,
+        layout.out_index, layout.counts, layout.group_rows, layout.group_keys, scale, chosen)
+
+
+_OP_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? keep, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+              "Tensor key_slots, Tensor use_keep, int max_seqlen_q, Tensor[] q_index, Tensor[] key_index, "
+              "Tensor[] key_bias, Tensor[] key_valid, Tensor[] group_keep, Tensor out_index, int[] counts, "
+              "int[] group_rows, int[] group_keys, float scale, str backend) -> Tensor")
+
+
+@torch.library.custom_op("dllm_constrain::varlen_attention", mutates_args=(), schema=_OP_SCHEMA)
+def _varlen_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None,
+                         cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, key_slots: torch.Tensor,
+                         use_keep: torch.Tensor, max_seqlen_q: int, q_index: list[torch.Tensor],
+                         key_index: list[torch.Tensor], key_bias: list[torch.Tensor], key_valid: list[torch.Tensor],
+                         group_keep: list[torch.Tensor], out_index: torch.Tensor, counts: list[int],
+                         group_rows: list[int], group_keys: list[int], scale: float, backend: str) -> torch.Tensor:
+    """The op's implementation on every device: backend "triton" (CUDA, or Triton's interpreter): one kernel
+    launch; "torch": the grouped path, one SDPA per padded-shape group (several aten ops inside the one op). The
+    output is a new contiguous [Hq, T, D] tensor (the fake implementation's promise to torch.compile)."""
+    if backend == "triton":
+        return load_kernels(_KERNEL_MODULE).varlen_attention(q, k, v, keep, cu_seqlens_q, cu_seqlens_k, key_slots,
+                                                             use_keep, max_seqlen_q, scale)
+    masks = key_bias if keep is None else _kept_key_masks(keep, key_index, key_valid, group_keep, counts)
+    return grouped_attention(q, k, v, q_index, key_index, masks, out_index, counts, group_rows, group_keys, scale)
+
+
+@_varlen_attention_op.register_fake
+def _(q: torch.Tensor, *args: object) -> torch.Tensor:
+    return q.new_empty(q.shape)  # contiguous, whatever q's strides, as both implementations return it
 
 
 def keep_counts(outside: list[int], keep_ratio: float) -> list[int]:
@@ -210,14 +256,21 @@ def select_salient_keys(q: torch.Tensor, k: torch.Tensor, layout: VarlenLayout, 
     against its keys, key_valid marking those outside the span; saliency is the max over the span's queries and the
     query heads of the group of the softmax probability over those keys (kernels.packed_kv_attention's)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return _salient(q, k, layout.q_index, layout.key_index, layout.key_valid, layout.query_valid, layout.counts,
+                    layout.group_rows, layout.group_keys, needs, kmaxes, scale)
+
+
+def _salient(q: torch.Tensor, k: torch.Tensor, q_index: list[torch.Tensor], key_index: list[torch.Tensor],
+             key_valid: list[torch.Tensor], query_valid: list[torch.Tensor], counts: list[int], group_rows: list[int],
+             group_keys: list[int], needs: list[torch.Tensor], kmaxes: list[int], scale: float) -> list[torch.Tensor]:
     hkv = k.shape[0]
     rep = q.shape[0] // hkv
     chosen = []
-    for g in range(len(layout.counts)):
-        count, m, kk = layout.counts[g], layout.group_rows[g], layout.group_keys[g]
-        valid = layout.key_valid[g]
-        p = group_probs(q, k, layout.q_index[g], layout.key_index[g], valid, count, m, kk, scale)
-        rows = layout.query_valid[g].view(1, count, 1, m).expand(1, count, rep, m).reshape(1, count, rep * m, 1)
+    for g in range(len(counts)):
+        count, m, kk = counts[g], group_rows[g], group_keys[g]
+        valid = key_valid[g]
+        p = group_probs(q, k, q_index[g], key_index[g], valid, count, m, kk, scale)
+        rows = query_valid[g].view(1, count, 1, m).expand(1, count, rep, m).reshape(1, count, rep * m, 1)
         sal = p.masked_fill_(~rows, 0.0).amax(dim=2).masked_fill_(~valid.view(1, count, kk), float("-inf"))
         kmax = max(1, kmaxes[g])
         order = torch.sort(sal, dim=-1, descending=True, stable=True).indices[..., :kmax]
@@ -225,3 +278,39 @@ def select_salient_keys(q: torch.Tensor, k: torch.Tensor, layout: VarlenLayout, 
         mask = torch.zeros(hkv, count, kk, dtype=torch.bool, device=q.device)
         chosen.append(mask.scatter_(2, order, used.expand(hkv, count, kmax)))
     return chosen
+
+
+def mark_salient_keys(q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor, layout: VarlenLayout,
+                      needs: list[torch.Tensor], kmaxes: list[int], always: list[torch.Tensor],
+                      src: list[torch.Tensor], dst: list[torch.Tensor]) -> None:
+    """The sparse Refresh's keep mask, written into `keep` [Hkv, S] in ONE op at the dispatcher
+    (torch.ops.dllm_constrain.mark_salient_keys_, declared to mutate `keep`): per group, the salient keys
+    (`select_salient_keys`) or'ed with `always` [1, count, K] (the span), flattened (sequence, position) -> `src`,
+    written at the pool slots `dst`."""
+    torch.ops.dllm_constrain.mark_salient_keys_(
+        q, k, keep, layout.q_index, layout.key_index, layout.key_valid, layout.query_valid, layout.counts,
+        layout.group_rows, layout.group_keys, needs, kmaxes, always, src, dst, 1.0 / math.sqrt(q.shape[-1]))
+
+
+_MARK_SCHEMA = ("(Tensor q, Tensor k, Tensor(a!) keep, Tensor[] q_index, Tensor[] key_index, Tensor[] key_valid, "
+                "Tensor[] query_valid, int[] counts, int[] group_rows, int[] group_keys, Tensor[] needs, "
+                "int[] kmaxes, Tensor[] always, Tensor[] src, Tensor[] dst, float scale) -> ()")
+
+
+@torch.library.custom_op("dllm_constrain::mark_salient_keys_", mutates_args=("keep",), schema=_MARK_SCHEMA)
+def _mark_salient_keys_op(q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor, q_index: list[torch.Tensor],
+                          key_index: list[torch.Tensor], key_valid: list[torch.Tensor],
+                          query_valid: list[torch.Tensor], counts: list[int], group_rows: list[int],
+                          group_keys: list[int], needs: list[torch.Tensor], kmaxes: list[int],
+                          always: list[torch.Tensor], src: list[torch.Tensor], dst: list[torch.Tensor],
+                          scale: float) -> None:
+    chosen = _salient(q, k, q_index, key_index, key_valid, query_valid, counts, group_rows, group_keys, needs,
+                      kmaxes, scale)
+    for g, c in enumerate(chosen):
+        flat = (c | always[g]).view(c.shape[0], -1)
+        keep.index_copy_(1, dst[g], flat.index_select(1, src[g]))
+
+
+@_mark_salient_keys_op.register_fake
+def _(*args: object) -> None:
+    return None

@@ -38,3 +38,11 @@ def test_the_8b_shape_is_llada_8b(bench_gpu) -> None:
     assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.mlp_hidden_size, cfg.padded_vocab) == \
         (32, 4096, 32, 32, 12288, 126464)
     assert cfg.head_dim == 128
+
+
+def test_the_ops_per_layer_of_a_mixed_step_do_not_grow_with_the_batch(bench_gpu) -> None:
+    """The attention is one op per layer whatever the sequences' shapes (torch.ops.dllm_constrain.varlen_attention)."""
+    report = bench_gpu.main(["--tiny", "--device", "cpu", "--batches", "1,8,32", "--sections", "layer_ops"])
+    rows = report["layer_ops"]
+    assert [(r["refresh"], r["reuse"]) for r in rows] == [(0, 1), (4, 4), (16, 16)]
+    assert len({r["layer_ops_per_layer"] for r in rows}) == 1, rows

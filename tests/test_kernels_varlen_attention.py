@@ -5,7 +5,10 @@ Specifications:
     counts, scattered key slots, grouped-query heads, the keep mask on some sequences;
   * it is bitwise batch invariant on the CPU: a sequence's rows are the same alone and inside any batch (whatever
     the other sequences' lengths, i.e. whatever the key padding);
-  * the Triton kernel (CPU interpreter) equals the reference, float32 and bfloat16, rows outside every sequence zero;
+  * the Triton kernel (CPU interpreter) equals the reference, float32 and bfloat16, rows outside every sequence zero,
+    from a layout built for it alone (no grouped metadata), which the torch path refuses;
+  * the call is ONE op at the dispatcher (torch.ops.dllm_constrain.varlen_attention), whose fake implementation
+    agrees with its real one (torch.library.opcheck);
   * the salient-key selection keeps, per KV head, exactly what kernels.packed_kv_attention.select_salient_keys keeps.
 """
 from __future__ import annotations
@@ -101,7 +104,8 @@ def test_a_sequence_is_bitwise_the_same_beside_a_much_longer_one() -> None:
 def test_the_triton_kernel_equals_the_reference(step, dtype) -> None:
     q_lens, slots, use_keep, q, k, v, keep = step
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    layout = _layout(q_lens, slots, use_keep, q.shape[1])
+    layout = VarlenLayout.build(_starts(q_lens), q_lens, slots, use_keep, q.shape[1], grouped=False)
+    assert not layout.grouped and layout.counts == [] and layout.q_index == []
     out = varlen_attention(q, k, v, layout, keep, backend="triton")
     assert _backend.last_backend("varlen_attention") == "triton"
     assert _backend.load_kernels(va._KERNEL_MODULE).INTERPRETED is True
@@ -111,6 +115,41 @@ def test_the_triton_kernel_equals_the_reference(step, dtype) -> None:
     real = sum(q_lens)
     torch.testing.assert_close(out[:, :real].float(), ref[:, :real].float(), **tol)
     assert (out[:, real:] == 0).all()
+
+
+def test_the_torch_path_refuses_a_layout_built_for_triton_alone() -> None:
+    layout = VarlenLayout.build([0], [2], [torch.arange(3)], [False], 2, grouped=False)
+    with pytest.raises(ValueError, match="grouped=True"):
+        varlen_attention(torch.zeros(2, 2, 8), torch.zeros(2, 3, 8), torch.zeros(2, 3, 8), layout, backend="torch")
+
+
+@pytest.mark.parametrize("with_keep", [False, True])
+def test_the_call_is_one_op_at_the_dispatcher_and_its_fake_agrees(with_keep: bool) -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    g = torch.Generator().manual_seed(0)
+    q_lens, k_lens = [5, 17, 3], [40, 70, 9]
+    slots = list(torch.randperm(sum(k_lens), generator=g).split(k_lens))
+    q = torch.randn(sum(q_lens), 4, 12, generator=g).transpose(0, 1)  # [4, 25, 12], strided as the model's
+    k, v = torch.randn(2, sum(k_lens), 12, generator=g), torch.randn(2, sum(k_lens), 12, generator=g)
+    keep = (torch.rand(2, sum(k_lens), generator=g) < 0.5) if with_keep else None
+    layout = _layout(q_lens, slots, [True, False, True], sum(q_lens))
+    seen: list[str] = []
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Ops():
+        out = varlen_attention(q, k, v, layout, keep, backend="torch")
+    assert seen == ["dllm_constrain.varlen_attention.default"]
+    assert out.is_contiguous() and out.shape == q.shape
+    op_args = (q, k, v, keep, layout.cu_seqlens_q, layout.cu_seqlens_k, layout.key_slots, layout.use_keep,
+               layout.max_seqlen_q, layout.q_index, layout.key_index, layout.key_bias, layout.key_valid,
+               layout.group_keep, layout.out_index, layout.counts, layout.group_rows, layout.group_keys, 0.3, "torch")
+    torch.library.opcheck(torch.ops.dllm_constrain.varlen_attention.default, op_args,
+                          test_utils=("test_schema", "test_faketensor"))
 
 
 def test_bad_shapes_are_refused() -> None:
@@ -156,3 +195,58 @@ def test_selection_keeps_what_the_packed_selection_keeps(n_seqs, data) -> None:
             for h in range(hkv):
                 expect = set(packed.indices[0, h, :int(packed.lengths[0, h])].tolist())
                 assert set(torch.nonzero(chosen[g][h, j, :n]).flatten().tolist()) == expect
+
+
+def test_a_step_builds_only_the_metadata_its_backend_reads_and_both_give_the_same_rows(tiny_llada) -> None:
+    """On Triton (CUDA; here its interpreter) the grouped torch path's per-group metadata is neither built nor
+    copied; the GIL-free forward's twin, which runs the grouped path on any device, asks for it."""
+    from dllm_constrain.engine.attention_step import StepAttention
+    from dllm_constrain.engine.config import EngineConfig
+    from dllm_constrain.engine.llm_engine import LLMEngine
+    from dllm_constrain.engine.model_runner import ModelRunner
+    from dllm_constrain.engine.state import Request, SamplingParams
+
+    engine = LLMEngine(tiny_llada)
+    params = SamplingParams(max_new_tokens=8, block_length=4)
+    states = [engine._new_state(i, Request(p, params)) for i, p in enumerate([[10, 11, 12], list(range(20, 45))])]
+    runner = ModelRunner(tiny_llada, tiny_llada.special.pad_id, EngineConfig(gil_free_forward=False))
+    runner.reset(states)
+    hidden = {}
+    with torch.inference_mode():
+        runner.forward_rows(states[:1])
+        segments = runner.plan(states)
+        ids, pos, _, total = runner._packed_inputs(segments)
+        for backend in ("triton", "torch"):
+            step = StepAttention.build(segments, runner.cache, ids.shape[1], runner.device, backend=backend)
+            assert step.backend == backend and step.layout.grouped == (backend == "torch")
+            assert (step.layout.counts == []) == (backend == "triton")
+            hidden[backend] = tiny_llada.hidden_states_cached(ids, pos, step.attend)[0, :total]
+    torch.testing.assert_close(hidden["triton"], hidden["torch"], atol=1e-5, rtol=1e-5)
+
+
+def test_the_sparse_selection_is_one_op_that_declares_its_write_of_the_keep_mask(tiny_llada) -> None:
+    from dllm_constrain.engine.attention_step import StepAttention
+    from dllm_constrain.engine.config import EngineConfig
+    from dllm_constrain.engine.llm_engine import LLMEngine
+    from dllm_constrain.engine.model_runner import ModelRunner
+    from dllm_constrain.engine.state import Request, SamplingParams
+
+    engine = LLMEngine(tiny_llada)
+    params = SamplingParams(max_new_tokens=8, block_length=4)
+    states = [engine._new_state(i, Request(p, params)) for i, p in enumerate([[10, 11, 12], list(range(20, 45))])]
+    runner = ModelRunner(tiny_llada, tiny_llada.special.pad_id, EngineConfig(gil_free_forward=False, keep_ratio=0.5))
+    runner.reset(states)
+    with torch.inference_mode():
+        runner.forward_rows(states[:1])  # the pool exists, with its keep mask
+        segments = runner.plan(states)  # request 0 reuses, request 1 refreshes: its keys are selected
+        step = StepAttention.build(segments, runner.cache, sum(seg.length for seg in segments), runner.device, 0.5)
+    sel = step.selection
+    assert sel is not None and runner.cache is not None
+    keys, _, keep = runner.cache.layer(0, torch.zeros(2, 1, 8))
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(4, step.layout.rows, 8, generator=g)
+    lay = sel.layout
+    args = (q, keys, keep.clone(), lay.q_index, lay.key_index, lay.key_valid, lay.query_valid, lay.counts,
+            lay.group_rows, lay.group_keys, sel.needs, sel.kmaxes, sel.spans, sel.src, sel.dst, 0.35)
+    torch.library.opcheck(torch.ops.dllm_constrain.mark_salient_keys_.default, args,
+                          test_utils=("test_schema", "test_faketensor"))

@@ -45,7 +45,7 @@ def test_on_cuda_each_head_variant_is_planned_masked_or_not_greedy_or_sampling()
     assert {v.rows for v in heads} == set(head_row_counts(64 * 64, **SHAPE))
     assert {(v.masked, v.sampling) for v in heads} == {(False, False), (False, True), (True, False), (True, True)}
     assert len(heads) == 4 * len({v.rows for v in heads})
-    assert [v.kind for v in full if v.kind != "row_stats"] == ["bitmask"]  # dense cache: no sparse attention
+    assert [v.kind for v in full if v.kind != "row_stats"] == ["varlen_attention"] * 2 + ["bitmask"]
 
 
 def test_a_row_cap_bounds_the_planned_chunks() -> None:
@@ -58,14 +58,26 @@ def test_greedy_only_plans_no_sampling_variant() -> None:
     assert heads and not [v for v in heads if v.sampling]
 
 
-def test_sparse_reuse_plans_the_packed_attention_per_span_bucket() -> None:
-    assert [v.rows for v in plan(EngineConfig(keep_ratio=0.5)) if v.kind == "packed_attention"] == [16, 32]
-    assert not [v for v in plan(EngineConfig(keep_ratio=0.5), has_attention=False) if v.kind == "packed_attention"]
+def test_the_varlen_attention_is_planned_per_block_m_with_the_keep_mask_only_under_the_sparse_cache() -> None:
+    dense = [(v.rows, v.masked) for v in plan(EngineConfig()) if v.kind == "varlen_attention"]
+    sparse = [(v.rows, v.masked) for v in plan(EngineConfig(keep_ratio=0.5)) if v.kind == "varlen_attention"]
+    assert dense == [(16, False), (64, False)] and sparse == [(16, True), (64, True)]
+    assert not [v for v in plan(EngineConfig(keep_ratio=0.5), has_attention=False) if v.kind == "varlen_attention"]
 
 
-def test_the_torch_backend_and_headless_models_plan_no_triton_kernels() -> None:
+def test_the_planned_query_rows_meet_both_block_m_of_the_kernel() -> None:
+    """The kernel picks BLOCK_M from a step's longest sequence's query rows; the plan holds one count of each."""
+    from dllm_constrain.kernels._triton_varlen_attention import block_sizes
+
+    compiled = lambda rows: block_sizes(rows, 128, interpreted=False)[0]  # noqa: E731 (as on a GPU)
+    planned = {compiled(v.rows) for v in plan(EngineConfig()) if v.kind == "varlen_attention"}
+    assert planned == {compiled(rows) for rows in range(1, 4097)} == {16, 64}
+
+
+def test_the_torch_backend_plans_no_triton_kernel_and_a_headless_model_no_head_kernel() -> None:
     assert [v.kind for v in plan(EngineConfig(backend="torch", keep_ratio=0.5))] == ["bitmask"]
-    assert [v.kind for v in plan(EngineConfig(), has_lm_head=False)] == ["bitmask"]
+    assert [v.kind for v in plan(EngineConfig(), has_lm_head=False)] == ["varlen_attention"] * 2 + ["bitmask"]
+    assert [v.kind for v in plan(EngineConfig(), has_lm_head=False, has_attention=False)] == ["bitmask"]
 
 
 def test_the_attention_shape_is_read_from_the_family_config(tiny_llada) -> None:
@@ -80,7 +92,8 @@ def test_each_planned_variant_runs_its_kernel_on_dummy_inputs(tiny_llada) -> Non
     cpu = torch.device("cpu")
     for variant, op in [(Variant("row_stats", 16, masked=True, sampling=True), "masked_row_stats_from_hidden"),
                         (Variant("row_stats", 1), "masked_row_stats_from_hidden"),
-                        (Variant("packed_attention", 16), "packed_kv_attention")]:
+                        (Variant("varlen_attention", 16), "varlen_attention"),
+                        (Variant("varlen_attention", 64, masked=True), "varlen_attention")]:
         run_variant(variant, tiny_llada, cpu, "triton")
         assert last_backend(op) == "triton"
     run_variant(Variant("bitmask", 8), tiny_llada, cpu, "auto")
