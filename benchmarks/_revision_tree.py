@@ -8,10 +8,11 @@ folders, which would otherwise win for the subpackages). The worktree is removed
 """
 from __future__ import annotations
 
+import argparse
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -43,3 +44,21 @@ def revision_tree(rev: str) -> Iterator[Path]:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(folder)], check=False,
                        capture_output=True)
         shutil.rmtree(folder.parent, ignore_errors=True)
+
+
+BEFORE_HELP = "the earlier revision: a git revision (a worktree of it is made and removed) or a prepared worktree folder"
+
+
+def add_before_argument(ap: argparse.ArgumentParser) -> None:
+    """The `--before` option of a side-by-side benchmark."""
+    ap.add_argument("--before", required=True, help=BEFORE_HELP)
+
+
+def with_before(args: argparse.Namespace, compare: Callable[[argparse.Namespace, Path], None]) -> None:
+    """`compare(args, tree)` with `tree` the importable earlier revision named by `args.before`."""
+    if Path(args.before).is_dir():
+        prepare(Path(args.before))
+        compare(args, Path(args.before))
+    else:
+        with revision_tree(args.before) as tree:
+            compare(args, tree)

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _revision_tree import prepare, revision_tree
+from _revision_tree import add_before_argument, with_before
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,20 +100,12 @@ def main(argv: list[str] | None = None) -> None:
         run_side(argv[1], rest[1:] if rest[:1] == ["--"] else rest)
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--before", required=True,
-                    help="the earlier revision: a git revision (a worktree of it is made and removed) or a prepared "
-                         "worktree folder")
+    add_before_argument(ap)
     ap.add_argument("--batches", default="1,8,32,64")
     ap.add_argument("--pairs", type=int, default=5, help="alternating timed runs per side at --timed-batch")
     ap.add_argument("--timed-batch", type=int, default=32)
     ap.add_argument("--json", type=Path, help="also write every side's JSON here")
-    args = ap.parse_args(argv)
-    if Path(args.before).is_dir():
-        prepare(Path(args.before))
-        compare(args, Path(args.before))
-    else:
-        with revision_tree(args.before) as tree:
-            compare(args, tree)
+    with_before(ap.parse_args(argv), compare)
 
 
 def compare(args: argparse.Namespace, before_tree: Path) -> None:

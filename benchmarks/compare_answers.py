@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _revision_tree import prepare, revision_tree
+from _revision_tree import add_before_argument, with_before
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ("constrained", "unconstrained", "sampled")
@@ -76,21 +76,13 @@ def side(root: Path, this_tree: bool, run: str, args: argparse.Namespace) -> dic
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--before", required=True,
-                    help="the earlier revision: a git revision (a worktree of it is made and removed) or a prepared "
-                         "worktree folder")
+    add_before_argument(ap)
     ap.add_argument("--n", type=int, default=40)
     ap.add_argument("--temperature", type=float, default=0.7, help="of the sampled run")
     ap.add_argument("--seed", type=int, default=11, help="of the sampled run")
     ap.add_argument("--runs", default=",".join(RUNS))
     ap.add_argument("--json", type=Path, help="also write both sides' answers here")
-    args = ap.parse_args(argv)
-    if Path(args.before).is_dir():
-        prepare(Path(args.before))
-        compare(args, Path(args.before))
-    else:
-        with revision_tree(args.before) as tree:
-            compare(args, tree)
+    with_before(ap.parse_args(argv), compare)
 
 
 def compare(args: argparse.Namespace, before_tree: Path) -> None:
