@@ -94,3 +94,46 @@ def test_a_sampled_answer_follows_its_seed(llm: dc.LLM, monkeypatch: pytest.Monk
     request = _request(llm, EXAMPLES[1], 0.7)
     (other,) = llm.engine.generate([replace(request, params=replace(request.params, seed=12))])
     assert other.canvas_ids != canvas
+
+
+def test_a_parked_request_beside_another_gets_its_first_masks_from_the_workers_and_the_compiled_before_answer(
+        llm: dc.LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parked while another request keeps the loop's forwards going: once compiled, its first forward's masks are
+    computed beside one of those forwards and its commits come a step later than alone; the sampled answer is the
+    one it gets alone with its constraint compiled before."""
+    example = EXAMPLES[1]
+    alone, alone_nfe, _ = _answer(llm, example, "compiled before", 1, 0.7, monkeypatch)
+    request = _request(llm, example, 0.7)
+    parked = threading.Event()
+    pending = request.constraint
+    compile_now = pending._compile
+    pending._compile = lambda: (parked.wait(60), compile_now())[1]
+    parked_steps: list[int] = []
+    real = StructuredOutputManager.after_forward
+
+    def after_forward(self, s, *args, **kwargs):
+        if s.index == 1 and s.nfe == 1:  # the other's second forward ends once the cold one has compiled
+            pending.future.result(60)
+        going_on = real(self, s, *args, **kwargs)
+        if s.index == 0 and s.phase is RequestPhase.PARKED:
+            parked_steps.append(s.nfe)
+            parked.set()
+        return going_on
+
+    unparked_with_masks: list[bool] = []
+    real_unpark = StructuredOutputManager.unpark
+
+    def unpark(self, s, masks, timing):
+        unparked_with_masks.append(masks is not None and not masks.compiling)
+        return real_unpark(self, s, masks, timing)
+
+    monkeypatch.setattr(StructuredOutputManager, "after_forward", after_forward)
+    monkeypatch.setattr(StructuredOutputManager, "unpark", unpark)
+    [other] = llm.processor.build(["Write a long story."], temperature=0.7, seed=3,
+                                  max_new_tokens=96).make_requests()
+    config = llm.engine.config.with_overrides(mask_workers=1)
+    res, other_res = llm.engine.generate([request, other], config=config)
+    monkeypatch.undo()
+    assert parked_steps == [1] and other_res.nfe > 2
+    assert unparked_with_masks == [True]  # its first forward's masks came from the workers
+    assert (res.canvas_ids, res.nfe) == (alone, alone_nfe)
