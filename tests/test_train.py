@@ -344,6 +344,18 @@ def test_the_unconstrained_held_out_figures_decode_with_the_checkpoint_defaults(
     assert seen and all(d == expected for d in seen)
 
 
+def test_a_sampled_held_out_evaluation_gives_the_same_answers_at_its_seed(micro_run):
+    """Every request is sampled at the evaluation's seed (`sample_seed`, default `seed`): a run at temperature > 0
+    repeats, another sampling seed draws other answers."""
+    from dllm_constrain.train.heldout import evaluate
+
+    out, _ = micro_run
+    answers = [[r["answer"] for r in evaluate(str(out), n=4, batch_size=4, temperature=1.0, **seed)[1]]
+               for seed in ({}, {}, {"sample_seed": 5})]
+    assert answers[0] == answers[1]
+    assert answers[2] != answers[0]
+
+
 def test_the_held_out_figures_can_state_the_requests_in_the_training_phrasings(micro_run):
     """--phrasing train: same requests' values, training split's phrasings (what unseen phrasings cost is the gap)."""
     from dllm_constrain.train.data import ExampleGenerator

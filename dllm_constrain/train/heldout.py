@@ -82,17 +82,19 @@ def score(example: dict[str, Any], text: str) -> tuple[bool, bool, int, int]:
 
 
 def evaluate(model: str | None = None, n: int = 200, seed: int = HELDOUT_SEED, constrained: bool = False,
-             batch_size: int = 8, phrasing: str = "heldout",
+             batch_size: int = 8, phrasing: str = "heldout", sample_seed: int | None = None,
              **generate_kwargs: Any) -> tuple[HeldoutReport, list[dict[str, Any]]]:
     """Generate for n held-out schema requests and score them. phrasing="train" states the same kind of requests in
     the training split's phrasings (values still new at a seed training never used): the gap to "heldout" is what
-    unseen phrasings cost."""
+    unseen phrasings cost. `seed` draws the requests' values; every request is also sampled at `sample_seed` (default:
+    `seed`), so a sampled evaluation (temperature > 0) gives the same answers in every process."""
     from dllm_constrain.api import LLM
 
     llm = LLM(model)
     # unconstrained: the prompt as formatted, fed raw, with the checkpoint's decoding defaults (generation_config.json)
     raw = LLM.from_model(llm.model, llm.tokenizer, prompt_format="raw", path=llm.path) if not constrained else None
     examples = ExampleGenerator(seed, plain_text_share=0.0, split=phrasing).examples(n)
+    generate_kwargs["seed"] = seed if sample_seed is None else sample_seed
     records: list[dict[str, Any]] = []
     start = time.perf_counter()
     for i in range(0, n, batch_size):
