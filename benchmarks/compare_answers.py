@@ -8,7 +8,7 @@ seed 10007), each with its schema. Three runs per side, each in its own process 
 worktree folder, as for bench_step_compare.py; imported through PYTHONPATH):
   constrained     `heldout.evaluate(constrained=True)`: one request per call, its schema the constraint;
   unconstrained   `heldout.evaluate()`: batches of 8 through one engine call, the schema's sketch in the prompt;
-  sampled         each request under its schema at `--temperature`, `--seed`, its schema compiled beforehand.
+  sampled         each request under its schema at `--temperature`, `--seed`.
 Decoding is the checkpoint's default (generation_config.json: threshold policy, 96 tokens, blocks of 32); greedy
 runs are at temperature 0. Prints, per run, how many of the n answers are identical on both sides, and the first
 few that differ.
@@ -40,9 +40,8 @@ def answers(run: str, n: int, temperature: float, seed: int) -> list[dict[str, A
 
 
 def sampled_answers(n: int, temperature: float, seed: int) -> list[dict[str, Any]]:
-    """Each held-out request under its schema at `temperature` and `seed`, on one LLM whose compile cache already
-    holds the schema (a greedy call first): a sampled answer whose schema is still compiling at its first forward
-    depends on when the compilation ends, so it would vary from run to run."""
+    """Each held-out request under its schema at `temperature` and `seed` (the answer does not depend on whether
+    its schema compiles beside the first forward: tests/test_compile_timing_answers.py)."""
     from dllm_constrain.api import LLM
     from dllm_constrain.train import heldout
     from dllm_constrain.train.data import ExampleGenerator
@@ -50,7 +49,6 @@ def sampled_answers(n: int, temperature: float, seed: int) -> list[dict[str, Any
     llm = LLM(None)
     out = []
     for e in ExampleGenerator(heldout.HELDOUT_SEED, plain_text_share=0.0, split="heldout").examples(n):
-        llm.generate([e["request"]], schema=e["schema"])
         [r] = llm.generate([e["request"]], schema=e["schema"], temperature=temperature, seed=seed)
         out.append({"request": e["request"], "answer": r.text, "nfe": r.nfe})
     return out
