@@ -65,8 +65,9 @@ def generate_blocks(engine: LLMEngine, states: list[RequestState], policies: lis
             model.advance(canvas, tokens, torch.ones_like(tokens, dtype=torch.bool),
                           self_conditioning_logits=sc_logits)
             out = model.denoise_step(canvas)
-            engine.after_forward([Forwarded(states[b], out.hidden[b], -start) for b in active], policies,
-                                 engine.logits_path)
+            packed, width = out.hidden.reshape(-1, out.hidden.shape[-1]), out.hidden.shape[1]
+            engine.after_forward([Forwarded(states[b], out.hidden[b], -start, packed=packed, start=b * width)
+                                  for b in active], policies, engine.logits_path)
             temperature = first.temperature
             sc_logits = (out.logits / temperature if temperature > 0 else out.logits).to(out.hidden.dtype)
             if progress is not None:

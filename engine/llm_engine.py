@@ -373,7 +373,8 @@ class LLMEngine:
         if not live:
             self.structured.wait_parked(running)
         rows, masks = self._forward(loop, live, beside)
-        forwarded = [Forwarded(r.state, r.hidden, r.offset, masks.get(r.state.index)) for r in rows]
+        forwarded = [Forwarded(r.state, r.hidden, r.offset, masks.get(r.state.index), packed=r.packed, start=r.start)
+                     for r in rows]
         forwarded += [Forwarded(s, s.parked_rows, 0, masks.get(s.index), parked=True) for s in unparking
                       if s.parked_rows is not None]
         self.after_forward(forwarded, loop.policies, loop.logits_path, loop.timing)
@@ -460,8 +461,10 @@ class LLMEngine:
             masks = self._isolated(s, self.structured.head_masks, s, timing) if going_on else None
             if masks is not None:
                 positions, allowed = masks
-                jobs.append((HeadJob(s, hidden, 0 if f.parked else f.offset, positions, allowed,
-                                     float(s.params.temperature), noise_row_key(s.seed, s.nfe)), policies[s.index]))
+                job = HeadJob(s, hidden, 0, positions, allowed, s.params.temperature, noise_row_key(s.seed, s.nfe))
+                if not f.parked:  # kept rows stand alone; the forward's are rows of its packed output
+                    job = replace(job, offset=f.offset, packed=f.packed, start=f.start)
+                jobs.append((job, policies[s.index]))
         if not jobs:
             return
         stats = head_stats(logits_path, [job for job, _ in jobs], self.runner.device)

@@ -198,7 +198,8 @@ def _row_noise(keys: torch.Tensor | None, scale: torch.Tensor | None, start: int
 class HeadJob:
     """One request's rows in a step's head pass: canvas position p's hidden state is `hidden[offset + p]`; the
     rows are its open `positions` under their masks `allowed` (host bitmask [len(positions), W]); `temperature`
-    and `row_key` (`kernels.masked_row_stats.noise_row_key` of its seed and step) set its noise."""
+    and `row_key` (`kernels.masked_row_stats.noise_row_key` of its seed and step) set its noise. `packed`: the
+    step's whole hidden output, of which `hidden[0]` is row `start` (None: `hidden` stands alone)."""
 
     state: Any
     hidden: torch.Tensor
@@ -207,16 +208,8 @@ class HeadJob:
     allowed: torch.Tensor
     temperature: float
     row_key: int
-
-
-def _packed_source(hidden: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """(a 2-D tensor, the row in it of hidden[0]): the whole packed output of the forward when `hidden` is a run of
-    its rows, so a step's rows are gathered from one tensor without copying it; else (hidden, 0)."""
-    base = hidden._base
-    if base is not None and base.is_contiguous() and hidden.dim() == 2 and hidden.stride(1) == 1 \
-            and hidden.stride(0) == hidden.shape[1] and base.shape[-1] == hidden.shape[1]:
-        return base.view(-1, hidden.shape[1]), (hidden.storage_offset() - base.storage_offset()) // hidden.shape[1]
-    return hidden, 0
+    packed: torch.Tensor | None = None
+    start: int = 0
 
 
 def gather_rows(jobs: Sequence[HeadJob]) -> torch.Tensor:
@@ -226,7 +219,7 @@ def gather_rows(jobs: Sequence[HeadJob]) -> torch.Tensor:
     index: list[int] = []
     total = 0
     for job in jobs:
-        source, start = _packed_source(job.hidden)
+        source, start = (job.hidden, 0) if job.packed is None else (job.packed, job.start)
         if id(source) not in sources:
             sources[id(source)] = (source, total)
             total += int(source.shape[0])

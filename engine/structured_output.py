@@ -61,13 +61,16 @@ def engine_constraint(constraint: CanvasConstraint | RowMaskConstraint | None) -
 @dataclass
 class Forwarded:
     """A request whose step reaches the head pass: its rows (`hidden[offset + p]`: position p) and the masks the
-    workers computed beside the forward."""
+    workers computed beside the forward. `packed` is the step's whole hidden output, of which `hidden[0]` is row
+    `start` (the head pass gathers every request's rows from it at once); None: `hidden` stands alone."""
 
     state: RequestState
     hidden: torch.Tensor
     offset: int
     masks: MaskResult | None = None
     parked: bool = False  # rows kept from its first forward, the request just unparked
+    packed: torch.Tensor | None = None
+    start: int = 0
 
 
 class StructuredOutputManager:

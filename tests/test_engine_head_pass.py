@@ -116,3 +116,13 @@ def test_an_out_of_memory_halves_the_step_budget_and_every_request_goes_on() -> 
     assert model.raised
     assert engine._loop.scheduler.config.max_step_tokens == budget // 2
     assert all(done[i].canvas_ids == alone.canvas_ids and done[i].finish_reason == alone.finish_reason for i in ids)
+
+
+def test_the_head_pass_gathers_each_requests_rows_from_the_steps_packed_output_by_its_start() -> None:
+    """Rows given as (packed, start, offset) and rows standing alone are gathered to the same hidden states."""
+    packed = torch.arange(40.0).reshape(10, 4)
+    a = logits.HeadJob(None, packed[2:6], 1, [0, 2], torch.zeros(0), 0.0, 0, packed=packed, start=2)
+    b = logits.HeadJob(None, packed[6:10], 0, [3], torch.zeros(0), 0.0, 0, packed=packed, start=6)
+    kept = logits.HeadJob(None, torch.full((2, 4), -1.0), 0, [1], torch.zeros(0), 0.0, 0)
+    rows = logits.gather_rows([a, kept, b])
+    assert torch.equal(rows, torch.stack([packed[3], packed[5], torch.full((4,), -1.0), packed[9]]))
