@@ -240,12 +240,18 @@ def import_graph(imports: dict[str, set[tuple[str, str]]], extensions: frozenset
     """Module -> the package modules it imports (names outside the package are dropped).
 
     `extensions` are the package's compiled modules: known names (`from . import _native` names it, not the
-    package), but leaves of the graph.
+    package), but leaves of the graph. Importing `a.b.c` runs a/__init__.py and a/b/__init__.py first, so the
+    packages above a target are edges too, except those above the importing module itself (already running).
     """
     known = set(imports) | set(extensions)
     graph: dict[str, set[str]] = {}
     for module, pairs in imports.items():
         targets = {name if name in known else fallback for name, fallback in pairs}
+        for target in list(targets):
+            parent = target.rpartition(".")[0]
+            while parent and parent != module and not module.startswith(parent + "."):
+                targets.add(parent)
+                parent = parent.rpartition(".")[0]
         graph[module] = (targets & set(imports)) - {module}
     return graph
 

@@ -135,6 +135,19 @@ def test_importing_a_name_from_a_package_is_an_edge_to_the_package_not_its_submo
     assert code_shape.measure(tmp_path).cycles == [["pkg", "pkg.a", "pkg"]]
 
 
+def test_importing_a_submodule_runs_the_packages_above_it(tmp_path):
+    # pkg/sub/__init__ imports pkg.a, and pkg.a imports pkg.sub.x: running pkg/sub/__init__ first closes a cycle
+    write(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": "from pkg.sub.x import y\n",
+                     "pkg/sub/__init__.py": "from pkg import a\n", "pkg/sub/x.py": "y = 1\n"})
+    assert code_shape.measure(tmp_path).cycles == [["pkg.a", "pkg.sub", "pkg.a"]]
+
+
+def test_a_module_importing_a_sibling_makes_no_edge_to_its_own_package(tmp_path):
+    write(tmp_path, {"pkg/__init__.py": "from .a import run\n", "pkg/a.py": "from pkg.b import x\nrun = 1\n",
+                     "pkg/b.py": "x = 1\n"})
+    assert code_shape.measure(tmp_path).cycles == []
+
+
 def test_a_compiled_submodule_is_a_leaf_not_the_package(tmp_path):
     write(tmp_path, {"pkg/__init__.py": "from .walk import run\n", "pkg/walk.py": "from . import _native\n",
                      "pkg/_native.cpython-311-x86_64-linux-gnu.so": ""})
